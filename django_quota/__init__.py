@@ -1,0 +1,53 @@
+"""django-quota: exact, distributed rate limits and quotas for Django and DRF.
+
+The Python API (contract section 6)::
+
+    from django_quota import evaluate, peek, reset, Outcome
+    outcome = evaluate("orders", {"user": "42"}, cost=1)
+
+The functions are imported lazily so that importing ``django_quota`` never touches
+settings or the network.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+__all__ = [
+    "Outcome",
+    "WindowState",
+    "aevaluate",
+    "apeek",
+    "areset",
+    "evaluate",
+    "outcomes",
+    "peek",
+    "reset",
+]
+
+if TYPE_CHECKING:
+    from django_quota.core.outcome import Outcome, WindowState
+    from django_quota.http import outcomes
+    from django_quota.limiter import aevaluate, apeek, areset, evaluate, peek, reset
+
+_LAZY = {
+    "Outcome": "django_quota.core.outcome",
+    "WindowState": "django_quota.core.outcome",
+    "evaluate": "django_quota.limiter",
+    "aevaluate": "django_quota.limiter",
+    "peek": "django_quota.limiter",
+    "apeek": "django_quota.limiter",
+    "reset": "django_quota.limiter",
+    "areset": "django_quota.limiter",
+    "outcomes": "django_quota.http",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'django_quota' has no attribute {name!r}")
+    from importlib import import_module
+
+    return getattr(import_module(module), name)

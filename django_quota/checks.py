@@ -1,0 +1,136 @@
+"""System checks (``manage.py check``): every configuration mistake has an id, names the
+key and says how to fix it. Built from the same validation the runtime uses
+(:func:`django_quota.conf.parse_settings`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings as django_settings
+from django.core.checks import CheckMessage, Error, Warning, register
+
+from django_quota.conf import E_CACHE_ALIAS, QuotaSettings, parse_settings
+
+W_MEMORY_IN_PRODUCTION = "django_quota.W001"
+W_HMAC_KEY_UNSET = "django_quota.W002"
+W_DRF_NUM_PROXIES = "django_quota.W003"
+W_MIDDLEWARE_DENIES_ANONYMOUS = "django_quota.W004"
+W_CLIENT_CLOCK = "django_quota.W005"
+W_MIDDLEWARE_MISSING = "django_quota.W006"
+
+MIDDLEWARE_PATH = "django_quota.middleware.QuotaMiddleware"
+DJANGO_REDIS_BACKENDS = ("django_redis.cache.RedisCache",)
+
+
+@register()
+def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """Validate ``settings.QUOTA`` and warn about risky combinations."""
+    parsed, problems = parse_settings(
+        getattr(django_settings, "QUOTA", {}), secret_key=django_settings.SECRET_KEY
+    )
+    messages: list[CheckMessage] = [
+        Error(f"{problem.key}: {problem.message}", hint=problem.hint, id=problem.id)
+        for problem in problems
+    ]
+    if parsed is None:
+        return messages
+    messages += _cache_alias(parsed)
+    messages += _warnings(parsed)
+    return messages
+
+
+def _cache_alias(parsed: QuotaSettings) -> list[CheckMessage]:
+    alias = parsed.cache_alias
+    if alias is None:
+        return []
+    caches = getattr(django_settings, "CACHES", {})
+    if alias not in caches:
+        return [
+            Error(
+                f"QUOTA['CACHE_ALIAS']: no cache named {alias!r} in CACHES",
+                hint=f"define CACHES[{alias!r}] with django-redis, or set REDIS_URL instead",
+                id=E_CACHE_ALIAS,
+            )
+        ]
+    backend = caches[alias].get("BACKEND")
+    if backend not in DJANGO_REDIS_BACKENDS:
+        return [
+            Error(
+                f"QUOTA['CACHE_ALIAS']: cache {alias!r} uses {backend!r}, not django-redis",
+                hint="use django_redis.cache.RedisCache for that cache, or set REDIS_URL",
+                id=E_CACHE_ALIAS,
+            )
+        ]
+    return []
+
+
+def _warnings(parsed: QuotaSettings) -> list[CheckMessage]:
+    messages: list[CheckMessage] = []
+    debug = bool(getattr(django_settings, "DEBUG", False))
+    if parsed.backend == "memory" and not debug:
+        messages.append(
+            Warning(
+                "QUOTA['BACKEND']: the memory backend keeps counters per process; with several "
+                "processes each admits the full limit",
+                hint="set QUOTA['REDIS_URL'] (or CACHE_ALIAS / SENTINEL) in production",
+                id=W_MEMORY_IN_PRODUCTION,
+            )
+        )
+    if not parsed.hmac_key_configured and not debug:
+        messages.append(
+            Warning(
+                "QUOTA['HMAC_KEY'] is unset: pseudonyms derive from SECRET_KEY, so rotating "
+                "SECRET_KEY resets every counter",
+                hint="set QUOTA['HMAC_KEY'] to a dedicated secret",
+                id=W_HMAC_KEY_UNSET,
+            )
+        )
+    rest_framework = getattr(django_settings, "REST_FRAMEWORK", {}) or {}
+    if (
+        rest_framework.get("NUM_PROXIES") is not None
+        and not parsed.trusted_proxies
+        and parsed.proxy_count is None
+    ):
+        messages.append(
+            Warning(
+                "REST_FRAMEWORK['NUM_PROXIES'] is set but QUOTA['TRUSTED_PROXIES'] and "
+                "QUOTA['PROXY_COUNT'] are not: django-quota uses REMOTE_ADDR, the proxy's "
+                "address",
+                hint="set QUOTA['PROXY_COUNT'] to the same number, or list TRUSTED_PROXIES",
+                id=W_DRF_NUM_PROXIES,
+            )
+        )
+    for policy in parsed.policies.values():
+        risky = {"user", "api_key", "tenant"} & set(policy.selector)
+        if policy.routes and risky and policy.on_missing == "deny":
+            messages.append(
+                Warning(
+                    f"QUOTA['POLICIES'][{policy.id!r}]: a middleware policy selecting "
+                    f"{', '.join(sorted(risky))} with on_missing 'deny' refuses every request "
+                    "without that dimension (anonymous users, DRF-authenticated clients)",
+                    hint="use selector ['auto'], on_missing 'skip', or a QuotaThrottle",
+                    id=W_MIDDLEWARE_DENIES_ANONYMOUS,
+                )
+            )
+    if parsed.clock != "redis":
+        messages.append(
+            Warning(
+                f"QUOTA['CLOCK'] is {parsed.clock!r}: counters follow this process's clock, "
+                "bounded by MAX_CLOCK_REGRESSION; skewed clocks across hosts shift windows",
+                hint="keep the default 'redis' clock unless tests inject time",
+                id=W_CLIENT_CLOCK,
+            )
+        )
+    middleware = getattr(django_settings, "MIDDLEWARE", None) or []
+    if any(policy.routes for policy in parsed.policies.values()) and (
+        MIDDLEWARE_PATH not in middleware
+    ):
+        messages.append(
+            Warning(
+                "policies have routes but QuotaMiddleware is not in MIDDLEWARE: they apply "
+                "only through throttles and decorators",
+                hint=f"add {MIDDLEWARE_PATH!r} after AuthenticationMiddleware",
+                id=W_MIDDLEWARE_MISSING,
+            )
+        )
+    return messages

@@ -1,0 +1,169 @@
+"""Outcome types and the vocabulary of decisions and reasons (contract section 6), and
+the rules that turn a script's per-window numbers into one :class:`Outcome` (5.4)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from django_quota.core.model import DENIED, PolicyResult
+from django_quota.core.policy import Policy
+
+ALLOWED = "allowed"
+DENIED_DECISION = "denied"
+SHADOW_DENIED = "shadow_denied"
+SKIPPED = "skipped"
+FAILED_OPEN = "failed_open"
+FAILED_CLOSED = "failed_closed"
+DECISIONS = (ALLOWED, DENIED_DECISION, SHADOW_DENIED, SKIPPED, FAILED_OPEN, FAILED_CLOSED)
+PROCEEDING_DECISIONS = frozenset({ALLOWED, SHADOW_DENIED, SKIPPED, FAILED_OPEN})
+
+QUOTA_EXHAUSTED_SUFFIX = "_quota_exhausted"
+SELECTOR_IDENTITY_MISSING = "selector_identity_missing"
+SELECTOR_IDENTITY_INVALID = "selector_identity_invalid"
+COST_EXCEEDS_LIMIT = "cost_exceeds_limit"
+BACKEND_TIMEOUT = "backend_timeout"
+BACKEND_UNAVAILABLE = "backend_unavailable"
+BACKEND_ERROR = "backend_error"
+CLOCK_UNSAFE = "clock_unsafe"
+INDETERMINATE = "indeterminate"
+FAILURE_REASONS = frozenset(
+    {BACKEND_TIMEOUT, BACKEND_UNAVAILABLE, BACKEND_ERROR, CLOCK_UNSAFE, INDETERMINATE}
+)
+FIXED_REASONS = frozenset(
+    {SELECTOR_IDENTITY_MISSING, SELECTOR_IDENTITY_INVALID, COST_EXCEEDS_LIMIT, *FAILURE_REASONS}
+)
+
+BACKEND_MODE_REDIS = "redis"
+BACKEND_MODE_MEMORY = "memory"
+BACKEND_MODE_FALLBACK = "fallback"
+
+
+def is_known_reason(reason: str | None) -> bool:
+    """True for ``None`` and every reason of the contract's vocabulary."""
+    return reason is None or reason in FIXED_REASONS or reason.endswith(QUOTA_EXHAUSTED_SUFFIX)
+
+
+@dataclass(frozen=True, slots=True)
+class WindowState:
+    """One window of an outcome: ``period``, ``reset_after`` and ``retry_after`` in float
+    seconds (``retry_after`` None unless this window denied).
+
+    ``replenish_after`` (seconds, an addition to the contract's fields) is when
+    ``remaining`` next increases: the ``t`` of the IETF ``RateLimit`` header.
+    """
+
+    name: str
+    limit: int
+    period: float
+    remaining: int
+    reset_after: float
+    retry_after: float | None
+    replenish_after: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """The decision for one policy (contract section 6). Times are float seconds."""
+
+    policy: str
+    decision: str
+    reason: str | None = None
+    window: str | None = None
+    limit: int | None = None
+    remaining: int | None = None
+    reset_after: float | None = None
+    retry_after: float | None = None
+    windows: tuple[WindowState, ...] = ()
+    certainty: str = "exact"
+    backend_mode: str = BACKEND_MODE_MEMORY
+    evaluation_id: str = ""
+
+    @property
+    def allowed(self) -> bool:
+        """True when the request may proceed (allowed, shadow_denied, skipped, failed_open)."""
+        return self.decision in PROCEEDING_DECISIONS
+
+    @property
+    def reported_window(self) -> WindowState | None:
+        """The :class:`WindowState` named by ``window``, if any."""
+        return next((w for w in self.windows if w.name == self.window), None)
+
+
+def _seconds(milliseconds: int) -> float:
+    return milliseconds / 1000
+
+
+def outcome_from_result(
+    policy: Policy, result: PolicyResult, *, backend_mode: str, evaluation_id: str
+) -> Outcome:
+    """Build the :class:`Outcome` of ``policy`` from a script or model result (rules of 5.4).
+
+    Denied: the reported window is the denying one with the largest ``retry_after``
+    (ties: longer period, then declaration order). Allowed: the one with the smallest
+    ``remaining`` (ties: larger ``reset_after``, then declaration order).
+    """
+    states = []
+    for window, numbers in zip(policy.windows, result.windows, strict=True):
+        states.append(
+            WindowState(
+                name=window.name,
+                limit=window.capacity if policy.algorithm == "token_bucket" else window.limit,
+                period=window.period,
+                remaining=numbers.remaining,
+                reset_after=_seconds(numbers.reset_after_ms),
+                retry_after=None if numbers.retry_after_ms < 0 else _seconds(numbers.retry_after_ms),
+                replenish_after=_seconds(numbers.replenish_after_ms),
+            )
+        )
+    order = range(len(states))
+    if result.status == DENIED:
+        denying = [i for i in order if result.windows[i].retry_after_ms >= 0]
+        chosen = min(
+            denying,
+            key=lambda i: (-result.windows[i].retry_after_ms, -policy.windows[i].period_ms, i),
+        )
+        decision = SHADOW_DENIED if policy.shadow else DENIED_DECISION
+        reason: str | None = states[chosen].name + QUOTA_EXHAUSTED_SUFFIX
+        retry_after = states[chosen].retry_after
+    else:
+        chosen = min(
+            order,
+            key=lambda i: (result.windows[i].remaining, -result.windows[i].reset_after_ms, i),
+        )
+        decision, reason, retry_after = ALLOWED, None, None
+    reported = states[chosen]
+    return Outcome(
+        policy=policy.id,
+        decision=decision,
+        reason=reason,
+        window=reported.name,
+        limit=reported.limit,
+        remaining=reported.remaining,
+        reset_after=reported.reset_after,
+        retry_after=retry_after,
+        windows=tuple(states),
+        certainty=policy.certainty,
+        backend_mode=backend_mode,
+        evaluation_id=evaluation_id,
+    )
+
+
+def bare_outcome(
+    policy: Policy,
+    decision: str,
+    reason: str | None,
+    *,
+    backend_mode: str,
+    evaluation_id: str = "",
+    retry_after: float | None = None,
+) -> Outcome:
+    """An outcome without an evaluation (identity errors, cost refusals, failures)."""
+    return Outcome(
+        policy=policy.id,
+        decision=decision,
+        reason=reason,
+        retry_after=retry_after,
+        certainty=policy.certainty,
+        backend_mode=backend_mode,
+        evaluation_id=evaluation_id,
+    )

@@ -1,0 +1,332 @@
+"""Policy definitions: validation of the dict form (settings, admin, decorators) and the
+revision that isolates counters when a policy's meaning changes (contract section 3)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from django_quota.core.errors import ConfigurationError
+from django_quota.core.rates import MAX_PRODUCT, Rate, check_rate_bounds, parse_rate
+
+FIXED_WINDOW = "fixed_window"
+SLIDING_WINDOW = "sliding_window"
+TOKEN_BUCKET = "token_bucket"
+ALGORITHMS = (FIXED_WINDOW, SLIDING_WINDOW, TOKEN_BUCKET)
+
+ENFORCE = "enforce"
+SHADOW = "shadow"
+ENFORCEMENTS = (ENFORCE, SHADOW)
+FAILURE_MODES = ("open", "closed")
+ON_MISSING = ("deny", "skip")
+
+#: Dimensions in the stable order in which an identity frames them (contract section 4).
+DIMENSIONS = ("route", "tenant", "user", "api_key", "ip")
+#: Dimensions only the library's own layers use (DRF drop-ins' ``get_cache_key()``).
+INTERNAL_DIMENSIONS = ("drf_cache_key",)
+AUTO = "auto"
+SELECTOR_VALUES = (*DIMENSIONS, AUTO)
+FRAMING_ORDER = (*DIMENSIONS, *INTERNAL_DIMENSIONS)
+
+POLICY_ID_RE = re.compile(r"^[a-z0-9][a-z0-9_.:-]{0,63}$")
+WINDOW_NAME_RE = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
+DEFAULT_WINDOW = "default"
+
+POLICY_KEYS = frozenset(
+    {
+        "algorithm",
+        "windows",
+        "selector",
+        "routes",
+        "methods",
+        "enforcement",
+        "failure_mode",
+        "on_missing",
+        "max_cost",
+        "capacity",
+        "enabled",
+    }
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Window:
+    """One window of a policy: ``limit`` units per ``period_ms`` milliseconds.
+
+    ``capacity`` is the token bucket's size (``limit`` unless configured); other
+    algorithms ignore it and keep it equal to ``limit``.
+    """
+
+    name: str
+    limit: int
+    period_ms: int
+    capacity: int
+
+    @property
+    def period(self) -> float:
+        """The period in seconds."""
+        return self.period_ms / 1000
+
+
+@dataclass(frozen=True, slots=True)
+class Policy:
+    """A validated policy. Build it with :func:`parse_policy`, or directly in library code.
+
+    ``selector`` is in framing order (:data:`FRAMING_ORDER`), so ``["ip", "user"]`` and
+    ``["user", "ip"]`` are the same policy. ``revision`` isolates counters: it changes
+    exactly when the algorithm, the selector or a window's name, limit, period or
+    capacity changes.
+    """
+
+    id: str
+    algorithm: str
+    windows: tuple[Window, ...]
+    selector: tuple[str, ...] = (AUTO,)
+    routes: tuple[str, ...] = ()
+    methods: tuple[str, ...] = ()
+    enforcement: str = ENFORCE
+    failure_mode: str | None = None
+    on_missing: str = "deny"
+    max_cost: int | None = None
+    enabled: bool = True
+    revision: str = ""
+    source: str = "settings"
+    extra: Mapping[str, object] = field(default_factory=dict, compare=False, hash=False)
+
+    @property
+    def shadow(self) -> bool:
+        """True when the policy is evaluated but never refuses."""
+        return self.enforcement == SHADOW
+
+    @property
+    def certainty(self) -> str:
+        """``"approximate"`` for the sliding window counter, ``"exact"`` otherwise."""
+        return "approximate" if self.algorithm == SLIDING_WINDOW else "exact"
+
+
+def canonical_definition(algorithm: str, selector: Sequence[str], windows: Sequence[Window]) -> str:
+    """The canonical JSON form of what a counter means (documented in docs/policies.md).
+
+    Sorted keys, no whitespace, periods in milliseconds, windows in declaration order,
+    ``capacity`` the effective bucket size for token buckets and ``null`` otherwise.
+    """
+    return json.dumps(
+        {
+            "algorithm": algorithm,
+            "selector": list(selector),
+            "windows": [
+                {
+                    "name": window.name,
+                    "limit": window.limit,
+                    "period_ms": window.period_ms,
+                    "capacity": window.capacity if algorithm == TOKEN_BUCKET else None,
+                }
+                for window in windows
+            ],
+        },
+        sort_keys=True,
+        separators=(",", ":"),
+    )
+
+
+def settings_revision(algorithm: str, selector: Sequence[str], windows: Sequence[Window]) -> str:
+    """First 8 hex characters of SHA-256 of :func:`canonical_definition`."""
+    digest = hashlib.sha256(canonical_definition(algorithm, selector, windows).encode())
+    return digest.hexdigest()[:8]
+
+
+def generated_policy_id(prefix: str, name: str) -> str:
+    """Build an id like ``view:<name>`` or ``drf:<scope>`` that satisfies the id grammar.
+
+    Lower-cased; characters outside ``[a-z0-9_.:-]`` become ``_``; an id over 64
+    characters is cut to 55 plus ``-`` and 8 hex characters of its SHA-256.
+    """
+    raw = f"{prefix}:{name}".lower()
+    cleaned = re.sub(r"[^a-z0-9_.:-]", "_", raw)
+    if len(cleaned) > 64:
+        cleaned = cleaned[:55] + "-" + hashlib.sha256(cleaned.encode()).hexdigest()[:8]
+    return cleaned
+
+
+def _string_list(value: object, key: str) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    if isinstance(value, str) or not isinstance(value, Sequence):
+        raise ConfigurationError(key, f"expected a list of strings, not {value!r}")
+    items = tuple(value)
+    for item in items:
+        if not isinstance(item, str) or not item:
+            raise ConfigurationError(key, f"expected a list of non-empty strings, not {value!r}")
+    return items
+
+
+def parse_selector(value: object, key: str, *, allow_internal: bool = False) -> tuple[str, ...]:
+    """Validate a selector list and return it in framing order."""
+    if value is None:
+        return (AUTO,)
+    if isinstance(value, str):
+        value = [value]
+    dimensions = _string_list(value, key)
+    allowed = (*SELECTOR_VALUES, *INTERNAL_DIMENSIONS) if allow_internal else SELECTOR_VALUES
+    if not dimensions:
+        raise ConfigurationError(key, "a selector needs at least one dimension")
+    for dimension in dimensions:
+        if dimension not in allowed:
+            raise ConfigurationError(
+                key, f"unknown dimension {dimension!r}; use one of {', '.join(SELECTOR_VALUES)}"
+            )
+    if len(set(dimensions)) != len(dimensions):
+        raise ConfigurationError(key, f"dimension repeated in {list(dimensions)!r}")
+    if AUTO in dimensions and {"user", "api_key", "ip"} & set(dimensions):
+        raise ConfigurationError(
+            key, "'auto' already chooses between user, api_key and ip; do not combine them"
+        )
+    order = (*FRAMING_ORDER[: FRAMING_ORDER.index("ip") + 1], AUTO, *INTERNAL_DIMENSIONS)
+    return tuple(sorted(dimensions, key=order.index))
+
+
+def _parse_windows(
+    policy_key: str, algorithm: str, raw_windows: object, raw_capacity: object
+) -> tuple[Window, ...]:
+    key = f"{policy_key}['windows']"
+    rates: list[tuple[str, Rate]] = []
+    if isinstance(raw_windows, str):
+        rates.append((DEFAULT_WINDOW, parse_rate(raw_windows, key)))
+    elif isinstance(raw_windows, Mapping):
+        if not raw_windows:
+            raise ConfigurationError(key, "a policy needs at least one window")
+        for name, text in raw_windows.items():
+            if not isinstance(name, str) or not WINDOW_NAME_RE.match(name):
+                raise ConfigurationError(
+                    key, f"window name {name!r} must match [a-z][a-z0-9_]{{0,31}}"
+                )
+            rates.append((name, parse_rate(text, f"{key}[{name!r}]")))
+    else:
+        raise ConfigurationError(
+            key, "windows must be a rate string ('10/s') or a dict of name -> rate"
+        )
+
+    capacities: dict[str, int] = {}
+    capacity_key = f"{policy_key}['capacity']"
+    if raw_capacity is not None:
+        if algorithm != TOKEN_BUCKET:
+            raise ConfigurationError(capacity_key, "capacity applies to token_bucket only")
+        names = [name for name, _ in rates]
+        if isinstance(raw_capacity, Mapping):
+            for name, value in raw_capacity.items():
+                if name not in names:
+                    raise ConfigurationError(capacity_key, f"no window named {name!r}")
+                capacities[name] = _positive_int(value, f"{capacity_key}[{name!r}]")
+        else:
+            value = _positive_int(raw_capacity, capacity_key)
+            capacities = dict.fromkeys(names, value)
+
+    windows = []
+    for name, rate in rates:
+        capacity = capacities.get(name, rate.limit)
+        if capacity * rate.period_ms > MAX_PRODUCT:
+            raise ConfigurationError(
+                capacity_key, f"capacity x period in milliseconds exceeds 2**52 for {name!r}"
+            )
+        windows.append(Window(name, rate.limit, rate.period_ms, capacity))
+    by_name = {window.name: window for window in windows}
+    if "burst" in by_name and "sustained" in by_name:
+        if by_name["burst"].period_ms >= by_name["sustained"].period_ms:
+            raise ConfigurationError(
+                key, "the 'burst' window's period must be shorter than the 'sustained' one's"
+            )
+    return tuple(windows)
+
+
+def _positive_int(value: object, key: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigurationError(key, f"expected a positive integer, not {value!r}")
+    return value
+
+
+def _choice(value: object, choices: Sequence[str], key: str) -> str:
+    if value not in choices:
+        raise ConfigurationError(key, f"{value!r} is not one of {', '.join(choices)}")
+    assert isinstance(value, str)
+    return value
+
+
+def parse_policy(
+    policy_id: object,
+    raw: object,
+    *,
+    source: str = "settings",
+    default_algorithm: str = FIXED_WINDOW,
+    key: str | None = None,
+    allow_internal_dimensions: bool = False,
+) -> Policy:
+    """Validate one policy dict (contract section 3) and return the :class:`Policy`.
+
+    ``key`` names the definition in error messages (default
+    ``QUOTA['POLICIES'][<id>]``). The revision is the settings revision (8 hex
+    characters); database policies replace it with their integer revision.
+
+    Raises :class:`ConfigurationError` naming the first invalid key.
+    """
+    if key is None:
+        key = f"QUOTA['POLICIES'][{policy_id!r}]"
+    if not isinstance(policy_id, str) or not POLICY_ID_RE.match(policy_id):
+        raise ConfigurationError(key, "a policy id must match [a-z0-9][a-z0-9_.:-]{0,63}")
+    if not isinstance(raw, Mapping):
+        raise ConfigurationError(key, f"a policy must be a dict, not {type(raw).__name__}")
+    unknown = sorted(str(name) for name in set(raw) - POLICY_KEYS)
+    if unknown:
+        raise ConfigurationError(
+            key, f"unknown key(s) {', '.join(unknown)}; known: {', '.join(sorted(POLICY_KEYS))}"
+        )
+    algorithm = _choice(raw.get("algorithm", default_algorithm), ALGORITHMS, f"{key}['algorithm']")
+    if "windows" not in raw:
+        raise ConfigurationError(f"{key}['windows']", "a policy needs windows")
+    windows = _parse_windows(key, algorithm, raw["windows"], raw.get("capacity"))
+    selector = parse_selector(
+        raw.get("selector", [AUTO]), f"{key}['selector']", allow_internal=allow_internal_dimensions
+    )
+    routes = _string_list(raw.get("routes"), f"{key}['routes']")
+    methods = _string_list(raw.get("methods", []), f"{key}['methods']")
+    for method in methods:
+        if method != method.upper() or not method.isalpha():
+            raise ConfigurationError(f"{key}['methods']", f"{method!r} must be upper-case, e.g. GET")
+    enforcement = _choice(raw.get("enforcement", ENFORCE), ENFORCEMENTS, f"{key}['enforcement']")
+    failure_mode = raw.get("failure_mode")
+    if failure_mode is not None:
+        failure_mode = _choice(failure_mode, FAILURE_MODES, f"{key}['failure_mode']")
+    on_missing = _choice(raw.get("on_missing", "deny"), ON_MISSING, f"{key}['on_missing']")
+    max_cost = raw.get("max_cost")
+    if max_cost is not None:
+        if isinstance(max_cost, bool) or not isinstance(max_cost, int) or max_cost < 0:
+            raise ConfigurationError(f"{key}['max_cost']", "expected a non-negative integer")
+    enabled = raw.get("enabled", True)
+    if not isinstance(enabled, bool):
+        raise ConfigurationError(f"{key}['enabled']", "expected True or False")
+    return Policy(
+        id=policy_id,
+        algorithm=algorithm,
+        windows=windows,
+        selector=selector,
+        routes=routes,
+        methods=methods,
+        enforcement=enforcement,
+        failure_mode=failure_mode,
+        on_missing=on_missing,
+        max_cost=max_cost,
+        enabled=enabled,
+        revision=settings_revision(algorithm, selector, windows),
+        source=source,
+    )
+
+
+def window_from_limit(name: str, limit: int, period_ms: int, capacity: int | None, key: str) -> Window:
+    """Build a window from separate numbers (the admin's form), with the same bounds."""
+    check_rate_bounds(limit, period_ms, key)
+    effective = capacity if capacity is not None else limit
+    if effective < 1 or effective * period_ms > MAX_PRODUCT:
+        raise ConfigurationError(key, "capacity must be positive and capacity x period_ms <= 2**52")
+    return Window(name, limit, period_ms, effective)

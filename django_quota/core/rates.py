@@ -1,0 +1,85 @@
+"""Rate strings: ``"N/P"`` with P one of s, m, h, d (or sec, min, hour, day) and an
+optional integer multiplier (``"100/5m"``), as contract section 3 defines them."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from django_quota.core.errors import ConfigurationError
+
+MAX_LIMIT = 10**9
+MIN_PERIOD_MS = 1_000
+MAX_PERIOD_MS = 366 * 86_400_000
+#: Largest ``limit * period_ms`` (and ``capacity * period_ms``): keeps every product the
+#: scripts form an exact integer in a Lua double (53-bit mantissa) with room to add.
+MAX_PRODUCT = 2**52
+
+_UNIT_MS = {
+    "s": 1_000,
+    "sec": 1_000,
+    "m": 60_000,
+    "min": 60_000,
+    "h": 3_600_000,
+    "hour": 3_600_000,
+    "d": 86_400_000,
+    "day": 86_400_000,
+}
+_RATE_RE = re.compile(r"^\s*(?P<limit>[0-9]+)\s*/\s*(?P<multiplier>[0-9]*)\s*(?P<unit>[a-z]+)\s*$")
+
+
+@dataclass(frozen=True, slots=True)
+class Rate:
+    """A limit of ``limit`` units per ``period_ms`` milliseconds."""
+
+    limit: int
+    period_ms: int
+
+    @property
+    def period(self) -> float:
+        """The period in seconds."""
+        return self.period_ms / 1000
+
+
+def parse_rate(text: object, key: str = "rate") -> Rate:
+    """Parse ``"N/P"`` into a :class:`Rate`, enforcing the contract's bounds.
+
+    Raises :class:`ConfigurationError` (naming ``key``) for anything else: a non-string,
+    a zero or negative count, an unknown unit, a period under 1 s or over 366 d, a
+    limit over 10**9, or ``limit * period_ms`` over 2**52.
+    """
+    if not isinstance(text, str):
+        raise ConfigurationError(key, f"a rate must be a string like '10/s', not {text!r}")
+    match = _RATE_RE.match(text)
+    if match is None:
+        raise ConfigurationError(
+            key,
+            f"{text!r} is not a rate; write 'N/P' with P one of s, m, h, d "
+            "(or sec, min, hour, day) and an optional multiplier, e.g. '100/5m'",
+        )
+    unit = match["unit"]
+    if unit not in _UNIT_MS:
+        raise ConfigurationError(key, f"{text!r}: unknown period {unit!r}; use s, m, h or d")
+    limit = int(match["limit"])
+    multiplier = int(match["multiplier"]) if match["multiplier"] else 1
+    if limit < 1:
+        raise ConfigurationError(key, f"{text!r}: the count must be a positive integer")
+    if multiplier < 1:
+        raise ConfigurationError(key, f"{text!r}: the period multiplier must be positive")
+    rate = Rate(limit=limit, period_ms=multiplier * _UNIT_MS[unit])
+    check_rate_bounds(rate.limit, rate.period_ms, key)
+    return rate
+
+
+def check_rate_bounds(limit: int, period_ms: int, key: str) -> None:
+    """Raise :class:`ConfigurationError` unless the contract's numeric bounds hold."""
+    if limit < 1 or limit > MAX_LIMIT:
+        raise ConfigurationError(key, f"the limit must be between 1 and {MAX_LIMIT}, not {limit}")
+    if period_ms < MIN_PERIOD_MS or period_ms > MAX_PERIOD_MS:
+        raise ConfigurationError(
+            key, f"the period must be between 1 s and 366 d, not {period_ms / 1000:g} s"
+        )
+    if limit * period_ms > MAX_PRODUCT:
+        raise ConfigurationError(
+            key, "limit x period in milliseconds exceeds 2**52; lower the limit or the period"
+        )

@@ -1,0 +1,345 @@
+"""The HTTP edge shared by the middleware, the decorator and the DRF throttles:
+request -> subject, route matching, outcomes recorded on the request, and outcome ->
+response and rate-limit headers (contract sections 3, 4 and 7)."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from django.http import HttpRequest, HttpResponse
+from django.urls import Resolver404, ResolverMatch, resolve
+from django.utils.module_loading import import_string
+
+from django_quota import conf
+from django_quota.core.identity import IdentityError, client_ip
+from django_quota.core.outcome import (
+    DENIED_DECISION,
+    FAILED_CLOSED,
+    Outcome,
+)
+from django_quota.core.policy import AUTO, DEFAULT_WINDOW, Policy
+from django_quota.signals import quota_denied
+
+QUOTA_EXCEEDED_TYPE = "https://iana.org/assignments/http-problem-types#quota-exceeded"
+_OUTCOMES_ATTR = "_quota_outcomes"
+_MEMO_ATTR = "_quota_memo"
+_MATCH_ATTR = "_quota_resolver_match"
+_UNRESOLVED = object()
+
+
+# -- recording ---------------------------------------------------------------------------
+def outcomes(request: Any) -> list[Outcome]:
+    """The outcomes recorded on ``request`` by every layer, in evaluation order."""
+    return list(getattr(request, _OUTCOMES_ATTR, ()))
+
+
+def memo(request: Any) -> dict[str, Outcome]:
+    """Outcomes already decided for this request, by policy id (charged at most once)."""
+    found: dict[str, Outcome] | None = getattr(request, _MEMO_ATTR, None)
+    if found is None:
+        found = {}
+        setattr(request, _MEMO_ATTR, found)
+    return found
+
+
+def record(request: Any, new: Iterable[Outcome]) -> None:
+    """Record outcomes on the request (for headers, ``outcomes()`` and the memo)."""
+    recorded: list[Outcome] | None = getattr(request, _OUTCOMES_ATTR, None)
+    if recorded is None:
+        recorded = []
+        setattr(request, _OUTCOMES_ATTR, recorded)
+    remembered = memo(request)
+    for outcome in new:
+        if outcome.policy not in remembered:
+            recorded.append(outcome)
+            remembered[outcome.policy] = outcome
+
+
+# -- routes ----------------------------------------------------------------------------------
+def resolver_match(request: HttpRequest) -> ResolverMatch | None:
+    """``request.resolver_match``, or the path resolved once (honouring ``request.urlconf``)."""
+    match = getattr(request, "resolver_match", None)
+    if match is not None:
+        return match  # type: ignore[no-any-return]
+    cached = getattr(request, _MATCH_ATTR, None)
+    if cached is None:
+        try:
+            cached = resolve(request.path_info, urlconf=getattr(request, "urlconf", None))
+        except Resolver404:
+            cached = _UNRESOLVED
+        setattr(request, _MATCH_ATTR, cached)
+    return None if cached is _UNRESOLVED else cached
+
+
+def path_matches(prefix: str, path: str) -> bool:
+    """Whole-segment prefix match: ``/api`` matches ``/api`` and ``/api/x``, not ``/apiary``."""
+    if prefix == "/":
+        return True
+    base = prefix.rstrip("/")
+    return path == base or path.startswith(base + "/")
+
+
+def route_matches(route: str, request: HttpRequest) -> bool:
+    """Whether one ``routes`` entry (``*``, ``/prefix``, ``ns:*`` or a view name) applies."""
+    if route == "*":
+        return True
+    if route.startswith("/"):
+        return path_matches(route, request.path_info)
+    match = resolver_match(request)
+    if match is None:
+        return False
+    if route.endswith(":*"):
+        namespace = route[:-2]
+        return match.namespace == namespace or match.namespace.startswith(namespace + ":")
+    return match.view_name == route
+
+
+def policy_applies(policy: Policy, request: HttpRequest) -> bool:
+    """Whether the middleware applies ``policy`` to ``request`` (routes and methods)."""
+    if policy.methods and request.method not in policy.methods:
+        return False
+    return any(route_matches(route, request) for route in policy.routes)
+
+
+def route_value(request: HttpRequest) -> str:
+    """The ``route`` dimension: view name, else the route pattern, else ``-``."""
+    match = resolver_match(request)
+    if match is None:
+        return "-"
+    return match.view_name or match.route or "-"
+
+
+# -- subjects --------------------------------------------------------------------------------
+def request_ip(request: HttpRequest) -> str:
+    """The normalised client IP (raises ``IdentityError`` when invalid or missing)."""
+    settings = conf.get_settings()
+    headers = request.META.get("HTTP_X_FORWARDED_FOR")
+    return client_ip(
+        request.META.get("REMOTE_ADDR"),
+        headers,
+        trusted_proxies=settings.trusted_proxies,
+        proxy_count=settings.proxy_count,
+        ipv6_prefix=settings.ipv6_prefix,
+    )
+
+
+def _call(path: str | None, request: Any) -> object:
+    if path is None:
+        return None
+    return import_string(path)(request)
+
+
+class RequestSubject:
+    """The raw subject of a request, per selector, reading each source at most once.
+
+    ``request.user`` is read only when a selector has ``user`` or ``auto`` (reading it
+    adds ``Vary: Cookie``). For ``auto`` an API key counts only when ``API_KEY_RESOLVER``
+    verified it; an explicit ``api_key`` dimension takes the resolver's key, else DRF's
+    ``request.auth`` (``drf_auth``), else the raw ``API_KEY_HEADER``. Invalid values are
+    passed on so that the core reports ``selector_identity_invalid``.
+    """
+
+    def __init__(self, request: Any, *, drf_auth: object = None) -> None:
+        self.request = request
+        self.drf_auth = drf_auth
+        self.settings = conf.get_settings()
+        self._values: dict[str, object] = {}
+
+    def _value(self, name: str) -> object:
+        if name not in self._values:
+            self._values[name] = self._read(name)
+        return self._values[name]
+
+    def _read(self, name: str) -> object:
+        request = self.request
+        if name == "user":
+            user = getattr(request, "user", None)
+            if user is not None and getattr(user, "is_authenticated", False):
+                return str(user.pk)
+            return None
+        if name == "verified_api_key":
+            return _call(self.settings.api_key_resolver, request)
+        if name == "api_key":
+            if self.settings.api_key_resolver is not None:
+                return self._value("verified_api_key")
+            if self.drf_auth is not None:
+                return getattr(self.drf_auth, "pk", self.drf_auth)
+            return request.META.get(self.settings.api_key_meta_name)
+        if name == "ip":
+            try:
+                return request_ip(request)
+            except IdentityError as exc:
+                return None if exc.reason == "selector_identity_missing" else "\x00invalid"
+        if name == "route":
+            return route_value(request)
+        if name == "tenant":
+            return _call(self.settings.tenant_resolver, request)
+        raise KeyError(name)
+
+    def for_policy(self, policy: Policy) -> dict[str, object]:
+        """The subject dict the core needs for ``policy``'s selector."""
+        subject: dict[str, object] = {}
+        for dimension in policy.selector:
+            if dimension == AUTO:
+                user = self._value("user")
+                if user is not None:
+                    subject["user"] = user
+                    continue
+                verified = self._value("verified_api_key")
+                if verified is not None:
+                    subject["api_key"] = verified
+                    continue
+                subject["ip"] = self._value("ip")
+            else:
+                subject[dimension] = self._value(dimension)
+        return subject
+
+
+# -- responses -------------------------------------------------------------------------------
+def item_name(policy: str, window: str, window_count: int) -> str:
+    """The structured-field item name of a window: ``policy.window`` or ``policy``."""
+    if window_count == 1 and window == DEFAULT_WINDOW:
+        return policy
+    return f"{policy}.{window}"
+
+
+def header_outcomes(found: Iterable[Outcome]) -> list[Outcome]:
+    """Outcomes that produce headers: enforced, allowed or denied, with windows."""
+    return [o for o in found if o.decision in ("allowed", DENIED_DECISION) and o.windows]
+
+
+def _seconds_up(value: float) -> int:
+    return max(0, math.ceil(value - 1e-9))
+
+
+def _reported(found: Sequence[Outcome]) -> Outcome | None:
+    denied = [o for o in found if o.decision == DENIED_DECISION]
+    if denied:
+        return min(
+            enumerate(denied),
+            key=lambda pair: (
+                -(pair[1].retry_after or 0),
+                -(pair[1].reported_window.period if pair[1].reported_window else 0),
+                pair[0],
+            ),
+        )[1]
+    if not found:
+        return None
+    return min(
+        enumerate(found),
+        key=lambda pair: (pair[1].remaining or 0, -(pair[1].reset_after or 0), pair[0]),
+    )[1]
+
+
+def rate_limit_headers(found: Iterable[Outcome], style: str) -> dict[str, str]:
+    """Headers for recorded outcomes in ``style`` (``ietf``, ``legacy``, ``both``, ``none``).
+
+    ``ietf`` follows draft-ietf-httpapi-ratelimit-headers-10: ``RateLimit-Policy`` and
+    ``RateLimit`` Structured Field Lists, one item per window.
+    """
+    usable = header_outcomes(found)
+    headers: dict[str, str] = {}
+    if not usable or style == "none":
+        return headers
+    if style in ("ietf", "both"):
+        policy_items = []
+        limit_items = []
+        for outcome in usable:
+            for window in outcome.windows:
+                name = item_name(outcome.policy, window.name, len(outcome.windows))
+                policy_items.append(f'"{name}";q={window.limit};w={round(window.period)}')
+                limit_items.append(
+                    f'"{name}";r={window.remaining};t={_seconds_up(window.replenish_after)}'
+                )
+        headers["RateLimit-Policy"] = ", ".join(policy_items)
+        headers["RateLimit"] = ", ".join(limit_items)
+    if style in ("legacy", "both"):
+        reported = _reported(usable)
+        if reported is not None and reported.limit is not None:
+            headers["X-RateLimit-Limit"] = str(reported.limit)
+            headers["X-RateLimit-Remaining"] = str(reported.remaining)
+            headers["X-RateLimit-Reset"] = str(_seconds_up(reported.reset_after or 0))
+    return headers
+
+
+def apply_headers(response: HttpResponse, found: Iterable[Outcome]) -> HttpResponse:
+    """Write the configured rate-limit headers onto ``response`` (existing ones win)."""
+    for name, value in rate_limit_headers(found, conf.get_settings().headers).items():
+        if name not in response:
+            response[name] = value
+    return response
+
+
+def refusal(found: Sequence[Outcome]) -> Outcome | None:
+    """The outcome that refuses the request, if any: a quota or identity denial first,
+    then a fail-closed failure."""
+    denied = [o for o in found if o.decision == DENIED_DECISION]
+    if denied:
+        timed = [o for o in denied if o.retry_after is not None]
+        return max(timed, key=lambda o: o.retry_after or 0) if timed else denied[0]
+    return next((o for o in found if o.decision == FAILED_CLOSED), None)
+
+
+def retry_after_header(outcome: Outcome) -> str | None:
+    """``Retry-After`` for a refusal: ``ceil(retry_after)``, at least 1; None when unknown."""
+    if outcome.retry_after is None:
+        return None
+    return str(max(1, math.ceil(outcome.retry_after - 1e-9)))
+
+
+def _violated(outcome: Outcome) -> list[str]:
+    return [
+        item_name(outcome.policy, window.name, len(outcome.windows))
+        for window in outcome.windows
+        if window.retry_after is not None
+    ]
+
+
+def problem_response(request: Any, outcome: Outcome, sender: object = None) -> HttpResponse:
+    """The 429 or 503 response for a refusing outcome (RFC 9457 problem+json), or the
+    ``DENIED_VIEW``'s; sends ``quota_denied``."""
+    settings = conf.get_settings()
+    quota_denied.send(sender=sender, request=request, outcome=outcome)
+    if outcome.decision == FAILED_CLOSED:
+        status = 503
+        body: dict[str, object] = {
+            "type": "about:blank",
+            "title": "Service Unavailable",
+            "status": 503,
+            "detail": "The rate limiter could not decide and this policy fails closed.",
+            "reason": outcome.reason,
+            "policy": outcome.policy,
+        }
+    else:
+        status = 429
+        body = {
+            "type": QUOTA_EXCEEDED_TYPE,
+            "title": "Quota exceeded",
+            "status": 429,
+            "detail": _detail(outcome),
+            "reason": outcome.reason,
+            "policy": outcome.policy,
+            "retry_after": outcome.retry_after,
+            "violated-policies": _violated(outcome),
+        }
+    if settings.denied_view is not None:
+        response = import_string(settings.denied_view)(request, outcome=outcome)
+    else:
+        response = HttpResponse(
+            json.dumps(body), status=status, content_type="application/problem+json"
+        )
+    retry_after = retry_after_header(outcome)
+    if retry_after is not None and "Retry-After" not in response:
+        response["Retry-After"] = retry_after
+    return response  # type: ignore[no-any-return]
+
+
+def _detail(outcome: Outcome) -> str:
+    if outcome.reason and outcome.reason.endswith("_quota_exhausted"):
+        return f"The {outcome.window} window of policy {outcome.policy} is exhausted."
+    if outcome.reason == "cost_exceeds_limit":
+        return f"The request costs more than policy {outcome.policy} can ever admit."
+    return f"The request has no valid identity for policy {outcome.policy} ({outcome.reason})."

@@ -1,0 +1,81 @@
+"""``QuotaMiddleware``: applies the policies whose ``routes`` and ``methods`` match, as one
+layer (one backend call), and writes rate-limit headers for every outcome recorded on the
+request on the way out. Sync and async capable."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from asgiref.sync import iscoroutinefunction, markcoroutinefunction
+from django.http import HttpRequest, HttpResponse
+
+from django_quota import conf, http, limiter, policies
+from django_quota.core.policy import Policy
+
+
+class QuotaMiddleware:
+    """Rate-limit requests by the middleware policies of ``settings.QUOTA``.
+
+    Place it after ``AuthenticationMiddleware`` (the ``user`` dimension is Django's
+    session user; DRF authentication runs later, inside the view) and inside any CORS
+    middleware (expose ``RateLimit``, ``RateLimit-Policy`` and ``Retry-After`` with
+    ``Access-Control-Expose-Headers``). Never answers 500 for rate-limiting reasons:
+    backend failures become 503 (fail closed) or pass (fail open).
+    """
+
+    sync_capable = True
+    async_capable = True
+
+    def __init__(self, get_response: Callable[[HttpRequest], Any]) -> None:
+        self.get_response = get_response
+        self.is_async = iscoroutinefunction(get_response)
+        if self.is_async:
+            markcoroutinefunction(self)
+
+    def __call__(self, request: HttpRequest) -> Any:
+        if self.is_async:
+            return self.__acall__(request)
+        group = self._matching(request)
+        if group:
+            found = limiter.evaluate_policies(group, http.RequestSubject(request).for_policy)
+            refused = self._record(request, found)
+            if refused is not None:
+                return self._finish(request, refused)
+        return self._finish(request, self.get_response(request))
+
+    async def __acall__(self, request: HttpRequest) -> HttpResponse:
+        group = self._matching(request)
+        if group:
+            found = await limiter.aevaluate_policies(
+                group, http.RequestSubject(request).for_policy
+            )
+            refused = self._record(request, found)
+            if refused is not None:
+                return self._finish(request, refused)
+        response = await self.get_response(request)  # type: ignore[misc]
+        return self._finish(request, response)
+
+    def _matching(self, request: HttpRequest) -> list[Policy]:
+        settings = conf.get_settings()
+        if not settings.enabled:
+            return []
+        path = request.path_info
+        if any(http.path_matches(prefix, path) for prefix in settings.exempt_paths):
+            return []
+        decided = http.memo(request)
+        return [
+            policy
+            for policy in policies.get_registry().middleware
+            if policy.id not in decided and http.policy_applies(policy, request)
+        ]
+
+    def _record(self, request: HttpRequest, found: list[Any]) -> HttpResponse | None:
+        http.record(request, found)
+        refusing = http.refusal(found)
+        if refusing is None:
+            return None
+        return http.problem_response(request, refusing, sender=self.__class__)
+
+    def _finish(self, request: HttpRequest, response: HttpResponse) -> HttpResponse:
+        return http.apply_headers(response, http.outcomes(request))
