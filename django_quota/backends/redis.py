@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import weakref
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,6 +21,10 @@ from django_quota.core.outcome import (
 )
 from django_quota.core.protocol import GroupReply, GroupRequest, parse_reply
 from django_quota.scripts import load
+
+
+#: EVALSHA attempts when SCRIPT FLUSH keeps racing the reload (each one ran nothing).
+NOSCRIPT_ATTEMPTS = 5
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,12 +92,15 @@ class RedisBackend:
         max_inflight: int,
         sentinel: Mapping[str, Any] | None = None,
         url_options: Mapping[str, Any] | None = None,
+        client_factory: Callable[[bool], Any] | None = None,
     ) -> None:
         self.url = url
         self.timeout = timeout
         self.max_inflight = max_inflight
         self.sentinel = sentinel
         self.url_options = dict(url_options or {})
+        #: Builds a client (argument: asynchronous?) instead of the URL; tests pass fakeredis.
+        self.client_factory = client_factory
         self._lock = threading.Lock()
         self._bound: _Bound | None = None
         self._async_clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Bound] = (
@@ -104,6 +111,8 @@ class RedisBackend:
 
     # -- clients -----------------------------------------------------------------------
     def _build(self, asynchronous: bool) -> Any:
+        if self.client_factory is not None:
+            return self.client_factory(asynchronous)
         options = {**client_options(self.timeout, self.max_inflight), **self.url_options}
         if asynchronous:
             import redis.asyncio as redis_module
@@ -153,11 +162,35 @@ class RedisBackend:
         return bound
 
     # -- script calls ------------------------------------------------------------------
+    @staticmethod
+    def _call(script: Any, client: Any, keys: list[str], args: list[int]) -> Any:
+        """``EVALSHA``; redis-py's ``Script`` reloads once on ``NOSCRIPT``, and a flush
+        racing that reload is retried here: a script that did not run charged nothing."""
+        from redis.exceptions import NoScriptError
+
+        for _ in range(NOSCRIPT_ATTEMPTS - 1):
+            try:
+                return script(keys=keys, args=args, client=client)
+            except NoScriptError:
+                continue
+        return script(keys=keys, args=args, client=client)
+
+    @staticmethod
+    async def _acall(script: Any, client: Any, keys: list[str], args: list[int]) -> Any:
+        from redis.exceptions import NoScriptError
+
+        for _ in range(NOSCRIPT_ATTEMPTS - 1):
+            try:
+                return await script(keys=keys, args=args, client=client)
+            except NoScriptError:
+                continue
+        return await script(keys=keys, args=args, client=client)
+
     def evaluate(self, request: GroupRequest) -> GroupReply:
         """Run ``evaluate.lua`` once (``EVALSHA``; ``NOSCRIPT`` reloads and retries)."""
         bound = self._sync()
         try:
-            reply = bound.evaluate(keys=request.keys(), args=request.args(), client=bound.client)
+            reply = self._call(bound.evaluate, bound.client, request.keys(), request.args())
         except Exception as exc:
             raise classify(exc) from exc
         return _parse(reply, request)
@@ -166,9 +199,7 @@ class RedisBackend:
         """Async twin of :meth:`evaluate`."""
         bound = self._async()
         try:
-            reply = await bound.evaluate(
-                keys=request.keys(), args=request.args(), client=bound.client
-            )
+            reply = await self._acall(bound.evaluate, bound.client, request.keys(), request.args())
         except Exception as exc:
             raise classify(exc) from exc
         return _parse(reply, request)
@@ -177,7 +208,7 @@ class RedisBackend:
         """Run ``reset.lua`` for one counter."""
         bound = self._sync()
         try:
-            return int(bound.reset(keys=[counter], args=[window_count], client=bound.client))
+            return int(self._call(bound.reset, bound.client, [counter], [window_count]))
         except Exception as exc:
             raise classify(exc) from exc
 
@@ -185,7 +216,7 @@ class RedisBackend:
         """Async twin of :meth:`reset`."""
         bound = self._async()
         try:
-            return int(await bound.reset(keys=[counter], args=[window_count], client=bound.client))
+            return int(await self._acall(bound.reset, bound.client, [counter], [window_count]))
         except Exception as exc:
             raise classify(exc) from exc
 

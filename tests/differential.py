@@ -1,0 +1,69 @@
+"""Engines for the differential tests: the same GroupRequest sent to the Python model
+(the memory backend with a frozen wall clock, so nothing expires by TTL), to the Lua
+script on fakeredis and to the Lua script on a real redis-server."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+
+from django_quota.backends.memory import MemoryBackend
+from django_quota.backends.redis import RedisBackend
+from django_quota.core.errors import BackendError
+from django_quota.core.model import State
+from django_quota.core.protocol import GroupReply, GroupRequest
+
+#: Sequences run per (algorithm or "group", engine), printed at the end of the session.
+SEQUENCES: Counter[tuple[str, str]] = Counter()
+
+
+class ModelEngine:
+    name = "model"
+
+    def __init__(self) -> None:
+        self.backend = MemoryBackend(10**6, clock_ms=lambda: 0)
+
+    def reset(self) -> None:
+        self.backend.clear()
+
+    def evaluate(self, request: GroupRequest) -> GroupReply | str:
+        try:
+            return self.backend.evaluate(request)
+        except BackendError as exc:
+            return exc.reason
+
+    def state(self, key: str) -> State | None:
+        return self.backend.peek_state(key)
+
+
+class RedisEngine:
+    def __init__(self, name: str, client: Any) -> None:
+        self.name = name
+        self.client = client
+        self.backend = RedisBackend(
+            url=None, timeout=5.0, max_inflight=4, client_factory=lambda _async: client
+        )
+
+    def reset(self) -> None:
+        self.client.flushall()
+
+    def evaluate(self, request: GroupRequest) -> GroupReply | str:
+        try:
+            return self.backend.evaluate(request)
+        except BackendError as exc:
+            return exc.reason
+
+    def state(self, key: str) -> State | None:
+        raw = self.client.hgetall(key)
+        if not raw:
+            return None
+        return {field.decode(): int(value) for field, value in raw.items()}
+
+
+@dataclass
+class Mismatch:
+    step: int
+    engine: str
+    expected: object
+    got: object

@@ -1,0 +1,270 @@
+"""The arithmetic of contract 5 on the Python model: exact numbers from the contract's
+definitions, and brute-force oracles for retry_after and the replenish time (the Lua
+script is held to the same numbers by tests/test_differential.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from django_quota.core.model import (
+    ALLOWED,
+    ALLOWED_UNCHARGED,
+    DENIED,
+    PolicyCall,
+    PolicyResult,
+    State,
+    evaluate_group,
+)
+from django_quota.core.policy import Window
+
+T0 = 1_764_000_000_000  # a whole second, minute, hour and day boundary
+
+
+def one(algorithm: str, windows: tuple[Window, ...], state: State | None, now: int,
+        cost: int = 1, peek: bool = False, regression: int = -1) -> tuple[PolicyResult, State | None]:
+    group = evaluate_group([PolicyCall(algorithm, windows, cost)], [state], now, peek=peek,
+                           max_regression_ms=regression)
+    assert not group.clock_unsafe
+    new_state = group.writes[0].state if group.writes else state
+    return group.results[0], new_state
+
+
+def run(algorithm: str, windows: tuple[Window, ...], times: list[int], cost: int = 1
+        ) -> tuple[list[PolicyResult], State | None]:
+    state: State | None = None
+    results = []
+    for now in times:
+        result, state = one(algorithm, windows, state, now, cost)
+        results.append(result)
+    return results, state
+
+
+W = Window  # name, limit, period_ms, capacity
+
+
+# -- fixed window (5.1) -------------------------------------------------------------------
+def test_fixed_window_counts_down_and_denies_until_the_window_ends() -> None:
+    windows = (W("default", 3, 1_000, 3),)
+    results, _ = run("fixed_window", windows, [T0 + 250] * 4)
+    assert [r.status for r in results] == [ALLOWED, ALLOWED, ALLOWED, DENIED]
+    assert [r.windows[0].remaining for r in results] == [2, 1, 0, 0]
+    assert results[3].windows[0].retry_after_ms == 750
+    assert results[3].windows[0].reset_after_ms == 750
+
+
+def test_fixed_window_is_aligned_to_the_epoch_and_resets_at_the_boundary() -> None:
+    windows = (W("default", 2, 1_000, 2),)
+    results, _ = run("fixed_window", windows, [T0 + 998, T0 + 999, T0 + 999, T0 + 1_000])
+    assert [r.status for r in results] == [ALLOWED, ALLOWED, DENIED, ALLOWED]
+    assert results[2].windows[0].retry_after_ms == 1
+    assert results[3].windows[0].remaining == 1
+
+
+def test_denied_request_consumes_no_window() -> None:
+    windows = (W("burst", 2, 1_000, 2), W("sustained", 3, 60_000, 3))
+    results, state = run("fixed_window", windows, [T0, T0, T0, T0 + 1_000, T0 + 1_000])
+    assert [r.status for r in results] == [ALLOWED, ALLOWED, DENIED, ALLOWED, DENIED]
+    assert state == {"t": T0 + 1_000, "c1": 1, "c2": 3}
+    # the sustained window denied the last one; burst was not charged for it
+    assert results[4].windows[0].retry_after_ms == -1
+    assert results[4].windows[1].retry_after_ms == 59_000
+
+
+def test_cost_counts_in_every_window() -> None:
+    windows = (W("burst", 5, 1_000, 5), W("sustained", 8, 60_000, 8))
+    results, _ = run("fixed_window", windows, [T0, T0 + 1_000], cost=4)
+    assert [w.remaining for w in results[1].windows] == [1, 0]
+
+
+# -- sliding window (5.2) ---------------------------------------------------------------------
+def test_sliding_window_weights_the_previous_window() -> None:
+    windows = (W("default", 10, 10_000, 10),)
+    state: State | None = None
+    for _ in range(10):
+        _, state = one("sliding_window", windows, state, T0 + 5_000)
+    # 2.5 s into the next window: estimate = floor(10 * 7_500 / 10_000) + 0 = 7
+    result, state = one("sliding_window", windows, state, T0 + 12_500)
+    assert result.status == ALLOWED
+    assert result.windows[0].remaining == 10 - 7 - 1
+    assert result.windows[0].reset_after_ms == 7_500
+
+
+def test_sliding_retry_after_is_the_true_minimum_not_the_window_end() -> None:
+    windows = (W("default", 10, 10_000, 10),)
+    state: State | None = None
+    for _ in range(10):
+        _, state = one("sliding_window", windows, state, T0 + 5_000)
+    result, _ = one("sliding_window", windows, state, T0 + 10_000, cost=2)
+    # estimate 10 at elapsed 0; two units fit when floor(10 * (10000 - e) / 10000) <= 8,
+    # i.e. e > 1000: retry after 1001 ms, far earlier than the window end (10000 ms).
+    assert result.status == DENIED
+    assert result.windows[0].retry_after_ms == 1_001
+    assert result.windows[0].reset_after_ms == 10_000
+    # one unit frees 1 ms later already: the estimate floors
+    result, _ = one("sliding_window", windows, state, T0 + 10_000, cost=1)
+    assert result.windows[0].retry_after_ms == 1
+
+
+# -- token bucket (5.3) -----------------------------------------------------------------------
+def test_token_bucket_refills_continuously_with_integer_arithmetic() -> None:
+    windows = (W("default", 10, 1_000, 10),)
+    results, state = run("token_bucket", windows, [T0] * 11)
+    assert [r.windows[0].remaining for r in results[:10]] == list(range(9, -1, -1))
+    assert results[10].status == DENIED
+    assert results[10].windows[0].retry_after_ms == 100
+    assert results[9].windows[0].reset_after_ms == 1_000
+    result, _ = one("token_bucket", windows, state, T0 + 99)
+    assert result.status == DENIED and result.windows[0].retry_after_ms == 1
+    result, _ = one("token_bucket", windows, state, T0 + 100)
+    assert result.status == ALLOWED
+
+
+def test_token_bucket_keeps_fractional_refill() -> None:
+    windows = (W("default", 3, 1_000, 3),)  # one token per 333.33 ms
+    _, state = run("token_bucket", windows, [T0] * 3)
+    for offset in (100, 200, 300):  # 300 ms = 0.9 token: still denied
+        result, _ = one("token_bucket", windows, state, T0 + offset)
+        assert result.status == DENIED
+    result, _ = one("token_bucket", windows, state, T0 + 334)  # 1.002 tokens
+    assert result.status == ALLOWED
+
+
+def test_token_bucket_capacity_bounds_the_burst_and_limit_is_capacity() -> None:
+    windows = (W("default", 1, 1_000, 5),)
+    results, _ = run("token_bucket", windows, [T0] * 6)
+    assert [r.status for r in results] == [ALLOWED] * 5 + [DENIED]
+    assert results[0].windows[0].remaining == 4
+    assert results[5].windows[0].retry_after_ms == 1_000
+
+
+def test_new_token_bucket_is_full_with_reset_after_zero() -> None:
+    windows = (W("default", 10, 1_000, 10),)
+    result, _ = one("token_bucket", windows, None, T0, peek=True)
+    assert result.status == ALLOWED_UNCHARGED
+    assert (result.windows[0].remaining, result.windows[0].reset_after_ms) == (10, 0)
+    assert result.windows[0].replenish_after_ms == 0
+
+
+# -- groups, peek, clocks ------------------------------------------------------------------------
+def test_group_denial_charges_no_policy_and_shadow_never_blocks() -> None:
+    tight = PolicyCall("fixed_window", (W("default", 1, 60_000, 1),), 1, True)
+    loose = PolicyCall("fixed_window", (W("default", 5, 60_000, 5),), 1, True)
+    shadow = PolicyCall("fixed_window", (W("default", 0 + 1, 60_000, 1),), 1, False)
+    first = evaluate_group([tight, loose], [None, None], T0)
+    states = [w.state for w in first.writes]
+    second = evaluate_group([tight, loose], states, T0)
+    assert [r.status for r in second.results] == [DENIED, ALLOWED_UNCHARGED]
+    assert second.writes == ()
+    # a denying shadow policy neither blocks nor prevents charging the enforced one
+    shadow_state = evaluate_group([shadow], [None], T0).writes[0].state
+    third = evaluate_group([loose, shadow], [states[1], shadow_state], T0)
+    assert [r.status for r in third.results] == [ALLOWED, DENIED]
+    assert [w.index for w in third.writes] == [0]
+
+
+def test_peek_reports_remaining_before_consumption_and_writes_nothing() -> None:
+    windows = (W("default", 3, 60_000, 3),)
+    _, state = run("fixed_window", windows, [T0])
+    group = evaluate_group([PolicyCall("fixed_window", windows, 1)], [state], T0, peek=True)
+    assert group.writes == ()
+    assert group.results[0].windows[0].remaining == 2
+
+
+def test_clock_never_runs_backwards_for_a_counter() -> None:
+    windows = (W("default", 1, 1_000, 1),)
+    _, state = run("fixed_window", windows, [T0 + 1_500])
+    # an earlier now is clamped to the stored one: still in the same (full) window
+    result, _ = one("fixed_window", windows, state, T0 + 900)
+    assert result.status == DENIED and result.now_ms == T0 + 1_500
+
+
+def test_client_clock_regression_past_the_bound_is_unsafe() -> None:
+    windows = (W("default", 5, 1_000, 5),)
+    _, state = run("fixed_window", windows, [T0 + 5_000])
+    group = evaluate_group([PolicyCall("fixed_window", windows, 1)], [state], T0 + 3_999,
+                           max_regression_ms=1_000)
+    assert group.clock_unsafe and group.writes == ()
+    group = evaluate_group([PolicyCall("fixed_window", windows, 1)], [state], T0 + 4_000,
+                           max_regression_ms=1_000)
+    assert not group.clock_unsafe
+
+
+# -- brute-force oracles ------------------------------------------------------------------------
+def _allowed_at(algorithm: str, windows: tuple[Window, ...], state: State | None, now: int,
+                cost: int, window_index: int) -> bool:
+    """Whether window ``window_index`` alone would allow ``cost`` at ``now``."""
+    single = (windows[window_index],)
+    projected = None
+    if state is not None:
+        projected = {"t": state["t"]}
+        for field in ("c", "p"):
+            key = f"{field}{window_index + 1}"
+            if key in state:
+                projected[f"{field}1"] = state[key]
+    result, _ = one(algorithm, single, projected, now, cost, peek=False)
+    return result.status == ALLOWED
+
+
+histories = st.lists(st.tuples(st.integers(0, 3_000), st.integers(1, 4)), min_size=1, max_size=25)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    algorithm=st.sampled_from(["sliding_window", "token_bucket", "fixed_window"]),
+    limit=st.integers(1, 9),
+    period=st.sampled_from([1_000, 2_000, 7_000]),
+    capacity_extra=st.integers(0, 3),
+    history=histories,
+    cost=st.integers(1, 4),
+)
+def test_a_request_exactly_retry_after_later_is_allowed_and_one_ms_earlier_is_not(
+    algorithm: str, limit: int, period: int, capacity_extra: int, history: Any, cost: int
+) -> None:
+    capacity = limit + capacity_extra if algorithm == "token_bucket" else limit
+    windows = (W("default", limit, period, capacity),)
+    cost = min(cost, capacity)
+    state: State | None = None
+    now = T0 + 123
+    for step, step_cost in history:
+        now += step
+        _, state = one(algorithm, windows, state, now, min(step_cost, capacity))
+    result, _ = one(algorithm, windows, state, now, cost)
+    if result.status != DENIED:
+        return
+    wait = result.windows[0].retry_after_ms
+    assert wait >= 1
+    assert _allowed_at(algorithm, windows, state, now + wait, cost, 0)
+    if wait > 1:
+        assert not _allowed_at(algorithm, windows, state, now + wait - 1, cost, 0)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    algorithm=st.sampled_from(["sliding_window", "token_bucket", "fixed_window"]),
+    limit=st.integers(1, 9),
+    period=st.sampled_from([1_000, 3_000]),
+    history=histories,
+)
+def test_remaining_rises_exactly_replenish_after_later(
+    algorithm: str, limit: int, period: int, history: Any
+) -> None:
+    windows = (W("default", limit, period, limit),)
+    state: State | None = None
+    now = T0 + 77
+    for step, step_cost in history:
+        now += step
+        _, state = one(algorithm, windows, state, now, min(step_cost, limit))
+    here, _ = one(algorithm, windows, state, now, peek=True)
+    wait = here.windows[0].replenish_after_ms
+    remaining = here.windows[0].remaining
+    if remaining == limit:
+        assert wait == 0 or algorithm == "fixed_window"
+        return
+    later, _ = one(algorithm, windows, state, now + wait, peek=True)
+    assert later.windows[0].remaining > remaining
+    if wait > 1:
+        before, _ = one(algorithm, windows, state, now + wait - 1, peek=True)
+        assert before.windows[0].remaining == remaining

@@ -1,0 +1,168 @@
+"""Differential tests (contract 5): hypothesis-generated sequences of (time step, cost,
+subject, peek, repeated evaluation id) for every algorithm, multi-window policies and
+multi-policy groups. The Lua script on fakeredis and on a real redis-server must return
+exactly what the Python model returns, every field, and store exactly the same state."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import fakeredis
+import pytest
+import redis
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from django_quota.core.model import PolicyCall
+from django_quota.core.policy import ALGORITHMS, Window
+from django_quota.core.protocol import GroupReply, GroupRequest
+from django_quota.core.rates import MAX_PERIOD_MS, MAX_PRODUCT
+from tests.differential import SEQUENCES, ModelEngine, RedisEngine
+
+EXAMPLES = int(os.environ.get("QUOTA_DIFFERENTIAL_EXAMPLES", "150"))
+START_MS = 1_764_000_000_000
+PERIODS_MS = [1_000, 2_000, 3_000, 60_000, 3_600_000, 86_400_000, MAX_PERIOD_MS]
+HUGE_GRACE_MS = 10 * 365 * 86_400_000  # nothing expires by wall clock during a sequence
+
+
+@st.composite
+def windows(draw: Any, algorithm: str) -> tuple[Window, ...]:
+    count = draw(st.integers(1, 3))
+    out = []
+    for index in range(count):
+        period = draw(st.sampled_from(PERIODS_MS))
+        kind = draw(st.sampled_from(["small", "small", "small", "bound"]))
+        if kind == "bound":
+            limit = min(10**9, MAX_PRODUCT // period)
+        else:
+            limit = draw(st.integers(1, 12))
+        capacity = limit
+        if algorithm == "token_bucket" and draw(st.booleans()):
+            capacity = draw(st.integers(1, 15))
+            if capacity * period > MAX_PRODUCT:
+                capacity = limit
+        out.append(Window(f"w{index}", limit, period, capacity))
+    return tuple(out)
+
+
+@st.composite
+def policy_calls(draw: Any, algorithm: str | None = None) -> tuple[str, tuple[Window, ...], bool]:
+    chosen = algorithm or draw(st.sampled_from(ALGORITHMS))
+    return chosen, draw(windows(chosen)), draw(st.booleans())
+
+
+#: A step that follows the previous reply: wait exactly one of its times, +-1 ms.
+FOLLOW = st.tuples(st.sampled_from(["reset_after_ms", "retry_after_ms", "replenish_after_ms"]),
+                   st.integers(0, 2), st.sampled_from([-1, 0, 0, 1]))
+
+
+@st.composite
+def steps(draw: Any, max_limit: int) -> list[tuple[Any, int, int, bool, bool]]:
+    """(time step ms or a FOLLOW triple, cost, subject, peek, repeat the previous id)."""
+    count = draw(st.integers(1, 40))
+    out = []
+    for _ in range(count):
+        step = draw(
+            st.one_of(
+                FOLLOW,
+                FOLLOW,
+                st.integers(0, 1_500),
+                st.integers(0, 10),
+                st.sampled_from([999, 1_000, 1_001, 59_999, 60_000, 3_600_000]),
+                st.integers(0, 2 * MAX_PERIOD_MS),  # long idle gaps
+                st.integers(-1_500, -1),  # client clock running backwards
+            )
+        )
+        cost = draw(st.one_of(st.integers(0, 3), st.integers(0, max_limit + 1)))
+        out.append(
+            (step, cost, draw(st.integers(0, 2)), draw(st.booleans()) and draw(st.booleans()),
+             draw(st.integers(0, 9)) == 0)
+        )
+    return out
+
+
+def _follow(step: Any, last: GroupReply | str | None) -> int:
+    """A fixed step, or the chosen time of the previous reply (plus delta) when it has one."""
+    if isinstance(step, int):
+        return step
+    field, window, delta = step
+    if not isinstance(last, GroupReply) or not last.results:
+        return 0
+    windows = last.results[0].windows
+    value = int(getattr(windows[window % len(windows)], field))
+    return max(0, value + delta) if value >= 0 else 0
+
+
+@pytest.fixture(scope="module")
+def engines(redis_server: Any) -> list[Any]:
+    real = redis.Redis(host=redis_server.host, port=redis_server.port, db=1)
+    return [ModelEngine(), RedisEngine("fakeredis", fakeredis.FakeRedis()), RedisEngine("redis", real)]
+
+
+def _run(engines: list[Any], label: str, group: list[tuple[str, tuple[Window, ...], bool]],
+         sequence: list[tuple[Any, int, int, bool, bool]], max_regression_ms: int) -> None:
+    for engine in engines:
+        engine.reset()
+    now = START_MS
+    evaluation_id = "e0"
+    last: GroupReply | str | None = None
+    for number, (step, cost, subject, peek, repeat) in enumerate(sequence):
+        now += _follow(step, last)
+        if not repeat:
+            evaluation_id = f"e{number + 1}"
+        counters = tuple(f"q:{{s{subject}}}:p{index}:r" for index in range(len(group)))
+        request = GroupRequest(
+            counters=counters,
+            evaluation_keys=tuple(f"{counter}:e:{evaluation_id}" for counter in counters),
+            calls=tuple(
+                PolicyCall(algorithm, policy_windows, cost, enforce)
+                for algorithm, policy_windows, enforce in group
+            ),
+            now_ms=now,
+            peek=peek,
+            max_regression_ms=max_regression_ms,
+            dedup_ttl_ms=HUGE_GRACE_MS,
+            cleanup_grace_ms=HUGE_GRACE_MS,
+        )
+        replies: list[GroupReply | str] = [engine.evaluate(request) for engine in engines]
+        expected = last = replies[0]
+        for engine, reply in zip(engines[1:], replies[1:], strict=True):
+            assert reply == expected, (
+                f"{engine.name} differs from the model at step {number} "
+                f"(now={now}, cost={cost}, peek={peek}): {reply} != {expected}"
+            )
+        for counter in counters:
+            want = engines[0].state(counter)
+            for engine in engines[1:]:
+                assert engine.state(counter) == want, f"{engine.name} stored another state"
+    for engine in engines:
+        SEQUENCES[(label, engine.name)] += 1
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_lua_matches_model_for_one_policy(engines: list[Any], algorithm: str) -> None:
+    @settings(max_examples=EXAMPLES, deadline=None,
+              suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+    @given(data=st.data())
+    def check(data: Any) -> None:
+        policy = data.draw(policy_calls(algorithm))
+        max_limit = max(window.capacity for window in policy[1])
+        sequence = data.draw(steps(min(max_limit, 20)))
+        regression = data.draw(st.sampled_from([-1, -1, 0, 1_000]))
+        _run(engines, algorithm, [(policy[0], policy[1], True)], sequence, regression)
+
+    check()
+
+
+def test_lua_matches_model_for_policy_groups(engines: list[Any]) -> None:
+    @settings(max_examples=EXAMPLES, deadline=None,
+              suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+    @given(data=st.data())
+    def check(data: Any) -> None:
+        group = data.draw(st.lists(policy_calls(), min_size=2, max_size=3))
+        max_limit = max(window.capacity for _, ws, _ in group for window in ws)
+        sequence = data.draw(steps(min(max_limit, 20)))
+        _run(engines, "group", group, sequence, -1)
+
+    check()
