@@ -5,6 +5,7 @@ and pytest-django's ``settings`` fixture take effect at once)."""
 from __future__ import annotations
 
 import ipaddress
+import math
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -158,7 +159,10 @@ class _Parser:
     def number(self, name: str, *, minimum: float, allow_zero: bool = False) -> float:
         value = self.get(name)
         bad = isinstance(value, bool) or not isinstance(value, int | float)
-        if not bad and (value < minimum or (value == 0 and not allow_zero)):
+        # NaN compares false with everything, so it would pass the bound checks below.
+        if not bad and (
+            not math.isfinite(value) or value < minimum or (value == 0 and not allow_zero)
+        ):
             bad = True
         if bad:
             self.problem(
@@ -187,9 +191,11 @@ class _Parser:
     def optional_string(self, name: str) -> str | None:
         value = self.get(name)
         if value is not None and (not isinstance(value, str) or not value):
-            self.problem(E_INVALID_VALUE, self.key(name), f"expected a string or None, not {value!r}")
+            self.problem(
+                E_INVALID_VALUE, self.key(name), f"expected a string or None, not {value!r}"
+            )
             return None
-        return value  # type: ignore[no-any-return]
+        return value
 
     def choice(self, name: str, choices: Sequence[str]) -> str:
         value = self.get(name)
@@ -212,6 +218,18 @@ class _Parser:
             )
             return tuple(DEFAULTS[name])
         return tuple(value)
+
+
+def _is_address(address: object) -> bool:
+    """True for a ``(host, port)`` pair, as ``redis.sentinel.Sentinel`` takes them."""
+    return (
+        isinstance(address, Sequence)
+        and not isinstance(address, str)
+        and len(address) == 2
+        and isinstance(address[0], str)
+        and isinstance(address[1], int)
+        and not isinstance(address[1], bool)
+    )
 
 
 def _parse_dotted_path(parser: _Parser, name: str) -> str | None:
@@ -267,11 +285,15 @@ def parse_settings(
     cluster = parser.boolean("CLUSTER")
     sentinel = parser.get("SENTINEL")
     if sentinel is not None:
+        addresses = sentinel.get("SENTINELS") if isinstance(sentinel, Mapping) else None
         valid = (
             isinstance(sentinel, Mapping)
             and isinstance(sentinel.get("SERVICE"), str)
-            and isinstance(sentinel.get("SENTINELS"), Sequence)
-            and len(sentinel["SENTINELS"]) > 0
+            and bool(sentinel["SERVICE"])
+            and isinstance(addresses, Sequence)
+            and not isinstance(addresses, str)
+            and len(addresses) > 0
+            and all(_is_address(address) for address in addresses)
         )
         if not valid:
             parser.problem(
@@ -281,10 +303,18 @@ def parse_settings(
             )
             sentinel = None
     backend_value = parser.get("BACKEND")
+    implied_backend = "redis" if (redis_url or cache_alias or sentinel) else "memory"
     if backend_value is None:
-        backend = "redis" if (redis_url or cache_alias or sentinel) else "memory"
+        backend = implied_backend
+    elif backend_value in BACKENDS:
+        backend = backend_value
     else:
-        backend = parser.choice("BACKEND", BACKENDS)
+        parser.problem(
+            E_INVALID_VALUE,
+            parser.key("BACKEND"),
+            f"{backend_value!r} is not one of {', '.join(BACKENDS)} (or None)",
+        )
+        backend = implied_backend
     if backend == "redis" and not (redis_url or cache_alias or sentinel):
         parser.problem(
             E_BACKEND,
@@ -363,11 +393,23 @@ def parse_settings(
                 E_INVALID_VALUE, parser.key("TRUSTED_PROXIES"), f"{entry!r} is not a CIDR"
             )
     proxy_count = parser.get("PROXY_COUNT")
-    if proxy_count is not None:
-        proxy_count = parser.integer("PROXY_COUNT", minimum=0)
+    if proxy_count is not None and (
+        isinstance(proxy_count, bool) or not isinstance(proxy_count, int) or proxy_count < 0
+    ):
+        # Not parser.integer(): its fallback, the default None, is not an integer.
+        parser.problem(
+            E_INVALID_VALUE,
+            parser.key("PROXY_COUNT"),
+            f"expected None or an integer >= 0, not {proxy_count!r}",
+        )
+        proxy_count = None
 
     api_key_header = parser.get("API_KEY_HEADER")
-    if not isinstance(api_key_header, str) or not api_key_header.replace("-", "").isalnum():
+    if (
+        not isinstance(api_key_header, str)
+        or not api_key_header.isascii()
+        or not api_key_header.replace("-", "").isalnum()
+    ):
         parser.problem(
             E_INVALID_VALUE,
             parser.key("API_KEY_HEADER"),

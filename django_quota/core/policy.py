@@ -31,8 +31,9 @@ AUTO = "auto"
 SELECTOR_VALUES = (*DIMENSIONS, AUTO)
 FRAMING_ORDER = (*DIMENSIONS, *INTERNAL_DIMENSIONS)
 
-POLICY_ID_RE = re.compile(r"^[a-z0-9][a-z0-9_.:-]{0,63}$")
-WINDOW_NAME_RE = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
+# \Z, not $: "$" also matches before a trailing newline, which would let "orders\n" pass.
+POLICY_ID_RE = re.compile(r"^[a-z0-9][a-z0-9_.:-]{0,63}\Z")
+WINDOW_NAME_RE = re.compile(r"^[a-z][a-z0-9_]{0,31}\Z")
 DEFAULT_WINDOW = "default"
 
 POLICY_KEYS = frozenset(
@@ -233,11 +234,14 @@ def _parse_windows(
             )
         windows.append(Window(name, rate.limit, rate.period_ms, capacity))
     by_name = {window.name: window for window in windows}
-    if "burst" in by_name and "sustained" in by_name:
-        if by_name["burst"].period_ms >= by_name["sustained"].period_ms:
-            raise ConfigurationError(
-                key, "the 'burst' window's period must be shorter than the 'sustained' one's"
-            )
+    if (
+        "burst" in by_name
+        and "sustained" in by_name
+        and by_name["burst"].period_ms >= by_name["sustained"].period_ms
+    ):
+        raise ConfigurationError(
+            key, "the 'burst' window's period must be shorter than the 'sustained' one's"
+        )
     return tuple(windows)
 
 
@@ -292,17 +296,20 @@ def parse_policy(
     routes = _string_list(raw.get("routes"), f"{key}['routes']")
     methods = _string_list(raw.get("methods", []), f"{key}['methods']")
     for method in methods:
-        if method != method.upper() or not method.isalpha():
-            raise ConfigurationError(f"{key}['methods']", f"{method!r} must be upper-case, e.g. GET")
+        if method != method.upper() or not (method.isascii() and method.isalpha()):
+            raise ConfigurationError(
+                f"{key}['methods']", f"{method!r} must be upper-case, e.g. GET"
+            )
     enforcement = _choice(raw.get("enforcement", ENFORCE), ENFORCEMENTS, f"{key}['enforcement']")
     failure_mode = raw.get("failure_mode")
     if failure_mode is not None:
         failure_mode = _choice(failure_mode, FAILURE_MODES, f"{key}['failure_mode']")
     on_missing = _choice(raw.get("on_missing", "deny"), ON_MISSING, f"{key}['on_missing']")
     max_cost = raw.get("max_cost")
-    if max_cost is not None:
-        if isinstance(max_cost, bool) or not isinstance(max_cost, int) or max_cost < 0:
-            raise ConfigurationError(f"{key}['max_cost']", "expected a non-negative integer")
+    if max_cost is not None and (
+        isinstance(max_cost, bool) or not isinstance(max_cost, int) or max_cost < 0
+    ):
+        raise ConfigurationError(f"{key}['max_cost']", "expected a non-negative integer")
     enabled = raw.get("enabled", True)
     if not isinstance(enabled, bool):
         raise ConfigurationError(f"{key}['enabled']", "expected True or False")
@@ -323,7 +330,9 @@ def parse_policy(
     )
 
 
-def window_from_limit(name: str, limit: int, period_ms: int, capacity: int | None, key: str) -> Window:
+def window_from_limit(
+    name: str, limit: int, period_ms: int, capacity: int | None, key: str
+) -> Window:
     """Build a window from separate numbers (the admin's form), with the same bounds."""
     check_rate_bounds(limit, period_ms, key)
     effective = capacity if capacity is not None else limit

@@ -60,6 +60,12 @@ def parse_rate(text: object, key: str = "rate") -> Rate:
     unit = match["unit"]
     if unit not in _UNIT_MS:
         raise ConfigurationError(key, f"{text!r}: unknown period {unit!r}; use s, m, h or d")
+    # int() refuses strings of over 4300 digits (a bare ValueError without the key);
+    # anything over 20 significant digits is far outside the bounds anyway.
+    if max(len(match["limit"].lstrip("0")), len(match["multiplier"].lstrip("0"))) > 20:
+        raise ConfigurationError(
+            key, f"{text!r}: the count must be at most {MAX_LIMIT} and the period at most 366 d"
+        )
     limit = int(match["limit"])
     multiplier = int(match["multiplier"]) if match["multiplier"] else 1
     if limit < 1:
