@@ -9,11 +9,12 @@ import math
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from asgiref.sync import async_to_sync, iscoroutinefunction, sync_to_async
 from django.http import HttpRequest, HttpResponse
 from django.urls import Resolver404, ResolverMatch, resolve
 from django.utils.module_loading import import_string
 
-from django_quota import conf
+from django_quota import conf, policies
 from django_quota.core.identity import IdentityError, client_ip
 from django_quota.core.outcome import (
     DENIED_DECISION,
@@ -71,7 +72,7 @@ def resolver_match(request: HttpRequest) -> ResolverMatch | None:
         except Resolver404:
             cached = _UNRESOLVED
         setattr(request, _MATCH_ATTR, cached)
-    return None if cached is _UNRESOLVED else cached
+    return cached if isinstance(cached, ResolverMatch) else None
 
 
 def path_matches(prefix: str, path: str) -> bool:
@@ -109,7 +110,10 @@ def route_value(request: HttpRequest) -> str:
     match = resolver_match(request)
     if match is None:
         return "-"
-    return match.view_name or match.route or "-"
+    if match.url_name is None:
+        # Django's view_name of an unnamed URL is the view's dotted path, not a route name.
+        return match.route or "-"
+    return match.view_name or "-"
 
 
 # -- subjects --------------------------------------------------------------------------------
@@ -179,6 +183,20 @@ class RequestSubject:
             return _call(self.settings.tenant_resolver, request)
         raise KeyError(name)
 
+    async def aload(self, group: Iterable[Policy]) -> None:
+        """Read, in a worker thread, the sources ``group`` needs that may query the
+        database (the session user, ``API_KEY_RESOLVER``, ``TENANT_RESOLVER``), so that
+        :meth:`for_policy` never blocks, or raises ``SynchronousOnlyOperation``, inside an
+        event loop."""
+        selectors = {dimension for policy in group for dimension in policy.selector}
+        read = sync_to_async(self._value)
+        user = await read("user") if selectors & {"user", AUTO} else None
+        resolver = self.settings.api_key_resolver is not None
+        if (AUTO in selectors and user is None) or ("api_key" in selectors and resolver):
+            await read("verified_api_key")
+        if "tenant" in selectors:
+            await read("tenant")
+
     def for_policy(self, policy: Policy) -> dict[str, object]:
         """The subject dict the core needs for ``policy``'s selector."""
         subject: dict[str, object] = {}
@@ -206,9 +224,21 @@ def item_name(policy: str, window: str, window_count: int) -> str:
     return f"{policy}.{window}"
 
 
+def _enforced(policy_id: str) -> bool:
+    # An allowed outcome does not say whether its policy is shadow: ask the registry.
+    try:
+        return not policies.get_policy(policy_id).shadow
+    except policies.UnknownPolicy:
+        return True
+
+
 def header_outcomes(found: Iterable[Outcome]) -> list[Outcome]:
     """Outcomes that produce headers: enforced, allowed or denied, with windows."""
-    return [o for o in found if o.decision in ("allowed", DENIED_DECISION) and o.windows]
+    return [
+        o
+        for o in found
+        if o.decision in ("allowed", DENIED_DECISION) and o.windows and _enforced(o.policy)
+    ]
 
 
 def _seconds_up(value: float) -> int:
@@ -326,7 +356,10 @@ def problem_response(request: Any, outcome: Outcome, sender: object = None) -> H
             "violated-policies": _violated(outcome),
         }
     if settings.denied_view is not None:
-        response = import_string(settings.denied_view)(request, outcome=outcome)
+        view = import_string(settings.denied_view)
+        if iscoroutinefunction(view):
+            view = async_to_sync(view)
+        response = view(request, outcome=outcome)
     else:
         response = HttpResponse(
             json.dumps(body), status=status, content_type="application/problem+json"

@@ -7,10 +7,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from asgiref.sync import iscoroutinefunction, markcoroutinefunction
+from asgiref.sync import iscoroutinefunction, markcoroutinefunction, sync_to_async
 from django.http import HttpRequest, HttpResponse
 
 from django_quota import conf, http, limiter, policies
+from django_quota.core.outcome import Outcome
 from django_quota.core.policy import Policy
 
 
@@ -39,21 +40,26 @@ class QuotaMiddleware:
         group = self._matching(request)
         if group:
             found = limiter.evaluate_policies(group, http.RequestSubject(request).for_policy)
-            refused = self._record(request, found)
-            if refused is not None:
-                return self._finish(request, refused)
+            http.record(request, found)
+            refusing = http.refusal(found)
+            if refusing is not None:
+                return self._finish(request, self._refuse(request, refusing))
         return self._finish(request, self.get_response(request))
 
     async def __acall__(self, request: HttpRequest) -> HttpResponse:
         group = self._matching(request)
         if group:
-            found = await limiter.aevaluate_policies(
-                group, http.RequestSubject(request).for_policy
-            )
-            refused = self._record(request, found)
-            if refused is not None:
+            subject = http.RequestSubject(request)
+            await subject.aload(group)
+            found = await limiter.aevaluate_policies(group, subject.for_policy)
+            http.record(request, found)
+            refusing = http.refusal(found)
+            if refusing is not None:
+                # quota_denied receivers and DENIED_VIEW are ordinary sync code (they may
+                # query the database): run them in a thread, as Django runs sync views.
+                refused = await sync_to_async(self._refuse)(request, refusing)
                 return self._finish(request, refused)
-        response = await self.get_response(request)  # type: ignore[misc]
+        response = await self.get_response(request)
         return self._finish(request, response)
 
     def _matching(self, request: HttpRequest) -> list[Policy]:
@@ -70,11 +76,7 @@ class QuotaMiddleware:
             if policy.id not in decided and http.policy_applies(policy, request)
         ]
 
-    def _record(self, request: HttpRequest, found: list[Any]) -> HttpResponse | None:
-        http.record(request, found)
-        refusing = http.refusal(found)
-        if refusing is None:
-            return None
+    def _refuse(self, request: HttpRequest, refusing: Outcome) -> HttpResponse:
         return http.problem_response(request, refusing, sender=self.__class__)
 
     def _finish(self, request: HttpRequest, response: HttpResponse) -> HttpResponse:
