@@ -267,12 +267,18 @@ def _failed(prepared: Prepared, reason: str, backend_mode: str) -> list[Outcome]
         policy = prepared.policies[index]
         if policy.shadow or settings.failure_mode_of(policy) == "open":
             outcome = bare_outcome(
-                policy, FAILED_OPEN, reason, backend_mode=backend_mode,
+                policy,
+                FAILED_OPEN,
+                reason,
+                backend_mode=backend_mode,
                 evaluation_id=prepared.evaluation_id,
             )
         else:
             outcome = bare_outcome(
-                policy, FAILED_CLOSED, reason, backend_mode=backend_mode,
+                policy,
+                FAILED_CLOSED,
+                reason,
+                backend_mode=backend_mode,
                 evaluation_id=prepared.evaluation_id,
                 retry_after=float(settings.failure_retry_after),
             )
@@ -421,8 +427,9 @@ def evaluate(
     :class:`~django_quota.policies.UnknownPolicy`, ``TypeError`` or ``ValueError`` for a
     bad cost.
     """
-    return evaluate_policies([policies.get_policy(policy_id)], subject, cost,
-                             evaluation_id=evaluation_id)[0]
+    return evaluate_policies(
+        [policies.get_policy(policy_id)], subject, cost, evaluation_id=evaluation_id
+    )[0]
 
 
 async def aevaluate(

@@ -23,17 +23,30 @@ from django_quota.core.policy import Window
 T0 = 1_764_000_000_000  # a whole second, minute, hour and day boundary
 
 
-def one(algorithm: str, windows: tuple[Window, ...], state: State | None, now: int,
-        cost: int = 1, peek: bool = False, regression: int = -1) -> tuple[PolicyResult, State | None]:
-    group = evaluate_group([PolicyCall(algorithm, windows, cost)], [state], now, peek=peek,
-                           max_regression_ms=regression)
+def one(
+    algorithm: str,
+    windows: tuple[Window, ...],
+    state: State | None,
+    now: int,
+    cost: int = 1,
+    peek: bool = False,
+    regression: int = -1,
+) -> tuple[PolicyResult, State | None]:
+    group = evaluate_group(
+        [PolicyCall(algorithm, windows, cost)],
+        [state],
+        now,
+        peek=peek,
+        max_regression_ms=regression,
+    )
     assert not group.clock_unsafe
     new_state = group.writes[0].state if group.writes else state
     return group.results[0], new_state
 
 
-def run(algorithm: str, windows: tuple[Window, ...], times: list[int], cost: int = 1
-        ) -> tuple[list[PolicyResult], State | None]:
+def run(
+    algorithm: str, windows: tuple[Window, ...], times: list[int], cost: int = 1
+) -> tuple[list[PolicyResult], State | None]:
     state: State | None = None
     results = []
     for now in times:
@@ -184,17 +197,25 @@ def test_clock_never_runs_backwards_for_a_counter() -> None:
 def test_client_clock_regression_past_the_bound_is_unsafe() -> None:
     windows = (W("default", 5, 1_000, 5),)
     _, state = run("fixed_window", windows, [T0 + 5_000])
-    group = evaluate_group([PolicyCall("fixed_window", windows, 1)], [state], T0 + 3_999,
-                           max_regression_ms=1_000)
+    group = evaluate_group(
+        [PolicyCall("fixed_window", windows, 1)], [state], T0 + 3_999, max_regression_ms=1_000
+    )
     assert group.clock_unsafe and group.writes == ()
-    group = evaluate_group([PolicyCall("fixed_window", windows, 1)], [state], T0 + 4_000,
-                           max_regression_ms=1_000)
+    group = evaluate_group(
+        [PolicyCall("fixed_window", windows, 1)], [state], T0 + 4_000, max_regression_ms=1_000
+    )
     assert not group.clock_unsafe
 
 
 # -- brute-force oracles ------------------------------------------------------------------------
-def _allowed_at(algorithm: str, windows: tuple[Window, ...], state: State | None, now: int,
-                cost: int, window_index: int) -> bool:
+def _allowed_at(
+    algorithm: str,
+    windows: tuple[Window, ...],
+    state: State | None,
+    now: int,
+    cost: int,
+    window_index: int,
+) -> bool:
     """Whether window ``window_index`` alone would allow ``cost`` at ``now``."""
     single = (windows[window_index],)
     projected = None

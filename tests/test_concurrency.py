@@ -23,21 +23,25 @@ SUBJECT = {"ip": "198.51.100.77", "user": "u-1"}
 CASES: list[tuple[str, dict[str, Any], list[str], int]] = []
 for _algorithm in ("fixed_window", "sliding_window", "token_bucket"):
     CASES.append((f"{_algorithm}", {"p": {"algorithm": _algorithm, "windows": "37/h"}}, ["p"], 37))
-    CASES.append((
-        f"{_algorithm}-windows",
-        {"p": {"algorithm": _algorithm, "windows": {"burst": "41/h", "sustained": "29/d"}}},
-        ["p"],
-        29,
-    ))
-    CASES.append((
-        f"{_algorithm}-policies",
-        {
-            "a": {"algorithm": _algorithm, "windows": "23/h", "selector": ["ip"]},
-            "b": {"algorithm": "fixed_window", "windows": "31/h", "selector": ["user"]},
-        },
-        ["a", "b"],
-        23,
-    ))
+    CASES.append(
+        (
+            f"{_algorithm}-windows",
+            {"p": {"algorithm": _algorithm, "windows": {"burst": "41/h", "sustained": "29/d"}}},
+            ["p"],
+            29,
+        )
+    )
+    CASES.append(
+        (
+            f"{_algorithm}-policies",
+            {
+                "a": {"algorithm": _algorithm, "windows": "23/h", "selector": ["ip"]},
+                "b": {"algorithm": "fixed_window", "windows": "31/h", "selector": ["user"]},
+            },
+            ["a", "b"],
+            23,
+        )
+    )
 
 
 def _admit(group_ids: list[str], attempts: int, start: Callable[[], Any] | None = None) -> int:
@@ -68,10 +72,15 @@ def _counter_values(redis_client: Any) -> list[int]:
     return counts
 
 
-@pytest.mark.parametrize(("case", "definitions", "group_ids", "expected"), CASES,
-                         ids=[c[0] for c in CASES])
+@pytest.mark.parametrize(
+    ("case", "definitions", "group_ids", "expected"), CASES, ids=[c[0] for c in CASES]
+)
 def test_sixteen_threads_admit_exactly_the_limit(
-    quota: Any, redis_url: str, case: str, definitions: dict[str, Any], group_ids: list[str],
+    quota: Any,
+    redis_url: str,
+    case: str,
+    definitions: dict[str, Any],
+    group_ids: list[str],
     expected: int,
 ) -> None:
     _configure(quota, redis_url, definitions)
@@ -93,7 +102,8 @@ def test_sixteen_threads_admit_exactly_the_limit(
     assert sum(results) == expected
     for policy_id in group_ids:
         assert limiter.peek(policy_id, SUBJECT).decision == (
-            "denied" if policy_id == group_ids[0] else "allowed")
+            "denied" if policy_id == group_ids[0] else "allowed"
+        )
 
 
 def _process_worker(group_ids: list[str], barrier: Any, queue: Any) -> None:
@@ -101,10 +111,15 @@ def _process_worker(group_ids: list[str], barrier: Any, queue: Any) -> None:
     queue.put(_admit(group_ids, ATTEMPTS_PER_WORKER, barrier.wait))
 
 
-@pytest.mark.parametrize(("case", "definitions", "group_ids", "expected"), CASES,
-                         ids=[c[0] for c in CASES])
+@pytest.mark.parametrize(
+    ("case", "definitions", "group_ids", "expected"), CASES, ids=[c[0] for c in CASES]
+)
 def test_four_processes_admit_exactly_the_limit(
-    quota: Any, redis_url: str, case: str, definitions: dict[str, Any], group_ids: list[str],
+    quota: Any,
+    redis_url: str,
+    case: str,
+    definitions: dict[str, Any],
+    group_ids: list[str],
     expected: int,
 ) -> None:
     _configure(quota, redis_url, definitions)
@@ -112,8 +127,10 @@ def test_four_processes_admit_exactly_the_limit(
     barrier = context.Barrier(PROCESSES)
     queue = context.Queue()
     limiter._drop_backends()
-    workers = [context.Process(target=_process_worker, args=(group_ids, barrier, queue))
-               for _ in range(PROCESSES)]
+    workers = [
+        context.Process(target=_process_worker, args=(group_ids, barrier, queue))
+        for _ in range(PROCESSES)
+    ]
     for process in workers:
         process.start()
     counts = [queue.get(timeout=120) for _ in workers]
@@ -139,8 +156,9 @@ def test_script_flush_mid_traffic_loses_no_decision(
     flushing.start()
     try:
         results: list[int] = []
-        threads = [threading.Thread(target=lambda: results.append(_admit(["p"], 12)))
-                   for _ in range(8)]
+        threads = [
+            threading.Thread(target=lambda: results.append(_admit(["p"], 12))) for _ in range(8)
+        ]
         for thread in threads:
             thread.start()
         for thread in threads:

@@ -53,8 +53,11 @@ def policy_calls(draw: Any, algorithm: str | None = None) -> tuple[str, tuple[Wi
 
 
 #: A step that follows the previous reply: wait exactly one of its times, +-1 ms.
-FOLLOW = st.tuples(st.sampled_from(["reset_after_ms", "retry_after_ms", "replenish_after_ms"]),
-                   st.integers(0, 2), st.sampled_from([-1, 0, 0, 1]))
+FOLLOW = st.tuples(
+    st.sampled_from(["reset_after_ms", "retry_after_ms", "replenish_after_ms"]),
+    st.integers(0, 2),
+    st.sampled_from([-1, 0, 0, 1]),
+)
 
 
 @st.composite
@@ -76,8 +79,13 @@ def steps(draw: Any, max_limit: int) -> list[tuple[Any, int, int, bool, bool]]:
         )
         cost = draw(st.one_of(st.integers(0, 3), st.integers(0, max_limit + 1)))
         out.append(
-            (step, cost, draw(st.integers(0, 2)), draw(st.booleans()) and draw(st.booleans()),
-             draw(st.integers(0, 9)) == 0)
+            (
+                step,
+                cost,
+                draw(st.integers(0, 2)),
+                draw(st.booleans()) and draw(st.booleans()),
+                draw(st.integers(0, 9)) == 0,
+            )
         )
     return out
 
@@ -97,11 +105,20 @@ def _follow(step: Any, last: GroupReply | str | None) -> int:
 @pytest.fixture(scope="module")
 def engines(redis_server: Any) -> list[Any]:
     real = redis.Redis(host=redis_server.host, port=redis_server.port, db=1)
-    return [ModelEngine(), RedisEngine("fakeredis", fakeredis.FakeRedis()), RedisEngine("redis", real)]
+    return [
+        ModelEngine(),
+        RedisEngine("fakeredis", fakeredis.FakeRedis()),
+        RedisEngine("redis", real),
+    ]
 
 
-def _run(engines: list[Any], label: str, group: list[tuple[str, tuple[Window, ...], bool]],
-         sequence: list[tuple[Any, int, int, bool, bool]], max_regression_ms: int) -> None:
+def _run(
+    engines: list[Any],
+    label: str,
+    group: list[tuple[str, tuple[Window, ...], bool]],
+    sequence: list[tuple[Any, int, int, bool, bool]],
+    max_regression_ms: int,
+) -> None:
     for engine in engines:
         engine.reset()
     now = START_MS
@@ -142,8 +159,11 @@ def _run(engines: list[Any], label: str, group: list[tuple[str, tuple[Window, ..
 
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
 def test_lua_matches_model_for_one_policy(engines: list[Any], algorithm: str) -> None:
-    @settings(max_examples=EXAMPLES, deadline=None,
-              suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+    @settings(
+        max_examples=EXAMPLES,
+        deadline=None,
+        suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+    )
     @given(data=st.data())
     def check(data: Any) -> None:
         policy = data.draw(policy_calls(algorithm))
@@ -156,8 +176,11 @@ def test_lua_matches_model_for_one_policy(engines: list[Any], algorithm: str) ->
 
 
 def test_lua_matches_model_for_policy_groups(engines: list[Any]) -> None:
-    @settings(max_examples=EXAMPLES, deadline=None,
-              suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+    @settings(
+        max_examples=EXAMPLES,
+        deadline=None,
+        suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+    )
     @given(data=st.data())
     def check(data: Any) -> None:
         group = data.draw(st.lists(policy_calls(), min_size=2, max_size=3))

@@ -20,8 +20,9 @@ BACKENDS = ["memory", "fakeredis", "redis"]
 
 
 @pytest.fixture(params=BACKENDS)
-def configure(request: pytest.FixtureRequest, quota: Any, monkeypatch: pytest.MonkeyPatch
-              ) -> Iterator[Callable[..., Any]]:
+def configure(
+    request: pytest.FixtureRequest, quota: Any, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[Callable[..., Any]]:
     """``configure(POLICIES=...)`` sets QUOTA for the parametrised backend; returns a raw
     client for Redis backends (None for memory)."""
     kind = request.param
@@ -41,7 +42,9 @@ def configure(request: pytest.FixtureRequest, quota: Any, monkeypatch: pytest.Mo
         def build(settings: Any) -> Any:
             if settings.backend == "redis":
                 return RedisBackend(
-                    url=None, timeout=1.0, max_inflight=8,
+                    url=None,
+                    timeout=1.0,
+                    max_inflight=8,
                     client_factory=lambda asynchronous: (
                         fakeredis.FakeAsyncRedis(server=server) if asynchronous else client
                     ),
@@ -65,7 +68,12 @@ def test_outcome_fields_for_an_allowed_then_denied_fixed_window(configure: Any) 
     subject = {"ip": "203.0.113.7"}
     first = django_quota.evaluate("p", subject)
     assert (first.decision, first.reason, first.window, first.limit, first.remaining) == (
-        "allowed", None, "default", 2, 1)
+        "allowed",
+        None,
+        "default",
+        2,
+        1,
+    )
     assert first.retry_after is None and first.certainty == "exact"
     assert 0 < first.reset_after <= 3600
     django_quota.evaluate("p", subject)
@@ -74,22 +82,28 @@ def test_outcome_fields_for_an_allowed_then_denied_fixed_window(configure: Any) 
     assert denied.remaining == 0 and not denied.allowed
     assert denied.retry_after == denied.reset_after
     assert denied.windows == (
-        WindowState("default", 2, 3600.0, 0, denied.reset_after, denied.retry_after,
-                    denied.reset_after),
+        WindowState(
+            "default", 2, 3600.0, 0, denied.reset_after, denied.retry_after, denied.reset_after
+        ),
     )
     assert denied.backend_mode == ("memory" if configure.kind == "memory" else "redis")
     assert len(denied.evaluation_id) == 22
 
 
 def test_reported_window_and_reason_follow_the_contract_rules(configure: Any) -> None:
-    configure(POLICIES={
-        "tie": {"selector": ["user"], "windows": {"burst": "3/h", "sustained": "3/d"}},
-        "burst": {"selector": ["user"], "windows": {"burst": "2/h", "sustained": "5/d"}},
-    })
+    configure(
+        POLICIES={
+            "tie": {"selector": ["user"], "windows": {"burst": "3/h", "sustained": "3/d"}},
+            "burst": {"selector": ["user"], "windows": {"burst": "2/h", "sustained": "5/d"}},
+        }
+    )
     tie = [django_quota.evaluate("tie", {"user": "1"}) for _ in range(4)]
     # equal remaining: the larger reset_after (the day) is reported
-    assert [(o.window, o.remaining) for o in tie[:3]] == [("sustained", 2), ("sustained", 1),
-                                                           ("sustained", 0)]
+    assert [(o.window, o.remaining) for o in tie[:3]] == [
+        ("sustained", 2),
+        ("sustained", 1),
+        ("sustained", 0),
+    ]
     # both deny: the larger retry_after names the reason
     assert (tie[3].window, tie[3].reason) == ("sustained", "sustained_quota_exhausted")
     assert tie[3].retry_after == max(w.retry_after or 0 for w in tie[3].windows)
@@ -125,7 +139,10 @@ def test_cost_above_the_limit_is_refused_without_touching_the_backend(
     client = configure(POLICIES={"p": {"algorithm": algorithm, "windows": "5/h", "max_cost": 10}})
     outcome = django_quota.evaluate("p", {"ip": "192.0.2.1"}, cost=6)
     assert (outcome.decision, outcome.reason, outcome.retry_after) == (
-        "denied", "cost_exceeds_limit", None)
+        "denied",
+        "cost_exceeds_limit",
+        None,
+    )
     assert outcome.windows == () and outcome.remaining is None
     if client is not None:
         assert client.keys("*") == []
@@ -145,8 +162,11 @@ def test_cost_zero_returns_what_peek_returns(configure: Any) -> None:
     django_quota.evaluate("p", subject)
     zero = django_quota.evaluate("p", subject, cost=0)
     peeked = django_quota.peek("p", subject)
-    assert (zero.decision, zero.remaining, zero.window) == (peeked.decision, peeked.remaining,
-                                                            peeked.window)
+    assert (zero.decision, zero.remaining, zero.window) == (
+        peeked.decision,
+        peeked.remaining,
+        peeked.window,
+    )
     assert zero.remaining == 2
     if client is not None:
         assert [k for k in client.keys("*") if b":e:" not in k].__len__() == 1
@@ -161,8 +181,11 @@ def test_peek_writes_nothing_for_an_unseen_subject(configure: Any) -> None:
 
 
 def test_reset_forgets_every_window_and_returns_how_many_had_state(configure: Any) -> None:
-    configure(POLICIES={"p": {"algorithm": "sliding_window",
-                              "windows": {"burst": "2/m", "sustained": "3/h"}}})
+    configure(
+        POLICIES={
+            "p": {"algorithm": "sliding_window", "windows": {"burst": "2/m", "sustained": "3/h"}}
+        }
+    )
     subject = {"user": "7"}
     for _ in range(3):
         django_quota.evaluate("p", subject)
@@ -190,16 +213,24 @@ def test_repeated_evaluation_id_returns_the_stored_outcome_and_consumes_nothing(
 
 
 def test_missing_identity_denies_and_skip_skips(configure: Any) -> None:
-    configure(POLICIES={
-        "deny": {"windows": "3/h", "selector": ["user"]},
-        "skip": {"windows": "3/h", "selector": ["user"], "on_missing": "skip"},
-    })
+    configure(
+        POLICIES={
+            "deny": {"windows": "3/h", "selector": ["user"]},
+            "skip": {"windows": "3/h", "selector": ["user"], "on_missing": "skip"},
+        }
+    )
     denied = django_quota.evaluate("deny", {"ip": "192.0.2.1"})
     assert (denied.decision, denied.reason, denied.retry_after) == (
-        "denied", "selector_identity_missing", None)
+        "denied",
+        "selector_identity_missing",
+        None,
+    )
     skipped = django_quota.evaluate("skip", {})
     assert (skipped.decision, skipped.reason, skipped.allowed) == (
-        "skipped", "selector_identity_missing", True)
+        "skipped",
+        "selector_identity_missing",
+        True,
+    )
 
 
 def test_async_twins_match_the_sync_api(configure: Any) -> None:
@@ -279,14 +310,25 @@ def test_refused_connection_fails_by_failure_mode(quota: Any) -> None:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    quota(REDIS_URL=f"redis://127.0.0.1:{port}/0", FAILURE_RETRY_AFTER=3, POLICIES={
-        "closed": {"windows": "3/h"},
-        "open": {"windows": "3/h", "failure_mode": "open"},
-    })
+    quota(
+        REDIS_URL=f"redis://127.0.0.1:{port}/0",
+        FAILURE_RETRY_AFTER=3,
+        POLICIES={
+            "closed": {"windows": "3/h"},
+            "open": {"windows": "3/h", "failure_mode": "open"},
+        },
+    )
     closed = django_quota.evaluate("closed", {"ip": "192.0.2.1"})
     assert (closed.decision, closed.reason, closed.retry_after, closed.allowed) == (
-        "failed_closed", "backend_unavailable", 3.0, False)
+        "failed_closed",
+        "backend_unavailable",
+        3.0,
+        False,
+    )
     opened = django_quota.evaluate("open", {"ip": "192.0.2.1"})
     assert (opened.decision, opened.reason, opened.allowed) == (
-        "failed_open", "backend_unavailable", True)
+        "failed_open",
+        "backend_unavailable",
+        True,
+    )
     assert opened.windows == () and not math.isnan(0.0)

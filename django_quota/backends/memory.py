@@ -102,7 +102,10 @@ class MemoryBackend:
             self._make_room(new_keys, clock_now)
             for write in group.writes:
                 # Expiry follows the wall clock, like a Redis TTL, whatever `now` the model used.
-                self._counters[request.counters[write.index]] = (write.state, clock_now + write.ttl_ms)
+                self._counters[request.counters[write.index]] = (
+                    write.state,
+                    clock_now + write.ttl_ms,
+                )
             if not request.peek:
                 for key, result in zip(request.evaluation_keys, group.results, strict=True):
                     self._records[key] = (result.encode(), clock_now + request.dedup_ttl_ms)

@@ -5,6 +5,7 @@ every driver error turned into one :class:`BackendError` here and nowhere else."
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import weakref
 from collections.abc import Callable, Mapping
@@ -21,7 +22,6 @@ from django_quota.core.outcome import (
 )
 from django_quota.core.protocol import GroupReply, GroupRequest, parse_reply
 from django_quota.scripts import load
-
 
 #: EVALSHA attempts when SCRIPT FLUSH keeps racing the reload (each one ran nothing).
 NOSCRIPT_ATTEMPTS = 5
@@ -123,7 +123,7 @@ class RedisBackend:
         else:
             import redis as redis_module  # type: ignore[no-redef]
         if self.sentinel is not None:
-            sentinel = redis_module.Sentinel(
+            sentinel = redis_module.Sentinel(  # type: ignore[no-untyped-call]
                 [tuple(address) for address in self.sentinel["SENTINELS"]],
                 socket_timeout=self.timeout,
                 socket_connect_timeout=self.timeout,
@@ -224,10 +224,8 @@ class RedisBackend:
         """Disconnect the synchronous pool; async pools die with their loops."""
         bound, self._bound = self._bound, None
         if bound is not None:
-            try:
+            with contextlib.suppress(Exception):  # closing never raises into setting_changed
                 bound.client.close()
-            except Exception:  # noqa: BLE001 - closing must never raise into setting_changed
-                pass
         self._async_clients = weakref.WeakKeyDictionary()
 
 

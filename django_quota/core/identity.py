@@ -66,7 +66,7 @@ class Identity:
 
 
 def derive_hmac_key(hmac_key: str | bytes | None, secret_key: str | bytes) -> bytes:
-    """The HMAC key: ``hmac_key`` itself, or HMAC-SHA256(SECRET_KEY, b"django_quota.identity.v1")."""
+    """The HMAC key: ``hmac_key``, else HMAC-SHA256(SECRET_KEY, b"django_quota.identity.v1")."""
     if hmac_key is not None:
         return hmac_key.encode() if isinstance(hmac_key, str) else bytes(hmac_key)
     secret = secret_key.encode() if isinstance(secret_key, str) else bytes(secret_key)

@@ -209,16 +209,21 @@ def _window_result(
     if algorithm == FIXED_WINDOW:
         used = view.used + cost if charged else view.used
         allows = view.used + cost <= limit
-        result = WindowResult(max(0, limit - used), reset_after, -1 if allows else reset_after,
-                              reset_after)
+        result = WindowResult(
+            max(0, limit - used), reset_after, -1 if allows else reset_after, reset_after
+        )
         return result, reset_after
     cur = view.used + cost if charged else view.used
     estimate = _sliding_estimate(view.prev, view.used, elapsed, period)
     allows = estimate + cost <= limit
     used = estimate + cost if charged else estimate
-    retry_after = -1 if allows else sliding_wait(view.prev, view.used, elapsed, period, limit - cost)
+    retry_after = (
+        -1 if allows else sliding_wait(view.prev, view.used, elapsed, period, limit - cost)
+    )
     replenish = 0 if used == 0 else sliding_wait(view.prev, cur, elapsed, period, used - 1)
-    return WindowResult(max(0, limit - used), reset_after, retry_after, replenish), reset_after + period
+    return WindowResult(
+        max(0, limit - used), reset_after, retry_after, replenish
+    ), reset_after + period
 
 
 def _allows(algorithm: str, window: Window, view: _View, now: int, cost: int) -> bool:
@@ -304,7 +309,9 @@ def evaluate_group(
             ttl = max(ttl, window_ttl)
         if charged:
             status = ALLOWED
-            writes.append(Write(index, _charged_state(call, views[index], now), ttl + cleanup_grace_ms))
+            writes.append(
+                Write(index, _charged_state(call, views[index], now), ttl + cleanup_grace_ms)
+            )
         else:
             status = ALLOWED_UNCHARGED if own_allows[index] else DENIED
         results.append(PolicyResult(status, now, tuple(window_results)))

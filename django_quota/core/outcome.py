@@ -111,7 +111,9 @@ def outcome_from_result(
                 period=window.period,
                 remaining=numbers.remaining,
                 reset_after=_seconds(numbers.reset_after_ms),
-                retry_after=None if numbers.retry_after_ms < 0 else _seconds(numbers.retry_after_ms),
+                retry_after=None
+                if numbers.retry_after_ms < 0
+                else _seconds(numbers.retry_after_ms),
                 replenish_after=_seconds(numbers.replenish_after_ms),
             )
         )

@@ -1,0 +1,152 @@
+"""Settings of the example project: a small DRF API limited by django-quota.
+
+Everything that differs between a laptop and the demo run comes from the environment:
+
+- ``DJANGO_SECRET_KEY``: the secret key (an obvious development default otherwise).
+- ``DJANGO_DEBUG``: ``1``/``true``/``yes`` turns ``DEBUG`` on (off by default).
+- ``DJANGO_ALLOWED_HOSTS``: extra comma-separated hosts besides the loopback ones.
+- ``EXAMPLE_DB_PATH``: the SQLite file (default ``<repo>/var/example.sqlite3``).
+- ``REDIS_URL``: the Redis server; unset means django-quota's per-process memory backend.
+- ``QUOTA_HMAC_KEY``: the key that pseudonymises subjects in counter keys.
+- ``QUOTA_KEY_PREFIX``: the counter namespace (the demo uses a fresh one per run).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import django
+
+BASE_DIR = Path(__file__).resolve().parent
+REPO_DIR = BASE_DIR.parent
+
+
+def _env_flag(name: str, default: bool = False) -> bool:
+    value = os.environ.get(name)
+    if value is None:
+        return default
+    return value.strip().lower() in {"1", "true", "yes", "on"}
+
+
+SECRET_KEY = os.environ.get(
+    "DJANGO_SECRET_KEY", "django-insecure-example-project-dev-only-never-use-in-production"
+)
+DEBUG = _env_flag("DJANGO_DEBUG")
+ALLOWED_HOSTS = ["127.0.0.1", "localhost", "[::1]"] + [
+    host.strip() for host in os.environ.get("DJANGO_ALLOWED_HOSTS", "").split(",") if host.strip()
+]
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "django_quota",
+    "example_project.shop",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    # After authentication, so that policies selecting "user" see the session user.
+    "django_quota.middleware.QuotaMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "example_project.urls"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+WSGI_APPLICATION = "example_project.wsgi.application"
+ASGI_APPLICATION = "example_project.asgi.application"
+
+EXAMPLE_DB_PATH = Path(
+    os.environ.get("EXAMPLE_DB_PATH") or REPO_DIR / "var" / "example.sqlite3"
+).resolve()
+EXAMPLE_DB_PATH.parent.mkdir(parents=True, exist_ok=True)
+
+DATABASES: dict[str, dict[str, Any]] = {
+    "default": {
+        "ENGINE": "django.db.backends.sqlite3",
+        "NAME": EXAMPLE_DB_PATH,
+        # Several gunicorn workers may write at once: wait for the lock instead of failing.
+        "OPTIONS": {"timeout": 20},
+    }
+}
+if django.VERSION >= (5, 1):
+    # Take the write lock when a transaction starts, so waiting writers queue on the timeout
+    # above instead of failing with "database is locked" on a lock upgrade.
+    DATABASES["default"]["OPTIONS"]["transaction_mode"] = "IMMEDIATE"
+
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+
+REST_FRAMEWORK = {
+    "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
+    "PAGE_SIZE": 20,
+}
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "loggers": {"django_quota": {"handlers": ["console"], "level": "INFO"}},
+}
+
+# None selects django-quota's embedded memory backend: exact, but per process, so run a
+# single worker process with it (the demo does).
+REDIS_URL = os.environ.get("REDIS_URL") or None
+
+QUOTA: dict[str, Any] = {
+    "REDIS_URL": REDIS_URL,
+    "HMAC_KEY": os.environ.get("QUOTA_HMAC_KEY", "example-only-hmac-key"),
+    "KEY_PREFIX": os.environ.get("QUOTA_KEY_PREFIX", "example"),
+    "EXEMPT_PATHS": ["/healthz"],
+    "POLICIES": {
+        # Every method on the items collection, per client IP: at most 5 a second and 12
+        # in any epoch-aligned 3-second window, so a busy client meets both limits.
+        "api-items": {
+            "algorithm": "fixed_window",
+            "windows": {"burst": "5/s", "sustained": "12/3s"},
+            "selector": ["ip"],
+            "routes": ["/api/items"],
+            "methods": [],
+        },
+        # The expensive search: 3 requests per 2-second window per client IP.
+        "api-search": {
+            "algorithm": "fixed_window",
+            "windows": "3/2s",
+            "selector": ["ip"],
+            "routes": ["/api/search"],
+            "methods": ["GET"],
+        },
+    },
+}

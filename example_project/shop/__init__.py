@@ -1,0 +1,1 @@
+"""The example shop: items and an expensive search, behind django-quota policies."""

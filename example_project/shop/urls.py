@@ -1,0 +1,14 @@
+"""URLs of the example shop API (mounted under ``/api/``)."""
+
+from __future__ import annotations
+
+from django.urls import path
+
+from example_project.shop import views
+
+app_name = "shop"
+
+urlpatterns = [
+    path("items/", views.ItemListCreateView.as_view(), name="items"),
+    path("search/", views.SearchView.as_view(), name="search"),
+]
