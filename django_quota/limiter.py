@@ -19,6 +19,7 @@ from django.utils.module_loading import import_string
 from django_quota import conf, policies
 from django_quota.backends import Backend
 from django_quota.backends.memory import MemoryBackend
+from django_quota.core.breaker import CircuitBreaker
 from django_quota.core.errors import BackendError
 from django_quota.core.identity import IdentityError, build_identity
 from django_quota.core.model import PolicyCall
@@ -61,8 +62,13 @@ FALLBACK_REASONS = frozenset({BACKEND_TIMEOUT, BACKEND_UNAVAILABLE})
 _backend_lock = threading.Lock()
 _backend: Backend | None = None
 _fallback: MemoryBackend | None = None
+_breaker: CircuitBreaker | None = None
 _inflight = 0
 _inflight_lock = threading.Lock()
+#: Consecutive failures that open the circuit breaker.
+BREAKER_THRESHOLD = 5
+#: Failures that count for the breaker: the backend could not be reached or did not answer.
+BREAKER_REASONS = frozenset({BACKEND_TIMEOUT, BACKEND_UNAVAILABLE, INDETERMINATE})
 
 
 def _build_backend(settings: conf.QuotaSettings) -> Backend:
@@ -125,9 +131,9 @@ def get_fallback() -> MemoryBackend | None:
 
 
 def _drop_backends() -> None:
-    global _backend, _fallback
+    global _backend, _fallback, _breaker
     with _backend_lock:
-        backend, _backend, _fallback = _backend, None, None
+        backend, _backend, _fallback, _breaker = _backend, None, None, None
     if backend is not None:
         backend.close()
 
@@ -319,7 +325,30 @@ def _release_slot() -> None:
         _inflight -= 1
 
 
+def get_breaker() -> CircuitBreaker:
+    """The process's circuit breaker (cool-down: ``FAILURE_RETRY_AFTER`` seconds)."""
+    global _breaker
+    if _breaker is None:
+        with _backend_lock:
+            if _breaker is None:
+                settings = conf.get_settings()
+                _breaker = CircuitBreaker(BREAKER_THRESHOLD, settings.failure_retry_after)
+    return _breaker
+
+
+def _enter(prepared: Prepared) -> list[Outcome] | None:
+    """Admission before the I/O: outcomes when the backend must not be called now."""
+    if not _acquire_slot(conf.get_settings()):
+        return _degraded(prepared, BackendError(BACKEND_UNAVAILABLE, "MAX_INFLIGHT reached"))
+    if not get_breaker().allow():
+        _release_slot()
+        return _degraded(prepared, BackendError(BACKEND_UNAVAILABLE, "circuit breaker open"))
+    return None
+
+
 def _retry_allowed(prepared: Prepared, error: BackendError, attempt: int) -> bool:
+    """One retry, same evaluation id, for ``indeterminate``, when the rest of DEADLINE
+    covers a TIMEOUT."""
     settings = conf.get_settings()
     if error.reason != INDETERMINATE or attempt > 0:
         return False
@@ -327,29 +356,44 @@ def _retry_allowed(prepared: Prepared, error: BackendError, attempt: int) -> boo
     return elapsed + settings.timeout <= settings.deadline
 
 
+def _succeeded(prepared: Prepared, reply: GroupReply, backend_mode: str) -> list[Outcome]:
+    _log_transition(get_breaker().success())
+    return interpret(prepared, reply, backend_mode)
+
+
+def _failed_call(prepared: Prepared, error: BackendError) -> list[Outcome]:
+    breaker = get_breaker()
+    if error.reason in BREAKER_REASONS:
+        _log_transition(breaker.failure(error.reason, str(error)))
+    else:
+        _log_transition(breaker.success())  # Redis answered: it is reachable
+    return _degraded(prepared, error)
+
+
+def _log_transition(state: str | None) -> None:
+    if state is not None:
+        logger.warning("quota circuit breaker %s", state)
+
+
 def run(prepared: Prepared) -> list[Outcome]:
     """Send a prepared group to the backend (one call; one retry for ``indeterminate``)."""
     request = prepared.request
     if request is None:
         return _finish(prepared)
-    settings = conf.get_settings()
+    refused = _enter(prepared)
+    if refused is not None:
+        return refused
     backend = get_backend()
-    if not _acquire_slot(settings):
-        return _degraded(prepared, BackendError(BACKEND_UNAVAILABLE, "MAX_INFLIGHT reached"))
     try:
-        attempt = 0
-        while True:
+        for attempt in range(2):
             try:
-                reply = backend.evaluate(request)
-                break
+                return _succeeded(prepared, backend.evaluate(request), backend.mode)
             except BackendError as error:
-                if _retry_allowed(prepared, error, attempt):
-                    attempt += 1
-                    continue
-                return _degraded(prepared, error)
+                if not _retry_allowed(prepared, error, attempt):
+                    return _failed_call(prepared, error)
+        raise AssertionError("unreachable")  # pragma: no cover
     finally:
         _release_slot()
-    return interpret(prepared, reply, backend.mode)
 
 
 async def arun(prepared: Prepared) -> list[Outcome]:
@@ -357,24 +401,20 @@ async def arun(prepared: Prepared) -> list[Outcome]:
     request = prepared.request
     if request is None:
         return _finish(prepared)
-    settings = conf.get_settings()
+    refused = _enter(prepared)
+    if refused is not None:
+        return refused
     backend = get_backend()
-    if not _acquire_slot(settings):
-        return _degraded(prepared, BackendError(BACKEND_UNAVAILABLE, "MAX_INFLIGHT reached"))
     try:
-        attempt = 0
-        while True:
+        for attempt in range(2):
             try:
-                reply = await backend.aevaluate(request)
-                break
+                return _succeeded(prepared, await backend.aevaluate(request), backend.mode)
             except BackendError as error:
-                if _retry_allowed(prepared, error, attempt):
-                    attempt += 1
-                    continue
-                return _degraded(prepared, error)
+                if not _retry_allowed(prepared, error, attempt):
+                    return _failed_call(prepared, error)
+        raise AssertionError("unreachable")  # pragma: no cover
     finally:
         _release_slot()
-    return interpret(prepared, reply, backend.mode)
 
 
 def _degraded(prepared: Prepared, error: BackendError) -> list[Outcome]:

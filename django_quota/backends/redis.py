@@ -12,6 +12,15 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import redis
+import redis.asyncio as redis_asyncio
+from redis import exceptions as redis_exceptions
+from redis.asyncio.retry import Retry as AsyncRetry
+from redis.asyncio.sentinel import SentinelConnectionPool as AsyncSentinelConnectionPool
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+from redis.sentinel import SentinelConnectionPool
+
 from django_quota.core.errors import BackendError
 from django_quota.core.outcome import (
     BACKEND_ERROR,
@@ -36,36 +45,85 @@ class _Bound:
     reset: Any
 
 
-def classify(exc: BaseException) -> BackendError:
-    """Map a redis-py exception to the contract's failure reason.
+class ConnectFailed(redis_exceptions.ConnectionError):
+    """Raised by our pools when no connection could be had: nothing was written.
 
-    Errors while connecting (refused, unreachable, pool exhausted) are
-    ``backend_unavailable``; a connect timeout is ``backend_timeout``; a timeout or a lost
-    connection after the command was written is ``indeterminate`` (it may have run); any
-    other error reply is ``backend_error``.
+    ``timed_out`` tells a connect timeout from a refusal (or a full pool).
     """
-    from redis import exceptions
 
-    message = str(exc)
-    connecting = "connecting" in message.lower() or "too many connections" in message.lower()
-    if isinstance(exc, exceptions.TimeoutError):
-        reason = BACKEND_TIMEOUT if connecting else INDETERMINATE
-    elif isinstance(exc, exceptions.BusyLoadingError):
+    def __init__(self, cause: BaseException) -> None:
+        super().__init__(f"{type(cause).__name__}: {cause}")
+        self.timed_out = isinstance(cause, redis_exceptions.TimeoutError | TimeoutError)
+
+
+_CONNECT_ERRORS = (redis_exceptions.ConnectionError, redis_exceptions.TimeoutError, OSError)
+
+
+class _MarkConnectFailures:
+    """Pool mixin: failures inside ``get_connection`` (connect, pool exhausted) happen
+    before anything is written, so they become :class:`ConnectFailed`; every later
+    failure is then known to come after the command may have been written."""
+
+    def get_connection(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return super().get_connection(*args, **kwargs)  # type: ignore[misc]
+        except ConnectFailed:
+            raise
+        except _CONNECT_ERRORS as exc:
+            raise ConnectFailed(exc) from exc
+
+
+class _AsyncMarkConnectFailures:
+    """Async twin of :class:`_MarkConnectFailures`."""
+
+    async def get_connection(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return await super().get_connection(*args, **kwargs)  # type: ignore[misc]
+        except ConnectFailed:
+            raise
+        except _CONNECT_ERRORS as exc:
+            raise ConnectFailed(exc) from exc
+
+
+class MarkingConnectionPool(_MarkConnectFailures, redis.ConnectionPool):
+    """redis-py's pool, telling connect failures apart."""
+
+
+class MarkingSentinelConnectionPool(_MarkConnectFailures, SentinelConnectionPool):
+    """redis-py's Sentinel pool, telling connect failures apart."""
+
+
+class AsyncMarkingConnectionPool(_AsyncMarkConnectFailures, redis_asyncio.ConnectionPool):
+    """redis-py's asyncio pool, telling connect failures apart."""
+
+
+class AsyncMarkingSentinelConnectionPool(_AsyncMarkConnectFailures, AsyncSentinelConnectionPool):
+    """redis-py's asyncio Sentinel pool, telling connect failures apart."""
+
+
+def classify(exc: BaseException) -> BackendError:
+    """Map a redis-py exception to the contract's failure reason (contract 6).
+
+    A failure to get a connection (refused, unreachable, pool exhausted) is
+    ``backend_unavailable``, a connect timeout ``backend_timeout``: nothing was written.
+    A ``LOADING`` reply is ``backend_unavailable`` (the command did not run). A timeout or
+    a lost connection once a connection was had is ``indeterminate``: the command may
+    have run. Any other error reply (``BUSY``, ``OOM``, ``READONLY``…) is
+    ``backend_error``.
+    """
+    if isinstance(exc, ConnectFailed):
+        reason = BACKEND_TIMEOUT if exc.timed_out else BACKEND_UNAVAILABLE
+    elif isinstance(exc, redis_exceptions.BusyLoadingError):
         reason = BACKEND_UNAVAILABLE
-    elif isinstance(exc, exceptions.ConnectionError):
-        reason = BACKEND_UNAVAILABLE if connecting else INDETERMINATE
-    elif isinstance(exc, OSError):
-        reason = BACKEND_UNAVAILABLE
+    elif isinstance(exc, _CONNECT_ERRORS | TimeoutError):
+        reason = INDETERMINATE
     else:
         reason = BACKEND_ERROR
-    return BackendError(reason, f"{type(exc).__name__}: {message}")
+    return BackendError(reason, f"{type(exc).__name__}: {exc}")
 
 
 def client_options(timeout: float, max_inflight: int) -> dict[str, Any]:
-    """Keyword arguments every client gets: no hidden retry, timeouts, pool size."""
-    from redis.backoff import NoBackoff
-    from redis.retry import Retry
-
+    """Keyword arguments every pool gets: no hidden retry, timeouts, pool size (contract 2)."""
     return {
         "retry": Retry(NoBackoff(), 0),
         "socket_timeout": timeout,
@@ -115,22 +173,28 @@ class RedisBackend:
             return self.client_factory(asynchronous)
         options = {**client_options(self.timeout, self.max_inflight), **self.url_options}
         if asynchronous:
-            import redis.asyncio as redis_module
-            from redis.asyncio.retry import Retry as AsyncRetry
-            from redis.backoff import NoBackoff
-
             options["retry"] = AsyncRetry(NoBackoff(), 0)
-        else:
-            import redis as redis_module  # type: ignore[no-redef]
         if self.sentinel is not None:
-            sentinel = redis_module.Sentinel(  # type: ignore[no-untyped-call]
+            sentinel_class = redis_asyncio.Sentinel if asynchronous else redis.Sentinel
+            sentinel = sentinel_class(
                 [tuple(address) for address in self.sentinel["SENTINELS"]],
                 socket_timeout=self.timeout,
                 socket_connect_timeout=self.timeout,
             )
-            return sentinel.master_for(self.sentinel["SERVICE"], **options)
+            pool_class: Any = (
+                AsyncMarkingSentinelConnectionPool
+                if asynchronous
+                else MarkingSentinelConnectionPool
+            )
+            return sentinel.master_for(
+                self.sentinel["SERVICE"], connection_pool_class=pool_class, **options
+            )
         assert self.url is not None
-        return redis_module.Redis.from_url(self.url, **options)
+        if asynchronous:
+            return redis_asyncio.Redis(
+                connection_pool=AsyncMarkingConnectionPool.from_url(self.url, **options)
+            )
+        return redis.Redis(connection_pool=MarkingConnectionPool.from_url(self.url, **options))
 
     def _bind(self, client: Any) -> _Bound:
         return _Bound(

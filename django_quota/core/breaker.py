@@ -1,0 +1,107 @@
+"""A circuit breaker for the backend: after ``threshold`` consecutive failures the
+backend is skipped for ``cool_down`` seconds; then one evaluation probes it, and its
+result closes or reopens the breaker. Pure and clock-injected; the limiter owns one per
+process."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+CLOSED = "closed"
+OPEN = "open"
+HALF_OPEN = "half_open"
+
+
+@dataclass(frozen=True, slots=True)
+class BreakerError:
+    """One recorded backend failure: when (epoch seconds) and its reason."""
+
+    at: float
+    reason: str
+    detail: str
+
+
+class CircuitBreaker:
+    """Thread-safe breaker state (``closed``, ``open``, ``half_open``).
+
+    ``allow()`` says whether to call the backend now; ``success()`` and ``failure()``
+    report what the call did. Only failures the caller counts (timeouts, unavailability,
+    indeterminate calls) should be reported; ``NOSCRIPT`` never reaches here.
+    """
+
+    def __init__(
+        self,
+        threshold: int = 5,
+        cool_down: float = 1.0,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
+        keep_errors: int = 20,
+    ) -> None:
+        self.threshold = threshold
+        self.cool_down = cool_down
+        self._clock = clock
+        self._wall_clock = wall_clock
+        self._lock = threading.Lock()
+        self._state = CLOSED
+        self._failures = 0
+        self._opened_at = 0.0
+        self._probing = False
+        self.recent_errors: deque[BreakerError] = deque(maxlen=keep_errors)
+
+    @property
+    def state(self) -> str:
+        """The current state, ``open`` turning ``half_open`` once the cool-down passed."""
+        with self._lock:
+            if self._state == OPEN and self._clock() - self._opened_at >= self.cool_down:
+                return HALF_OPEN
+            return self._state
+
+    def allow(self) -> bool:
+        """True when the backend may be called now (closed, or this caller is the probe)."""
+        with self._lock:
+            if self._state == CLOSED:
+                return True
+            if self._state == OPEN and self._clock() - self._opened_at >= self.cool_down:
+                self._state = HALF_OPEN
+                self._probing = False
+            if self._state == HALF_OPEN and not self._probing:
+                self._probing = True
+                return True
+            return False
+
+    def success(self) -> str | None:
+        """Record a successful call; return the new state when it changed."""
+        with self._lock:
+            self._failures = 0
+            self._probing = False
+            if self._state != CLOSED:
+                self._state = CLOSED
+                return CLOSED
+            return None
+
+    def failure(self, reason: str, detail: str = "") -> str | None:
+        """Record a failed call; return the new state when it changed."""
+        with self._lock:
+            self.recent_errors.append(BreakerError(self._wall_clock(), reason, detail))
+            self._failures += 1
+            self._probing = False
+            if self._state == HALF_OPEN or (
+                self._state == CLOSED and self._failures >= self.threshold
+            ):
+                self._state = OPEN
+                self._opened_at = self._clock()
+                return OPEN
+            return None
+
+    def reset(self) -> None:
+        """Back to closed, forgetting failures (settings changed)."""
+        with self._lock:
+            self._state = CLOSED
+            self._failures = 0
+            self._probing = False
+            self.recent_errors.clear()
