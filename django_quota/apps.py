@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from django.apps import AppConfig
+from django.db.models.signals import post_delete, post_save
 
 
 class DjangoQuotaConfig(AppConfig):
@@ -13,4 +14,17 @@ class DjangoQuotaConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from django_quota import checks, conf  # noqa: F401 - registers checks and receivers
+        from django_quota import checks, conf, policies  # noqa: F401 - checks and receivers
+        from django_quota.models import QuotaPolicy, QuotaWindow, window_changed
+
+        post_save.connect(window_changed, sender=QuotaWindow, dispatch_uid="quota-window-save")
+        post_delete.connect(
+            window_changed, sender=QuotaWindow, dispatch_uid="quota-window-delete"
+        )
+        for model in (QuotaPolicy, QuotaWindow):
+            for signal in (post_save, post_delete):
+                signal.connect(
+                    policies.database_changed,
+                    sender=model,
+                    dispatch_uid=f"quota-registry-{model.__name__}-{id(signal)}",
+                )

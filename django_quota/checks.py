@@ -9,7 +9,7 @@ from typing import Any
 from django.conf import settings as django_settings
 from django.core.checks import CheckMessage, Error, Warning, register
 
-from django_quota.conf import E_CACHE_ALIAS, QuotaSettings, parse_settings
+from django_quota.conf import E_CACHE_ALIAS, E_DUPLICATE_POLICY, QuotaSettings, parse_settings
 
 W_MEMORY_IN_PRODUCTION = "django_quota.W001"
 W_HMAC_KEY_UNSET = "django_quota.W002"
@@ -36,7 +36,34 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
         return messages
     messages += _cache_alias(parsed)
     messages += _warnings(parsed)
+    messages += _database_conflicts(parsed)
     return messages
+
+
+def _database_conflicts(parsed: QuotaSettings) -> list[CheckMessage]:
+    """E007: a policy id both in settings and in the database (skipped quietly when the
+    database is not reachable or not migrated yet)."""
+    if "database" not in parsed.policy_sources or not parsed.policies:
+        return []
+    from django_quota.models import QuotaPolicy
+
+    try:
+        names = set(
+            QuotaPolicy.objects.filter(name__in=list(parsed.policies)).values_list(
+                "name", flat=True
+            )
+        )
+    except Exception:  # not migrated, unreachable, or access not allowed: skip quietly
+        return []
+    return [
+        Error(
+            f"QUOTA['POLICIES'][{name!r}] is also a database policy; the database row is "
+            "ignored",
+            hint="rename or delete one of them (admin: Quota policies)",
+            id=E_DUPLICATE_POLICY,
+        )
+        for name in sorted(names)
+    ]
 
 
 def _cache_alias(parsed: QuotaSettings) -> list[CheckMessage]:

@@ -142,8 +142,9 @@ class RequestSubject:
     ``request.user`` is read only when a selector has ``user`` or ``auto`` (reading it
     adds ``Vary: Cookie``). For ``auto`` an API key counts only when ``API_KEY_RESOLVER``
     verified it; an explicit ``api_key`` dimension takes the resolver's key, else DRF's
-    ``request.auth`` (``drf_auth``), else the raw ``API_KEY_HEADER``. Invalid values are
-    passed on so that the core reports ``selector_identity_invalid``.
+    ``request.auth`` (``drf_auth``: its ``pk`` or the string itself), else the raw
+    ``API_KEY_HEADER``. Invalid values are passed on so that the core reports
+    ``selector_identity_invalid``; nothing absent or invalid is replaced by another source.
     """
 
     def __init__(self, request: Any, *, drf_auth: object = None) -> None:
@@ -170,8 +171,8 @@ class RequestSubject:
             if self.settings.api_key_resolver is not None:
                 return self._value("verified_api_key")
             if self.drf_auth is not None:
-                return getattr(self.drf_auth, "pk", self.drf_auth)
-            return request.META.get(self.settings.api_key_meta_name)
+                return self._drf_key(self.drf_auth)
+            return self._header_text(request.META.get(self.settings.api_key_meta_name))
         if name == "ip":
             try:
                 return request_ip(request)
@@ -182,6 +183,29 @@ class RequestSubject:
         if name == "tenant":
             return _call(self.settings.tenant_resolver, request)
         raise KeyError(name)
+
+    @staticmethod
+    def _drf_key(auth: object) -> object:
+        """The key of DRF's ``request.auth``: its ``pk``, or the string itself.
+
+        Anything else (a claims dict, a token object without ``pk``) gives no key rather
+        than its ``str()``, which may differ on every request and mint fresh budgets.
+        """
+        if isinstance(auth, str | bytes):
+            return auth
+        return getattr(auth, "pk", None)
+
+    @staticmethod
+    def _header_text(value: str | None) -> str | None:
+        """A header as the client sent it. WSGI and ASGI decode header bytes as latin-1,
+        so UTF-8 text is re-decoded: ``quota inspect --api-key`` and the Python API then
+        name the same key, and a non-ASCII key is not mistaken for C1 control bytes."""
+        if value is None:
+            return None
+        try:
+            return value.encode("latin-1").decode("utf-8")
+        except UnicodeError:
+            return value
 
     async def aload(self, group: Iterable[Policy]) -> None:
         """Read, in a worker thread, the sources ``group`` needs that may query the
@@ -226,10 +250,8 @@ def item_name(policy: str, window: str, window_count: int) -> str:
 
 def _enforced(policy_id: str) -> bool:
     # An allowed outcome does not say whether its policy is shadow: ask the registry.
-    try:
-        return not policies.get_policy(policy_id).shadow
-    except policies.UnknownPolicy:
-        return True
+    policy = policies.known_policy(policy_id)
+    return policy is None or not policy.shadow
 
 
 def header_outcomes(found: Iterable[Outcome]) -> list[Outcome]:

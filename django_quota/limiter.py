@@ -13,10 +13,11 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from django.utils.module_loading import import_string
 
-from django_quota import conf, policies
+from django_quota import conf, metrics, policies
 from django_quota.backends import Backend
 from django_quota.backends.memory import MemoryBackend
 from django_quota.core.breaker import CircuitBreaker
@@ -175,6 +176,7 @@ class Prepared:
     sent: list[int] = field(default_factory=list)
     evaluation_id: str = ""
     started: float = 0.0
+    peek: bool = False
 
 
 def _now(settings: conf.QuotaSettings, clock: Clock | None) -> tuple[int | None, int]:
@@ -258,7 +260,9 @@ def prepare(
         )
     elif refused:
         sent = []
-    return Prepared(tuple(group), outcomes, request, sent, evaluation_id, time.monotonic())
+    return Prepared(
+        tuple(group), outcomes, request, sent, evaluation_id, time.monotonic(), peek
+    )
 
 
 # -- interpret ---------------------------------------------------------------------------
@@ -356,12 +360,25 @@ def _retry_allowed(prepared: Prepared, error: BackendError, attempt: int) -> boo
     return elapsed + settings.timeout <= settings.deadline
 
 
+def _verdict(error: BackendError, attempt: int) -> BackendError:
+    """The failure of the whole evaluation. A retry only follows an ``indeterminate``
+    attempt, which may have consumed: whatever stops the retry (a connect timeout, a
+    refusal, an error reply) cannot undo that, so the evaluation stays ``indeterminate``
+    (never ``backend_timeout``/``backend_unavailable``, which claim nothing was consumed
+    and would let the local fallback decide it)."""
+    if attempt == 0 or error.reason == INDETERMINATE:
+        return error
+    return BackendError(INDETERMINATE, f"retry of an indeterminate call failed: {error}")
+
+
 def _succeeded(prepared: Prepared, reply: GroupReply, backend_mode: str) -> list[Outcome]:
+    metrics.record_backend(backend_mode, metrics.OK, time.monotonic() - prepared.started)
     _log_transition(get_breaker().success())
     return interpret(prepared, reply, backend_mode)
 
 
 def _failed_call(prepared: Prepared, error: BackendError) -> list[Outcome]:
+    metrics.record_backend(get_backend().mode, error.reason, time.monotonic() - prepared.started)
     breaker = get_breaker()
     if error.reason in BREAKER_REASONS:
         _log_transition(breaker.failure(error.reason, str(error)))
@@ -375,8 +392,23 @@ def _log_transition(state: str | None) -> None:
         logger.warning("quota circuit breaker %s", state)
 
 
+def _observed(prepared: Prepared, outcomes: list[Outcome]) -> list[Outcome]:
+    if not prepared.peek:
+        metrics.record_outcomes(prepared.policies, outcomes)
+    return outcomes
+
+
 def run(prepared: Prepared) -> list[Outcome]:
     """Send a prepared group to the backend (one call; one retry for ``indeterminate``)."""
+    return _observed(prepared, _run(prepared))
+
+
+async def arun(prepared: Prepared) -> list[Outcome]:
+    """Async twin of :func:`run`."""
+    return _observed(prepared, await _arun(prepared))
+
+
+def _run(prepared: Prepared) -> list[Outcome]:
     request = prepared.request
     if request is None:
         return _finish(prepared)
@@ -390,14 +422,13 @@ def run(prepared: Prepared) -> list[Outcome]:
                 return _succeeded(prepared, backend.evaluate(request), backend.mode)
             except BackendError as error:
                 if not _retry_allowed(prepared, error, attempt):
-                    return _failed_call(prepared, error)
+                    return _failed_call(prepared, _verdict(error, attempt))
         raise AssertionError("unreachable")  # pragma: no cover
     finally:
         _release_slot()
 
 
-async def arun(prepared: Prepared) -> list[Outcome]:
-    """Async twin of :func:`run`."""
+async def _arun(prepared: Prepared) -> list[Outcome]:
     request = prepared.request
     if request is None:
         return _finish(prepared)
@@ -411,7 +442,7 @@ async def arun(prepared: Prepared) -> list[Outcome]:
                 return _succeeded(prepared, await backend.aevaluate(request), backend.mode)
             except BackendError as error:
                 if not _retry_allowed(prepared, error, attempt):
-                    return _failed_call(prepared, error)
+                    return _failed_call(prepared, _verdict(error, attempt))
         raise AssertionError("unreachable")  # pragma: no cover
     finally:
         _release_slot()
@@ -476,6 +507,7 @@ async def aevaluate(
     policy_id: str, subject: Subject, cost: int = 1, evaluation_id: str | None = None
 ) -> Outcome:
     """Async twin of :func:`evaluate`."""
+    await policies.aget_registry()
     outcomes = await aevaluate_policies(
         [policies.get_policy(policy_id)], subject, cost, evaluation_id=evaluation_id
     )
@@ -493,6 +525,7 @@ def peek(policy_id: str, subject: Subject) -> Outcome:
 
 async def apeek(policy_id: str, subject: Subject) -> Outcome:
     """Async twin of :func:`peek`."""
+    await policies.aget_registry()
     policy = policies.get_policy(policy_id)
     return (await arun(prepare([policy], subject, 1, peek=True)))[0]
 
@@ -528,7 +561,82 @@ def reset(policy_id: str, subject: Subject) -> int:
 
 async def areset(policy_id: str, subject: Subject) -> int:
     """Async twin of :func:`reset`."""
+    await policies.aget_registry()
     counter, window_count = _reset_target(policy_id, subject)
     fallback = get_fallback()
     local = fallback.reset(counter, window_count) if fallback is not None else 0
     return max(await get_backend().areset(counter, window_count), local)
+
+
+# -- operators ------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Inspection:
+    """What ``quota inspect`` shows: the policy, the subject's pseudonymous identity, and
+    per window ``count`` (tokens for a token bucket), ``remaining``, ``reset_after``
+    (seconds) and the counter's ``ttl_ms`` (-2: no state)."""
+
+    policy: Policy
+    identity: str
+    windows: tuple[dict[str, object], ...]
+
+    def as_dict(self) -> dict[str, object]:
+        """The ``--json`` shape of contract 8."""
+        return {
+            "policy": self.policy.id,
+            "revision": self.policy.revision,
+            "source": self.policy.source,
+            "identity": self.identity,
+            "windows": list(self.windows),
+        }
+
+
+def inspect(policy_id: str, subject: Subject) -> Inspection:
+    """Read a subject's windows without consuming or writing anything.
+
+    Raises ``ValueError`` for a missing or invalid identity, :class:`UnknownPolicy` and
+    :class:`BackendError` (the backend could not answer).
+    """
+    settings = conf.get_settings()
+    policy = policies.get_policy(policy_id)
+    try:
+        identity = build_identity(
+            policy.selector,
+            subject,
+            hmac_key=settings.hmac_key,
+            hmac_key_version=settings.hmac_key_version,
+            ipv6_prefix=settings.ipv6_prefix,
+        )
+    except IdentityError as exc:
+        raise ValueError(f"cannot inspect {policy_id!r}: {exc.reason} ({exc.dimension})") from exc
+    prepared = prepare([policy], subject, 1, peek=True)
+    assert prepared.request is not None
+    backend = get_backend()
+    reply = backend.evaluate(prepared.request)
+    outcome = interpret(prepared, reply, backend.mode)[0]
+    ttl_ms = backend.ttl_ms(prepared.request.counters[0])
+    windows = []
+    for window in outcome.windows:
+        tokens = policy.algorithm == TOKEN_BUCKET
+        windows.append(
+            {
+                "window": window.name,
+                "limit": window.limit,
+                "count": window.remaining if tokens else window.limit - window.remaining,
+                "remaining": window.remaining,
+                "reset_after": window.reset_after,
+                "ttl_ms": ttl_ms,
+            }
+        )
+    return Inspection(policy, identity.label, tuple(windows))
+
+
+def preload() -> list[tuple[str, str]]:
+    """Load every script on the backend; (name, SHA1) pairs (``BackendError`` on failure)."""
+    return get_backend().preload()
+
+
+def diagnose() -> list[tuple[str, str, str]]:
+    """(check, status, detail) rows about the backend, for ``quota check``."""
+    settings = conf.get_settings()
+    backend: Any = get_backend()
+    return list(backend.diagnose(f"{settings.key_prefix}:{{check}}:quota-check"))

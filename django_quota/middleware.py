@@ -37,7 +37,7 @@ class QuotaMiddleware:
     def __call__(self, request: HttpRequest) -> Any:
         if self.is_async:
             return self.__acall__(request)
-        group = self._matching(request)
+        group = self._matching(request, policies.get_registry())
         if group:
             found = limiter.evaluate_policies(group, http.RequestSubject(request).for_policy)
             http.record(request, found)
@@ -47,7 +47,7 @@ class QuotaMiddleware:
         return self._finish(request, self.get_response(request))
 
     async def __acall__(self, request: HttpRequest) -> HttpResponse:
-        group = self._matching(request)
+        group = self._matching(request, await policies.aget_registry())
         if group:
             subject = http.RequestSubject(request)
             await subject.aload(group)
@@ -62,7 +62,7 @@ class QuotaMiddleware:
         response = await self.get_response(request)
         return self._finish(request, response)
 
-    def _matching(self, request: HttpRequest) -> list[Policy]:
+    def _matching(self, request: HttpRequest, registry: policies.Registry) -> list[Policy]:
         settings = conf.get_settings()
         if not settings.enabled:
             return []
@@ -72,7 +72,7 @@ class QuotaMiddleware:
         decided = http.memo(request)
         return [
             policy
-            for policy in policies.get_registry().middleware
+            for policy in registry.middleware
             if policy.id not in decided and http.policy_applies(policy, request)
         ]
 

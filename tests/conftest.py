@@ -61,7 +61,12 @@ def quota(settings: Any) -> Any:
     """Set ``settings.QUOTA`` for one test: ``quota(POLICIES={...}, REDIS_URL=...)``."""
 
     def apply(**values: Any) -> dict[str, Any]:
-        merged = {"HMAC_KEY": "tests-hmac-key-0123456789", **values}
+        # Database policies are opted into by the tests that use the database.
+        merged = {
+            "HMAC_KEY": "tests-hmac-key-0123456789",
+            "POLICY_SOURCES": ["settings"],
+            **values,
+        }
         settings.QUOTA = merged
         return merged
 

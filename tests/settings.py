@@ -35,4 +35,4 @@ TEMPLATES = [
         },
     }
 ]
-QUOTA = {"HMAC_KEY": "tests-hmac-key-0123456789"}
+QUOTA = {"HMAC_KEY": "tests-hmac-key-0123456789", "POLICY_SOURCES": ["settings"]}

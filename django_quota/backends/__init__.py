@@ -33,6 +33,14 @@ class Backend(Protocol):
         """Async twin of :meth:`reset`."""
         ...
 
+    def ttl_ms(self, counter: str) -> int:
+        """Milliseconds until ``counter`` expires (-2: none). For ``quota inspect``."""
+        ...
+
+    def preload(self) -> list[tuple[str, str]]:
+        """Load every script where scripts run; return (name, SHA1) pairs."""
+        ...
+
     def close(self) -> None:
         """Release connections (called when settings change)."""
         ...

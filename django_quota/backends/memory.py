@@ -135,6 +135,26 @@ class MemoryBackend:
         with self._lock:
             return self._state(counter, self._clock_ms())
 
+    def ttl_ms(self, counter: str) -> int:
+        """Milliseconds until ``counter`` expires; -2 when it does not exist (as PTTL)."""
+        with self._lock:
+            entry = self._counters.get(counter)
+            now = self._clock_ms()
+            if entry is None or entry[1] <= now:
+                return -2
+            return entry[1] - now
+
+    def preload(self) -> list[tuple[str, str]]:
+        """Nothing to load: the memory backend runs the Python model."""
+        return []
+
+    def diagnose(self, probe_key: str) -> list[tuple[str, str, str]]:
+        """(check, status, detail) rows for ``quota check``."""
+        return [
+            ("backend", "ok", f"memory: process-local, {len(self)} of {self.max_entries} "
+                              "counters in use"),
+        ]
+
     def clear(self) -> None:
         """Forget every counter and record."""
         with self._lock:

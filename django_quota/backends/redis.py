@@ -115,7 +115,7 @@ def classify(exc: BaseException) -> BackendError:
         reason = BACKEND_TIMEOUT if exc.timed_out else BACKEND_UNAVAILABLE
     elif isinstance(exc, redis_exceptions.BusyLoadingError):
         reason = BACKEND_UNAVAILABLE
-    elif isinstance(exc, _CONNECT_ERRORS | TimeoutError):
+    elif isinstance(exc, _CONNECT_ERRORS):  # the built-in TimeoutError is an OSError
         reason = INDETERMINATE
     else:
         reason = BACKEND_ERROR
@@ -284,6 +284,78 @@ class RedisBackend:
         except Exception as exc:
             raise classify(exc) from exc
 
+    def ttl_ms(self, counter: str) -> int:
+        """``PTTL`` of ``counter`` (-2: no such key). Not on the hot path."""
+        try:
+            return int(self._sync().client.pttl(counter))
+        except Exception as exc:
+            raise classify(exc) from exc
+
+    def preload(self) -> list[tuple[str, str]]:
+        """``SCRIPT LOAD`` every script; return (name, SHA1) pairs."""
+        client = self._sync().client
+        loaded = []
+        try:
+            for source in (self._evaluate_source, self._reset_source):
+                loaded.append((source.name, str(client.script_load(source.source))))
+        except Exception as exc:
+            raise classify(exc) from exc
+        return loaded
+
+    def diagnose(self, probe_key: str) -> list[tuple[str, str, str]]:
+        """(check, status, detail) rows for ``quota check``: connectivity, latency, script
+        load, permissions (the scripts run on ``probe_key``), clock offset and
+        ``maxmemory-policy``. ``status`` is ``ok``, ``warning`` or ``error``."""
+        import statistics
+        import time
+
+        client = self._sync().client
+        rows: list[tuple[str, str, str]] = []
+        try:
+            client.ping()
+        except Exception as exc:
+            return [("connectivity", "error", str(classify(exc)))]
+        rows.append(("connectivity", "ok", "PING answered"))
+        samples = []
+        for _ in range(5):
+            started = time.perf_counter()
+            client.ping()
+            samples.append((time.perf_counter() - started) * 1000)
+        rows.append(("latency", "ok", f"{statistics.median(samples):.2f} ms median of 5 PINGs"))
+        try:
+            loaded = self.preload()
+            rows.append(("scripts", "ok", ", ".join(f"{name} {sha}" for name, sha in loaded)))
+        except BackendError as exc:
+            rows.append(("scripts", "error", str(exc)))
+        try:
+            self.reset(probe_key, 1)  # EVALSHA, HEXISTS and DEL on a key of our prefix
+            rows.append(("permissions", "ok", "EVALSHA, HGETALL/HSET/DEL allowed"))
+        except BackendError as exc:
+            rows.append(("permissions", "error", str(exc)))
+        try:
+            seconds, micros = client.time()
+            offset = (seconds + micros / 1e6 - time.time()) * 1000
+            status = "ok" if abs(offset) < 1000 else "warning"
+            rows.append(("clock offset", status, f"{offset:+.1f} ms (Redis TIME - this host)"))
+        except Exception as exc:
+            rows.append(("clock offset", "warning", f"TIME failed: {exc}"))
+        try:
+            config = client.config_get("maxmemory*")
+            policy = str(_text(config.get("maxmemory-policy", "unknown")))
+            limit = int(_text(config.get("maxmemory", "0")))
+            if policy == "noeviction" or limit == 0:
+                rows.append(("maxmemory-policy", "ok", f"{policy} (maxmemory {limit})"))
+            else:
+                rows.append((
+                    "maxmemory-policy",
+                    "warning",
+                    f"{policy} with maxmemory {limit} can evict live counters, which resets "
+                    "limits; use noeviction for the rate-limit database",
+                ))
+        except Exception as exc:
+            rows.append(("maxmemory-policy", "warning", f"CONFIG GET not allowed: {exc}"))
+        return rows
+
     def close(self) -> None:
         """Disconnect the synchronous pool; async pools die with their loops."""
         bound, self._bound = self._bound, None
@@ -291,6 +363,10 @@ class RedisBackend:
             with contextlib.suppress(Exception):  # closing never raises into setting_changed
                 bound.client.close()
         self._async_clients = weakref.WeakKeyDictionary()
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def _parse(reply: Any, request: GroupRequest) -> GroupReply:
