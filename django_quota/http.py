@@ -163,7 +163,9 @@ class RequestSubject:
         if name == "user":
             user = getattr(request, "user", None)
             if user is not None and getattr(user, "is_authenticated", False):
-                return str(user.pk)
+                # A pk of None would otherwise become one shared identity, "None".
+                pk = getattr(user, "pk", None)
+                return None if pk is None else str(pk)
             return None
         if name == "verified_api_key":
             return _call(self.settings.api_key_resolver, request)
@@ -398,3 +400,60 @@ def _detail(outcome: Outcome) -> str:
     if outcome.reason == "cost_exceeds_limit":
         return f"The request costs more than policy {outcome.policy} can ever admit."
     return f"The request has no valid identity for policy {outcome.policy} ({outcome.reason})."
+
+
+# -- leases: how long a layer's outcomes are reusable ----------------------------------------
+_LEASES_ATTR = "_quota_leases"
+
+
+class Lease:
+    """A layer's hold on the outcomes it recorded on a request.
+
+    While the lease is active, later layers reuse those outcomes (one charge per policy
+    per request). It ends when the layer's work for that request is over (a decorated
+    view returned, a DRF throttle runs again or a new DRF dispatch begins); a later,
+    separate use of the same request object, as tests that send one ``RequestFactory``
+    request to a view several times do, then decides those policies afresh. Outcomes
+    recorded without a lease (the middleware's) never end.
+    """
+
+    __slots__ = ("active",)
+
+    def __init__(self) -> None:
+        self.active = True
+
+    def end(self) -> None:
+        """Let a later use of the request decide this layer's policies again."""
+        self.active = False
+
+
+def live_memo(request: Any) -> dict[str, Outcome]:
+    """The memo (:func:`memo`) without outcomes whose :class:`Lease` has ended."""
+    leases: dict[str, Lease] = getattr(request, _LEASES_ATTR, None) or {}
+    return {
+        policy: outcome
+        for policy, outcome in memo(request).items()
+        if policy not in leases or leases[policy].active
+    }
+
+
+def record_leased(request: Any, new: Iterable[Outcome], lease: Lease) -> None:
+    """:func:`record` under ``lease``: an outcome whose lease has ended is replaced (in
+    the memo and in :func:`outcomes`) by the new outcome of its policy."""
+    new = list(new)
+    leases: dict[str, Lease] | None = getattr(request, _LEASES_ATTR, None)
+    if leases is None:
+        leases = {}
+        setattr(request, _LEASES_ATTR, leases)
+    stale = {o.policy for o in new if o.policy in leases and not leases[o.policy].active}
+    if stale:
+        remembered = memo(request)
+        for policy in stale:
+            remembered.pop(policy, None)
+        recorded: list[Outcome] = getattr(request, _OUTCOMES_ATTR, [])
+        recorded[:] = [o for o in recorded if o.policy not in stale]
+    known = set(memo(request))
+    record(request, new)
+    for outcome in new:
+        if outcome.policy not in known:
+            leases[outcome.policy] = lease

@@ -94,11 +94,25 @@ def pseudonymise(framed: bytes, key: bytes, version: int) -> str:
 
 
 def normalize_ip(value: str, ipv6_prefix: int) -> str:
-    """Normalise one address: IPv4 as is, IPv4-mapped IPv6 as IPv4, other IPv6 as its
-    ``/ipv6_prefix`` network (``2001:db8::/64``).
+    """Normalise one bare address: IPv4 as is, IPv4-mapped IPv6 as IPv4, other IPv6 as its
+    ``/ipv6_prefix`` network (``2001:db8::/64``; the address itself for 128).
 
-    Raises :class:`ValueError` for anything that is not a bare address (zone ids included).
+    Idempotent: a network this function returned (``2001:db8::/64`` for a prefix of 64)
+    normalises to itself, so an address the HTTP layer already normalised may pass through
+    the core again. Raises :class:`ValueError` for anything else that is not a bare
+    address (zone ids, ports, other networks).
     """
+    if "/" in value:
+        network = ipaddress.IPv6Network(value)
+        base = network.network_address
+        if (
+            network.prefixlen != ipv6_prefix
+            or ipv6_prefix >= 128
+            or base.scope_id is not None
+            or base.ipv4_mapped is not None
+        ):
+            raise ValueError("not a normalised client network")
+        return str(network)
     address = ipaddress.ip_address(value)
     if isinstance(address, ipaddress.IPv6Address):
         if address.scope_id is not None:
@@ -107,25 +121,39 @@ def normalize_ip(value: str, ipv6_prefix: int) -> str:
             return str(address.ipv4_mapped)
         if ipv6_prefix >= 128:
             return str(address)
-        network = ipaddress.IPv6Network(f"{address}/{ipv6_prefix}", strict=False)
-        return str(network)
+        return str(ipaddress.IPv6Network(f"{address}/{ipv6_prefix}", strict=False))
     return str(address)
 
 
+def _is_port(text: str) -> bool:
+    return text.isascii() and text.isdigit() and len(text) <= 5 and int(text) <= 65535
+
+
 def _strip_entry(entry: str) -> str:
-    """Strip whitespace, an IPv4 ``:port``, and IPv6 brackets (with their port)."""
+    """Strip whitespace, an IPv4 ``:port``, and IPv6 brackets with their optional port.
+
+    Raises :class:`ValueError` for a malformed port or bracket (``[::1]x``,
+    ``1.2.3.4:http``, ``[1.2.3.4]``): a half-understood entry is not an address.
+    """
     entry = entry.strip()
     if entry.startswith("["):
         end = entry.find("]")
-        if end == -1:
-            return entry
+        if end == -1 or ":" not in entry[1:end]:
+            raise ValueError("brackets hold an IPv6 address")
+        rest = entry[end + 1 :]
+        if rest and not (rest.startswith(":") and _is_port(rest[1:])):
+            raise ValueError("malformed port")
         return entry[1:end]
     if entry.count(":") == 1:
-        return entry.split(":", 1)[0]
+        host, port = entry.split(":")
+        if not _is_port(port):
+            raise ValueError("malformed port")
+        return host
     return entry
 
 
 def _parse_entry(entry: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
+    """One chain entry as an address (IPv4-mapped IPv6 as IPv4); ``ValueError`` otherwise."""
     address = ipaddress.ip_address(_strip_entry(entry))
     if isinstance(address, ipaddress.IPv6Address):
         if address.scope_id is not None:
@@ -140,6 +168,32 @@ def parse_networks(values: Sequence[str]) -> tuple[IPNetwork, ...]:
     return tuple(ipaddress.ip_network(value, strict=False) for value in values)
 
 
+def _wire_length(text: str) -> int:
+    # WSGI and ASGI servers hand headers over decoded as latin-1: one character per byte.
+    try:
+        return len(text.encode("latin-1"))
+    except UnicodeEncodeError:
+        return len(text.encode("utf-8", "surrogatepass"))
+
+
+def _forwarded_entries(forwarded_for: str | Sequence[str] | None) -> list[str]:
+    """The ``X-Forwarded-For`` entries, right to left, all header lines joined.
+
+    Empty list elements (``a,,b``, a blank line) are not entries: RFC 9110 section 5.6.1
+    has recipients ignore them. Raises ``IdentityError(selector_identity_invalid)`` when
+    the header is over 4 KiB.
+    """
+    if forwarded_for is None:
+        header = ""
+    elif isinstance(forwarded_for, str):
+        header = forwarded_for
+    else:
+        header = ",".join(forwarded_for)
+    if _wire_length(header) > MAX_FORWARDED_FOR_BYTES:
+        raise IdentityError(IDENTITY_INVALID, "ip")
+    return [entry for entry in reversed(header.split(",")) if entry.strip()]
+
+
 def client_ip(
     remote_addr: str | None,
     forwarded_for: str | Sequence[str] | None,
@@ -151,66 +205,78 @@ def client_ip(
     """The normalised client address for a request, as contract section 4 walks the chain.
 
     The chain is ``remote_addr`` then the ``X-Forwarded-For`` entries right to left
-    (several header lines are joined with commas). With ``proxy_count`` set, exactly that
-    many hops are skipped (``remote_addr`` being the first); otherwise entries inside
+    (several header lines are joined with commas; empty elements are ignored). With
+    ``proxy_count`` set, exactly that many hops are skipped, ``remote_addr`` being the
+    first (DRF's ``NUM_PROXIES``; skipped hops need not parse, and an absent
+    ``remote_addr``, as behind a Unix socket, is still a hop); otherwise entries inside
     ``trusted_proxies`` are skipped. The first entry not skipped is the client; a chain
     that is all trusted, or shorter than ``proxy_count + 1``, gives its left-most entry.
-    The header is consulted only when ``remote_addr`` is a trusted proxy (or
-    ``proxy_count`` is set).
+    The header is read only when ``remote_addr`` is skipped, so an untrusted peer's
+    header, whatever its content or size, changes nothing.
 
-    Raises :class:`IdentityError` (``selector_identity_missing`` without any address,
-    ``selector_identity_invalid`` when the chosen entry or one walked past does not parse,
-    or the header is over 4 KiB); it never moves further left past a bad entry and never
-    falls back to the proxy's address.
+    Raises :class:`IdentityError`: ``selector_identity_missing`` when the client would be
+    an absent ``remote_addr``; ``selector_identity_invalid`` when the client entry, or an
+    entry walked past to find it, does not parse, or the header (when read) is over
+    4 KiB. It never moves further left past a bad entry and never falls back to a proxy.
     """
-    if not remote_addr:
-        raise IdentityError(IDENTITY_MISSING, "ip")
-    if isinstance(forwarded_for, str):
-        header = forwarded_for
-    elif forwarded_for:
-        header = ",".join(forwarded_for)
-    else:
-        header = ""
-    invalid = IdentityError(IDENTITY_INVALID, "ip")
+    remote = (remote_addr or "").strip()
 
     def normalized(entry: str) -> str:
+        if not entry:
+            raise IdentityError(IDENTITY_MISSING, "ip")
         try:
-            address = _parse_entry(entry)
+            return normalize_ip(str(_parse_entry(entry)), ipv6_prefix)
         except ValueError:
-            raise invalid from None
-        return normalize_ip(str(address), ipv6_prefix)
+            raise IdentityError(IDENTITY_INVALID, "ip") from None
 
-    if proxy_count is None and not trusted_proxies:
-        return normalized(remote_addr)
-    if len(header.encode("utf-8", "surrogatepass")) > MAX_FORWARDED_FOR_BYTES:
-        raise invalid
-    chain = [remote_addr]
-    if header.strip():
-        chain.extend(reversed(header.split(",")))
     if proxy_count is not None:
+        if proxy_count == 0:
+            return normalized(remote)
+        chain = [remote, *_forwarded_entries(forwarded_for)]
         return normalized(chain[min(proxy_count, len(chain) - 1)])
-    for entry in chain:
+    if not trusted_proxies or not remote:
+        return normalized(remote)
+    try:
+        peer = _parse_entry(remote)
+    except ValueError:
+        raise IdentityError(IDENTITY_INVALID, "ip") from None
+    if not _trusted(peer, trusted_proxies):
+        return normalize_ip(str(peer), ipv6_prefix)
+    # remote_addr is a trusted proxy: walk the header right to left; when every entry
+    # is trusted, the last one walked (the left-most) is the client.
+    address = peer
+    for entry in _forwarded_entries(forwarded_for):
         try:
             address = _parse_entry(entry)
         except ValueError:
-            raise invalid from None
-        if not any(address in network for network in trusted_proxies):
-            return normalize_ip(str(address), ipv6_prefix)
-    return normalized(chain[-1])
+            raise IdentityError(IDENTITY_INVALID, "ip") from None
+        if not _trusted(address, trusted_proxies):
+            break
+    return normalize_ip(str(address), ipv6_prefix)
+
+
+def _trusted(
+    address: ipaddress.IPv4Address | ipaddress.IPv6Address, networks: Sequence[IPNetwork]
+) -> bool:
+    return any(address in network for network in networks)
 
 
 def _has_control_characters(value: str) -> bool:
-    return any(ord(char) < 32 or ord(char) == 127 for char in value)
+    # Unicode category Cc: C0 controls, DEL and the C1 controls.
+    return any(ord(char) < 32 or 127 <= ord(char) < 160 for char in value)
 
 
 def normalize_value(dimension: str, value: object, ipv6_prefix: int) -> str:
     """Turn one raw subject value into its normalised string form.
 
-    ``None`` or ``""`` raises ``IdentityError(selector_identity_missing)``; an API key over
-    256 bytes or any value with control characters, an IP that does not parse, or a value
-    over 1 KiB raises ``IdentityError(selector_identity_invalid)``.
+    ``None``, ``""`` or ``b""`` raises ``IdentityError(selector_identity_missing)``.
+    ``IdentityError(selector_identity_invalid)`` is raised for an API key over 256 UTF-8
+    bytes or with control characters, an IP that does not parse (one address, optionally
+    with a port or brackets; no chain, no zone id), bytes that are not UTF-8, and a route
+    with control characters or over 1 KiB (route values stay readable in keys and logs).
+    Other values (user ids, tenants) are only ever hashed: any non-empty text is valid.
     """
-    if value is None or value == "":
+    if value is None or value in ("", b""):
         raise IdentityError(IDENTITY_MISSING, dimension)
     if isinstance(value, bytes):
         try:
@@ -218,17 +284,31 @@ def normalize_value(dimension: str, value: object, ipv6_prefix: int) -> str:
         except UnicodeDecodeError:
             raise IdentityError(IDENTITY_INVALID, dimension) from None
     text = value if isinstance(value, str) else str(value)
-    encoded_length = len(text.encode("utf-8", "surrogatepass"))
-    if _has_control_characters(text) or encoded_length > MAX_VALUE_BYTES:
-        raise IdentityError(IDENTITY_INVALID, dimension)
-    if dimension == "api_key" and encoded_length > MAX_API_KEY_BYTES:
-        raise IdentityError(IDENTITY_INVALID, dimension)
     if dimension == "ip":
         try:
-            return normalize_ip(_strip_entry(text), ipv6_prefix)
+            return _normalize_address(text, ipv6_prefix)
         except ValueError:
             raise IdentityError(IDENTITY_INVALID, dimension) from None
+    if dimension == "api_key" and (
+        _has_control_characters(text) or _utf8_length(text) > MAX_API_KEY_BYTES
+    ):
+        raise IdentityError(IDENTITY_INVALID, dimension)
+    if dimension == "route" and (
+        _has_control_characters(text) or _utf8_length(text) > MAX_VALUE_BYTES
+    ):
+        raise IdentityError(IDENTITY_INVALID, dimension)
     return text
+
+
+def _utf8_length(text: str) -> int:
+    return len(text.encode("utf-8", "surrogatepass"))
+
+
+def _normalize_address(text: str, ipv6_prefix: int) -> str:
+    text = text.strip()
+    if "/" in text:
+        return normalize_ip(text, ipv6_prefix)
+    return normalize_ip(str(_parse_entry(text)), ipv6_prefix)
 
 
 def resolve_auto(subject: Mapping[str, object]) -> str:

@@ -13,10 +13,15 @@ from django_quota.core.policy import Policy
 
 
 def counter_key(prefix: str, policy: Policy, identity: Identity) -> str:
-    """``<prefix>:{<hash tag>}:<policy>:<revision>`` plus ``:<route>`` when the selector
-    has a route: one hash per (policy, revision, identity), tagged so that the policies
-    of one subject share a Redis Cluster slot (contract 5.5)."""
-    key = f"{prefix}:{{{identity.hash_tag}}}:{policy.id}:{policy.revision}"
+    """``<prefix>:{<hash tag>}:<len(policy id)>:<policy id>:<revision>`` plus ``:<route>``
+    when the selector has a route besides other dimensions.
+
+    One hash per (policy, revision, identity), tagged so that the policies of one subject
+    share a Redis Cluster slot (contract 5.5). The policy id is length-prefixed and the
+    revision never contains ``:``, so a route or policy id containing ``:`` can never
+    make two counters share a name.
+    """
+    key = f"{prefix}:{{{identity.hash_tag}}}:{len(policy.id)}:{policy.id}:{policy.revision}"
     if identity.route is not None and identity.pseudonym is not None:
         key += f":{identity.route}"
     return key
