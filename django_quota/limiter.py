@@ -22,7 +22,7 @@ from django_quota.backends import Backend
 from django_quota.backends.memory import MemoryBackend
 from django_quota.core.breaker import CircuitBreaker
 from django_quota.core.errors import BackendError
-from django_quota.core.identity import IdentityError, build_identity
+from django_quota.core.identity import Identity, IdentityError, build_identity
 from django_quota.core.model import PolicyCall
 from django_quota.core.outcome import (
     BACKEND_MODE_FALLBACK,
@@ -143,6 +143,26 @@ conf.on_change(_drop_backends)
 
 
 # -- prepare -------------------------------------------------------------------------------
+def identity_of(policy: Policy, subject: Subject) -> Identity:
+    """``subject``'s identity for ``policy``'s selector, with the current HMAC settings
+    (raises :class:`~django_quota.core.identity.IdentityError`)."""
+    settings = conf.get_settings()
+    return build_identity(
+        policy.selector,
+        subject,
+        hmac_key=settings.hmac_key,
+        hmac_key_version=settings.hmac_key_version,
+        ipv6_prefix=settings.ipv6_prefix,
+    )
+
+
+def _identity_or_value_error(policy: Policy, subject: Subject, action: str) -> Identity:
+    try:
+        return identity_of(policy, subject)
+    except IdentityError as exc:
+        raise ValueError(f"cannot {action} {policy.id!r}: {exc.reason} ({exc.dimension})") from exc
+
+
 def _validate_cost(cost: object) -> int:
     if isinstance(cost, bool) or not isinstance(cost, int):
         raise TypeError(f"cost must be an int, not {type(cost).__name__}")
@@ -220,13 +240,7 @@ def prepare(
             continue
         denied = SHADOW_DENIED if policy.shadow else DENIED_DECISION
         try:
-            identity = build_identity(
-                policy.selector,
-                subject(policy) if callable(subject) else subject,
-                hmac_key=settings.hmac_key,
-                hmac_key_version=settings.hmac_key_version,
-                ipv6_prefix=settings.ipv6_prefix,
-            )
+            identity = identity_of(policy, subject(policy) if callable(subject) else subject)
         except IdentityError as exc:
             if exc.reason == SELECTOR_IDENTITY_MISSING and policy.on_missing == "skip":
                 decision = SKIPPED
@@ -531,19 +545,14 @@ async def apeek(policy_id: str, subject: Subject) -> Outcome:
 
 
 def _reset_target(policy_id: str, subject: Subject) -> tuple[str, int]:
-    settings = conf.get_settings()
     policy = policies.get_policy(policy_id)
-    try:
-        identity = build_identity(
-            policy.selector,
-            subject,
-            hmac_key=settings.hmac_key,
-            hmac_key_version=settings.hmac_key_version,
-            ipv6_prefix=settings.ipv6_prefix,
-        )
-    except IdentityError as exc:
-        raise ValueError(f"cannot reset {policy_id!r}: {exc.reason} ({exc.dimension})") from exc
-    return counter_key(settings.key_prefix, policy, identity), len(policy.windows)
+    identity = _identity_or_value_error(policy, subject, "reset")
+    return counter_key(conf.get_settings().key_prefix, policy, identity), len(policy.windows)
+
+
+def _reset_fallback(counter: str, window_count: int) -> int:
+    fallback = get_fallback()
+    return fallback.reset(counter, window_count) if fallback is not None else 0
 
 
 def reset(policy_id: str, subject: Subject) -> int:
@@ -554,17 +563,14 @@ def reset(policy_id: str, subject: Subject) -> int:
     :class:`~django_quota.core.errors.BackendError` when the backend fails.
     """
     counter, window_count = _reset_target(policy_id, subject)
-    fallback = get_fallback()
-    local = fallback.reset(counter, window_count) if fallback is not None else 0
-    return max(get_backend().reset(counter, window_count), local)
+    return max(get_backend().reset(counter, window_count), _reset_fallback(counter, window_count))
 
 
 async def areset(policy_id: str, subject: Subject) -> int:
     """Async twin of :func:`reset`."""
     await policies.aget_registry()
     counter, window_count = _reset_target(policy_id, subject)
-    fallback = get_fallback()
-    local = fallback.reset(counter, window_count) if fallback is not None else 0
+    local = _reset_fallback(counter, window_count)
     return max(await get_backend().areset(counter, window_count), local)
 
 
@@ -596,18 +602,8 @@ def inspect(policy_id: str, subject: Subject) -> Inspection:
     Raises ``ValueError`` for a missing or invalid identity, :class:`UnknownPolicy` and
     :class:`BackendError` (the backend could not answer).
     """
-    settings = conf.get_settings()
     policy = policies.get_policy(policy_id)
-    try:
-        identity = build_identity(
-            policy.selector,
-            subject,
-            hmac_key=settings.hmac_key,
-            hmac_key_version=settings.hmac_key_version,
-            ipv6_prefix=settings.ipv6_prefix,
-        )
-    except IdentityError as exc:
-        raise ValueError(f"cannot inspect {policy_id!r}: {exc.reason} ({exc.dimension})") from exc
+    identity = _identity_or_value_error(policy, subject, "inspect")
     prepared = prepare([policy], subject, 1, peek=True)
     assert prepared.request is not None
     backend = get_backend()
