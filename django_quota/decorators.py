@@ -1,0 +1,277 @@
+"""``@quota``: rate-limit one view (function or class-based, sync or async) as one layer
+(contract section 7)."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any, TypeVar
+
+from asgiref.sync import iscoroutinefunction, sync_to_async
+from django.conf import settings as django_settings
+from django.core.exceptions import ImproperlyConfigured
+from django.http import HttpRequest, HttpResponse
+from django.utils.module_loading import import_string
+
+from django_quota import conf, http, limiter, policies
+from django_quota.core.errors import ConfigurationError
+from django_quota.core.outcome import Outcome
+from django_quota.core.policy import AUTO, SLIDING_WINDOW, Policy, generated_policy_id, parse_policy
+
+__all__ = ["quota"]
+
+#: ``Policy.source`` of the policies ``@quota(rate=...)`` generates.
+GENERATED_SOURCE = "decorator"
+_DEFAULT_SELECTOR: tuple[str, ...] = (AUTO,)
+_MIDDLEWARE = "django_quota.middleware.QuotaMiddleware"
+
+Cost = int | Callable[[Any], Any]
+ViewT = TypeVar("ViewT", bound=Callable[..., Any])
+
+
+def _check_cost(cost: object) -> None:
+    if callable(cost):
+        return
+    if isinstance(cost, bool) or not isinstance(cost, int):
+        raise TypeError(f"cost must be an int or a callable(request) -> int, not {cost!r}")
+    if cost < 0:
+        raise ValueError(f"cost must be >= 0, not {cost}")
+
+
+# -- is QuotaMiddleware installed? ---------------------------------------------------------
+@functools.lru_cache(maxsize=16)
+def _installed(middleware: tuple[str, ...]) -> bool:
+    from django_quota.middleware import QuotaMiddleware
+
+    for path in middleware:
+        if path == _MIDDLEWARE:
+            return True
+        try:
+            found = import_string(path)
+        except ImportError:
+            continue
+        if isinstance(found, type) and issubclass(found, QuotaMiddleware):
+            return True
+    return False
+
+
+def middleware_installed() -> bool:
+    """Whether ``settings.MIDDLEWARE`` has ``QuotaMiddleware`` (or a subclass): then it
+    writes the rate-limit headers and the decorator only records outcomes."""
+    return _installed(tuple(getattr(django_settings, "MIDDLEWARE", None) or ()))
+
+
+# -- the policy of one decorated view ------------------------------------------------------
+_generation = 0
+
+
+def _next_generation() -> None:
+    global _generation
+    _generation += 1
+
+
+conf.on_change(_next_generation)
+
+
+class _Limit:
+    """What one ``@quota`` applies: a named policy, or a policy generated from ``rate``
+    (re-resolved whenever settings change, so that a configured policy with the same id
+    wins)."""
+
+    def __init__(self, policy_id: str | None, generated: Policy | None, cost: Cost) -> None:
+        self.policy_id = policy_id
+        self.generated = generated
+        self.cost = cost
+        self._resolved: tuple[int, Policy] | None = None
+
+    def policy(self) -> Policy:
+        if self.generated is None:
+            assert self.policy_id is not None
+            return policies.get_policy(self.policy_id)
+        resolved = self._resolved
+        if resolved is None or resolved[0] != _generation:
+            generation = _generation
+            resolved = (generation, policies.register_generated(self.generated))
+            self._resolved = resolved
+        return resolved[1]
+
+    def cost_of(self, request: Any) -> Any:
+        return self.cost(request) if callable(self.cost) else self.cost
+
+
+def _reuse(request: Any, policy: Policy) -> list[Outcome] | None:
+    decided = http.live_memo(request).get(policy.id)
+    return None if decided is None else [decided]
+
+
+def _check(request: Any, limit: _Limit, lease: http.Lease) -> tuple[Outcome | None, bool]:
+    """Decide the view's policy: ``(refusing outcome, whether the layer ran)``."""
+    if not conf.get_settings().enabled:
+        return None, False
+    policy = limit.policy()
+    found = _reuse(request, policy)
+    if found is None:
+        found = limiter.evaluate_policies(
+            [policy], http.RequestSubject(request).for_policy, limit.cost_of(request)
+        )
+        http.record_leased(request, found, lease)
+    return http.refusal(found), True
+
+
+async def _acheck(request: Any, limit: _Limit, lease: http.Lease) -> tuple[Outcome | None, bool]:
+    """Async twin of :func:`_check`."""
+    if not conf.get_settings().enabled:
+        return None, False
+    policy = limit.policy()
+    found = _reuse(request, policy)
+    if found is None:
+        subject = http.RequestSubject(request)
+        await subject.aload([policy])
+        cost = limit.cost_of(request)
+        if iscoroutinefunction(limit.cost):
+            cost = await cost
+        found = await limiter.aevaluate_policies([policy], subject.for_policy, cost)
+        http.record_leased(request, found, lease)
+    return http.refusal(found), True
+
+
+def _finish(request: Any, response: HttpResponse) -> HttpResponse:
+    # With the middleware installed it writes the headers of every layer on the way out;
+    # headers written here first would win over its own (existing headers win).
+    if not middleware_installed():
+        http.apply_headers(response, http.outcomes(request))
+    return response
+
+
+def _wrap_function(view: Callable[..., Any], limit: _Limit, sender: object) -> Callable[..., Any]:
+    if iscoroutinefunction(view):
+
+        @functools.wraps(view)
+        async def async_wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> Any:
+            lease = http.Lease()
+            try:
+                refusing, ran = await _acheck(request, limit, lease)
+                if refusing is not None:
+                    response = await sync_to_async(http.problem_response)(request, refusing, sender)
+                else:
+                    response = await view(request, *args, **kwargs)
+            finally:
+                lease.end()
+            return _finish(request, response) if ran else response
+
+        return async_wrapper
+
+    @functools.wraps(view)
+    def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> Any:
+        lease = http.Lease()
+        try:
+            refusing, ran = _check(request, limit, lease)
+            if refusing is not None:
+                response = http.problem_response(request, refusing, sender)
+            else:
+                response = view(request, *args, **kwargs)
+        finally:
+            lease.end()
+        return _finish(request, response) if ran else response
+
+    return wrapper
+
+
+def _wrap_class(view: type, limit: _Limit) -> type:
+    dispatch: Callable[..., Any] = view.dispatch  # type: ignore[attr-defined]
+    if getattr(view, "view_is_async", False):
+        # Django's View.dispatch of an async view returns the handler's coroutine.
+        @functools.wraps(dispatch)
+        async def async_dispatch(self: Any, request: HttpRequest, *args: Any, **kwargs: Any) -> Any:
+            lease = http.Lease()
+            try:
+                refusing, ran = await _acheck(request, limit, lease)
+                if refusing is not None:
+                    response = await sync_to_async(http.problem_response)(request, refusing, view)
+                else:
+                    result = dispatch(self, request, *args, **kwargs)
+                    response = await result if isinstance(result, Awaitable) else result
+            finally:
+                lease.end()
+            return _finish(request, response) if ran else response
+
+        view.dispatch = async_dispatch  # type: ignore[attr-defined]
+        return view
+
+    @functools.wraps(dispatch)
+    def sync_dispatch(self: Any, request: HttpRequest, *args: Any, **kwargs: Any) -> Any:
+        lease = http.Lease()
+        try:
+            refusing, ran = _check(request, limit, lease)
+            if refusing is not None:
+                response = http.problem_response(request, refusing, view)
+            else:
+                response = dispatch(self, request, *args, **kwargs)
+        finally:
+            lease.end()
+        return _finish(request, response) if ran else response
+
+    view.dispatch = sync_dispatch  # type: ignore[attr-defined]
+    return view
+
+
+def quota(
+    policy: str | None = None,
+    *,
+    rate: str | Mapping[str, str] | None = None,
+    selector: str | Sequence[str] = _DEFAULT_SELECTOR,
+    algorithm: str | None = None,
+    cost: Cost = 1,
+) -> Callable[[ViewT], ViewT]:
+    """Rate-limit a view by ``policy`` (an id), or by ``rate`` (a rate string such as
+    ``"10/m"`` or a windows dict such as ``{"burst": "5/s", "sustained": "100/h"}``).
+
+    With ``rate``, ``selector`` (default ``["auto"]``) and ``algorithm`` (default
+    ``sliding_window``) complete the generated policy, whose id is
+    ``view:<module>.<qualname>``. ``cost`` is an ``int >= 0`` or ``callable(request) ->
+    int`` (an async view may pass an async callable). Decorating a class-based view
+    wraps its ``dispatch``; the decorated view is one layer. A refused request gets the
+    429 (or 503) problem response and never reaches the view.
+
+    Raises ``TypeError`` unless exactly one of ``policy`` and ``rate`` is given, or when
+    ``selector`` or ``algorithm`` come with ``policy``; ``ImproperlyConfigured`` for an
+    invalid ``rate``, ``selector`` or ``algorithm`` (when decorating).
+    """
+    if callable(policy):
+        raise TypeError("use @quota(...) with arguments, e.g. @quota(rate='10/m')")
+    if (policy is None) == (rate is None):
+        raise TypeError("quota() takes exactly one of policy and rate")
+    if policy is not None:
+        if not isinstance(policy, str):
+            raise TypeError(f"policy must be a policy id, not {policy!r}")
+        normalized = (selector,) if isinstance(selector, str) else tuple(selector)
+        if normalized != _DEFAULT_SELECTOR or algorithm is not None:
+            raise TypeError("selector and algorithm apply only with rate; the policy has its own")
+    _check_cost(cost)
+
+    def decorator(view: ViewT) -> ViewT:
+        name = f"{view.__module__}.{view.__qualname__}"
+        generated = None
+        if rate is not None:
+            policy_id = generated_policy_id("view", name)
+            try:
+                generated = parse_policy(
+                    policy_id,
+                    {
+                        "algorithm": algorithm or SLIDING_WINDOW,
+                        "windows": rate,
+                        "selector": selector,
+                    },
+                    source=GENERATED_SOURCE,
+                    key=f"@quota(...) on {name}",
+                )
+            except ConfigurationError as exc:
+                raise ImproperlyConfigured(str(exc)) from exc
+            # Registered on the first request, not here: decorating runs at import, when
+            # reading settings (or database policies) is not allowed.
+        limit = _Limit(policy, generated, cost)
+        if isinstance(view, type):
+            return _wrap_class(view, limit)  # type: ignore[return-value]
+        return _wrap_function(view, limit, view)  # type: ignore[return-value]
+
+    return decorator

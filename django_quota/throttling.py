@@ -1,0 +1,533 @@
+"""DRF throttles backed by django-quota (contract section 7).
+
+``QuotaThrottle`` applies named policies (the view's ``quota_policies``, or the policy
+named by its ``throttle_scope``) as one layer. ``AnonRateThrottle``, ``UserRateThrottle``
+and ``ScopedRateThrottle`` (on the base ``SimpleRateThrottle``) replace DRF's classes of
+the same names: a project switches by changing its import lines. Each throttle is one
+layer (one backend call), charges on its own, and reuses the outcome of a policy that an
+earlier layer already decided for the request.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+import weakref
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from django.core.exceptions import ImproperlyConfigured
+from django.utils.translation import gettext_lazy as _
+from rest_framework.exceptions import APIException
+from rest_framework.settings import api_settings
+from rest_framework.throttling import BaseThrottle
+
+from django_quota import conf, http, limiter, policies
+from django_quota.core.errors import ConfigurationError
+from django_quota.core.identity import IdentityError
+from django_quota.core.outcome import DENIED_DECISION, FAILED_CLOSED, Outcome
+from django_quota.core.policy import (
+    AUTO,
+    DEFAULT_WINDOW,
+    Policy,
+    Window,
+    generated_policy_id,
+    settings_revision,
+)
+from django_quota.core.rates import check_rate_bounds
+from django_quota.signals import quota_denied
+
+__all__ = [
+    "AnonRateThrottle",
+    "QuotaThrottle",
+    "QuotaUnavailable",
+    "ScopedRateThrottle",
+    "SimpleRateThrottle",
+    "UserRateThrottle",
+    "parse_drf_rate",
+]
+
+#: The dimension that frames the value of an overridden ``get_cache_key()``.
+CACHE_KEY_DIMENSION = "drf_cache_key"
+#: ``wait()`` never returns less: DRF drops ``Retry-After`` when ``wait()`` is 0.
+MIN_WAIT = 0.001
+_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+# DRF reads the first character of the period and ignores the rest ("5/minute",
+# "5/m"); a multiplier may precede it, with an optional hyphen ("100/5m", "1/2-sec").
+_PERIOD_RE = re.compile(r"(?:(?P<multiplier>[0-9]+)-?)?(?P<unit>[smhd])")
+_DISPATCH_ATTR = "_quota_drf_dispatch"
+_INVALID_IP = "\x00invalid"  # a value the core reports as selector_identity_invalid
+#: ``Policy.source`` of the drop-ins' generated policies.
+GENERATED_SOURCE = "drf"
+
+Subject = Mapping[str, object]
+SubjectSource = Callable[[Policy], Subject]
+
+
+class QuotaUnavailable(APIException):
+    """The rate limiter could not decide and a policy fails closed: 503.
+
+    ``wait`` is ``FAILURE_RETRY_AFTER``; DRF's exception handler turns it into
+    ``Retry-After``, as it does for ``Throttled``. ``outcome`` is the failed outcome.
+    """
+
+    status_code = 503
+    default_detail = _("The rate limiter is unavailable; retry later.")
+    default_code = "quota_unavailable"
+
+    def __init__(
+        self,
+        wait: int | None = None,
+        detail: Any = None,
+        code: str | None = None,
+        *,
+        outcome: Outcome | None = None,
+    ) -> None:
+        super().__init__(detail, code)
+        self.wait = wait
+        self.outcome = outcome
+
+
+def parse_drf_rate(rate: str) -> tuple[int, int]:
+    """Parse a DRF rate string into ``(num_requests, duration_seconds)``.
+
+    Accepts what DRF's ``SimpleRateThrottle.parse_rate`` accepts (a count, ``/``, a
+    period whose first letter is ``s``, ``m``, ``h`` or ``d``; the rest of the period is
+    ignored, so ``"5/minute"``), plus an integer multiplier before the letter, with an
+    optional hyphen (``"100/5m"``, ``"1/2-sec"``). Raises ``ImproperlyConfigured`` for
+    anything else and for rates outside the contract's bounds (a count of 1 to 10**9, a
+    period of 1 s to 366 d).
+    """
+    if not isinstance(rate, str) or rate.count("/") != 1:
+        raise ImproperlyConfigured(f"Invalid throttle rate {rate!r}: expected 'N/period'.")
+    count, period = rate.split("/")
+    match = _PERIOD_RE.match(period)
+    if not count.strip().isdigit() or not count.strip().isascii() or match is None:
+        raise ImproperlyConfigured(
+            f"Invalid throttle rate {rate!r}: expected a count, '/', and a period starting "
+            "with s, m, h or d, optionally preceded by a multiplier ('100/5m')."
+        )
+    num_requests = int(count)
+    multiplier = int(match["multiplier"]) if match["multiplier"] else 1
+    duration = multiplier * _UNIT_SECONDS[match["unit"]]
+    try:
+        check_rate_bounds(num_requests, duration * 1000, "rate")
+    except ConfigurationError as exc:
+        raise ImproperlyConfigured(f"Invalid throttle rate {rate!r}: {exc.message}.") from exc
+    return num_requests, duration
+
+
+def _django_request(request: Any) -> Any:
+    """The ``HttpRequest`` under a DRF ``Request`` (where the middleware looks)."""
+    return getattr(request, "_request", request)
+
+
+def _authenticated_user(request: Any) -> Any:
+    user = getattr(request, "user", None)
+    return user if user and user.is_authenticated else None
+
+
+def _ip_value(request: Any) -> object:
+    try:
+        return http.request_ip(_django_request(request))
+    except IdentityError as exc:
+        return None if exc.reason == "selector_identity_missing" else _INVALID_IP
+
+
+# -- generated policies, cached per settings generation ------------------------------------
+_policy_lock = threading.Lock()
+_policy_cache: dict[tuple[object, ...], Policy] = {}
+
+
+def _clear_policy_cache() -> None:
+    with _policy_lock:
+        _policy_cache.clear()
+
+
+conf.on_change(_clear_policy_cache)
+
+
+def _rate_policy(
+    policy_id: str, num_requests: int, duration: int, selector: tuple[str, ...]
+) -> Policy:
+    """The generated policy of a drop-in throttle (a configured one with its id wins).
+
+    Cached until settings change: ``DRF_ALGORITHM`` and the configured policies are
+    settings, and the rate is part of the key, so a new rate builds a new policy (a new
+    revision, so fresh counters).
+    """
+    algorithm = conf.get_settings().drf_algorithm
+    key = (policy_id, num_requests, duration, algorithm, selector)
+    found = _policy_cache.get(key)
+    if found is None:
+        windows = (Window(DEFAULT_WINDOW, num_requests, duration * 1000, num_requests),)
+        built = Policy(
+            id=policy_id,
+            algorithm=algorithm,
+            windows=windows,
+            selector=selector,
+            revision=settings_revision(algorithm, selector, windows),
+            source=GENERATED_SOURCE,
+        )
+        with _policy_lock:
+            found = _policy_cache.setdefault(key, policies.register_generated(built))
+    return found
+
+
+# -- the throttles -------------------------------------------------------------------------
+class _Dispatch:
+    """What the throttles of one DRF dispatch share, kept on the ``HttpRequest``."""
+
+    __slots__ = ("denied_sent", "leases", "request")
+
+    def __init__(self, request: Any) -> None:
+        try:
+            self.request: Callable[[], Any] = weakref.ref(request)
+        except TypeError:  # not weak-referenceable (a test's stand-in request)
+            self.request = lambda: request
+        self.leases: list[http.Lease] = []
+        self.denied_sent = False
+
+    def end(self) -> None:
+        for lease in self.leases:
+            lease.end()
+
+
+class QuotaThrottle(BaseThrottle):
+    """Apply django-quota policies to a DRF view, as one layer.
+
+    The policies are the view's ``quota_policies`` (policy ids), else this class's
+    ``quota_policies``, else the policy named by the view's ``throttle_scope``; a view
+    with none of them is not throttled. ``user`` is DRF's ``request.user`` (DRF
+    authentication has run), ``api_key`` falls back to ``request.auth``, and ``route`` is
+    the view's ``throttle_scope`` when it has one.
+
+    Override :meth:`get_quota_cost` for requests that cost more than 1. Set ``timer`` (a
+    callable returning epoch seconds, DRF's test seam) to decide on that clock instead
+    of ``QUOTA["CLOCK"]``.
+    """
+
+    #: Policy ids applied when the view names none.
+    quota_policies: Sequence[str] | None = None
+    #: DRF's clock seam; left as ``time.time``, the ``CLOCK`` setting decides.
+    timer: Callable[[], float] = time.time
+
+    _quota_wait: float | None = None
+    _quota_lease: http.Lease | None = None
+    _quota_outcomes: tuple[Outcome, ...] = ()
+
+    def get_quota_cost(self, request: Any, view: Any) -> int:
+        """The cost of this request, an ``int >= 0`` (default 1)."""
+        return 1
+
+    def get_quota_policies(self, request: Any, view: Any) -> list[Policy]:
+        """The policies this throttle applies to ``view`` (ids resolved at call time).
+
+        Raises :class:`~django_quota.policies.UnknownPolicy` for an unknown id.
+        """
+        names = getattr(view, "quota_policies", None)
+        if names is None:
+            names = self.quota_policies
+        if names is None:
+            scope = getattr(view, "throttle_scope", None)
+            names = [scope] if scope else []
+        if isinstance(names, str):
+            names = [names]
+        return [policies.get_policy(name) for name in dict.fromkeys(names)]
+
+    def allow_request(self, request: Any, view: Any) -> bool:
+        """Decide the view's policies together; False when one refuses.
+
+        Raises :class:`QuotaUnavailable` when the backend failed and a policy fails
+        closed.
+        """
+        self._forget()
+        if not conf.get_settings().enabled:
+            return True
+        group = self.get_quota_policies(request, view)
+        if not group:
+            return True
+        return self._decide(request, view, group, self._request_subject(request, view))
+
+    def wait(self) -> float | None:
+        """Seconds until a retry can succeed (at least 0.001) after a quota denial; None
+        when waiting cannot help (identity errors, ``cost_exceeds_limit``) or when the
+        request was not refused."""
+        return self._quota_wait
+
+    @property
+    def outcomes(self) -> tuple[Outcome, ...]:
+        """The outcomes of the last :meth:`allow_request` (reused ones included)."""
+        return self._quota_outcomes
+
+    # -- internals -------------------------------------------------------------------------
+    def _forget(self) -> None:
+        self._quota_wait = None
+        self._quota_outcomes = ()
+
+    def _dispatch(self, request: Any, django_request: Any) -> _Dispatch:
+        """This DRF dispatch's record on the ``HttpRequest``. A new dispatch of the same
+        ``HttpRequest`` (DRF's own tests send one request object to a view again and
+        again) ends the leases of the previous one, so it is charged as DRF charges it."""
+        current: _Dispatch | None = getattr(django_request, _DISPATCH_ATTR, None)
+        if current is None or current.request() is not request:
+            if current is not None:
+                current.end()
+            current = _Dispatch(request)
+            setattr(django_request, _DISPATCH_ATTR, current)
+        return current
+
+    def _lease(self, dispatch: _Dispatch) -> http.Lease:
+        """A lease for this call's outcomes: other throttles of the same dispatch reuse
+        them; this throttle's previous call ends its own."""
+        if self._quota_lease is not None:
+            self._quota_lease.end()
+        lease = http.Lease()
+        dispatch.leases.append(lease)
+        self._quota_lease = lease
+        return lease
+
+    def _clock(self) -> limiter.Clock | None:
+        timer = self.timer
+        if getattr(timer, "__func__", timer) is time.time:
+            return None
+        return timer
+
+    def _request_subject(self, request: Any, view: Any) -> SubjectSource:
+        subject = http.RequestSubject(request, drf_auth=getattr(request, "auth", None))
+        scope = getattr(view, "throttle_scope", None)
+
+        def source(policy: Policy) -> Subject:
+            values = subject.for_policy(policy)
+            if scope and "route" in values:
+                values["route"] = scope
+            return values
+
+        return source
+
+    def _decide(
+        self, request: Any, view: Any, group: Sequence[Policy], subject: SubjectSource
+    ) -> bool:
+        """Evaluate ``group`` as one layer, reusing outcomes already decided for the
+        request, and record the new outcomes on it."""
+        django_request = _django_request(request)
+        dispatch = self._dispatch(request, django_request)
+        lease = self._lease(dispatch)
+        decided = http.live_memo(django_request)
+        pending = [policy for policy in group if policy.id not in decided]
+        fresh: list[Outcome] = []
+        if pending:
+            fresh = limiter.evaluate_policies(
+                pending, subject, self.get_quota_cost(request, view), clock=self._clock()
+            )
+            http.record_leased(django_request, fresh, lease)
+        by_policy = {outcome.policy: outcome for outcome in fresh}
+        found = [
+            decided[policy.id] if policy.id in decided else by_policy[policy.id]
+            for policy in group
+            if policy.id in decided or policy.id in by_policy
+        ]
+        self._quota_outcomes = tuple(found)
+        refusing = http.refusal(found)
+        if refusing is None:
+            return True
+        if not dispatch.denied_sent:
+            # DRF asks every throttle: the signal goes once per refused request.
+            dispatch.denied_sent = True
+            quota_denied.send(sender=type(self), request=request, outcome=refusing)
+        if refusing.decision == FAILED_CLOSED:
+            raise QuotaUnavailable(conf.get_settings().failure_retry_after, outcome=refusing)
+        denials = [outcome for outcome in found if outcome.decision == DENIED_DECISION]
+        if any(outcome.retry_after is None for outcome in denials):
+            self._quota_wait = None
+        else:
+            self._quota_wait = max(MIN_WAIT, *(outcome.retry_after or 0 for outcome in denials))
+        return False
+
+
+class _SettingsRates:
+    """``THROTTLE_RATES`` read from ``REST_FRAMEWORK`` when accessed, not at import
+    (DRF issue 6030). A non-data descriptor: a subclass or an instance may assign its own
+    mapping."""
+
+    def __get__(self, instance: object, owner: type | None = None) -> Any:
+        return api_settings.DEFAULT_THROTTLE_RATES
+
+
+class SimpleRateThrottle(QuotaThrottle):
+    """DRF's ``SimpleRateThrottle`` on django-quota: subclass it and override
+    ``get_cache_key()``; its value is the identity (dimension ``drf_cache_key``), and
+    None means not throttled. The policy id is ``drf:<scope>``.
+    """
+
+    cache_format = "throttle_%(scope)s_%(ident)s"
+    scope: str | None = None
+    rate: str | None = None
+    THROTTLE_RATES: Any = _SettingsRates()
+    key: str | None = None
+    num_requests: int | None = None
+    duration: int | None = None
+
+    def __init__(self) -> None:
+        if not getattr(self, "rate", None):
+            self.rate = self.get_rate()
+        self.num_requests, self.duration = self.parse_rate(self.rate)
+
+    def get_cache_key(self, request: Any, view: Any) -> str | None:
+        """A unique key for the requester, or None to let the request through."""
+        raise NotImplementedError(".get_cache_key() must be overridden")
+
+    def get_rate(self) -> str | None:
+        """The rate of ``scope`` in ``THROTTLE_RATES`` (``DEFAULT_THROTTLE_RATES``).
+
+        Raises ``ImproperlyConfigured`` when neither ``scope`` nor ``rate`` is set, or
+        when ``scope`` has no rate.
+        """
+        if not getattr(self, "scope", None):
+            raise ImproperlyConfigured(
+                f"You must set either `.scope` or `.rate` for '{type(self).__name__}' throttle"
+            )
+        try:
+            rate: str | None = self.THROTTLE_RATES[self.scope]
+        except KeyError:
+            raise ImproperlyConfigured(
+                f"No default throttle rate set for '{self.scope}' scope"
+            ) from None
+        return rate
+
+    def parse_rate(self, rate: str | None) -> tuple[int | None, int | None]:
+        """``(num_requests, duration in seconds)``, or ``(None, None)`` for no rate."""
+        if rate is None:
+            return None, None
+        return parse_drf_rate(rate)
+
+    def get_ident(self, request: Any) -> Any:
+        """The client IP as django-quota resolves it (``TRUSTED_PROXIES``,
+        ``PROXY_COUNT``, the IPv6 prefix; DRF's ``NUM_PROXIES`` is not read), or None."""
+        value = _ip_value(request)
+        return None if value == _INVALID_IP else value
+
+    def allow_request(self, request: Any, view: Any) -> bool:
+        """Charge one request of ``get_quota_cost()`` to the requester; False when refused."""
+        self._forget()
+        if self.rate is None or not conf.get_settings().enabled:
+            return True
+        identified: tuple[tuple[str, ...], Subject] | None
+        if self._overrides_cache_key():
+            self.key = self.get_cache_key(request, view)
+            if self.key is None:
+                return True
+            identified = (CACHE_KEY_DIMENSION,), {CACHE_KEY_DIMENSION: self.key}
+        else:
+            identified = self._identify(request)
+            if identified is None:
+                return True
+        selector, own = identified
+        num_requests, duration = parse_drf_rate(self.rate)
+        policy = _rate_policy(self._policy_id(), num_requests, duration, selector)
+
+        def subject(candidate: Policy) -> Subject:
+            if candidate.source == GENERATED_SOURCE:
+                return own
+            # A policy configured under the same id replaces ours: it gets its own subject.
+            return self._request_subject(request, view)(candidate)
+
+        return self._decide(request, view, [policy], subject)
+
+    # -- internals -------------------------------------------------------------------------
+    def _policy_id(self) -> str:
+        if self.scope:
+            return generated_policy_id("drf", self.scope)
+        cls = type(self)
+        return generated_policy_id("drf", f"{cls.__module__}.{cls.__qualname__}")
+
+    def _overrides_cache_key(self) -> bool:
+        method = self.get_cache_key
+        return getattr(method, "__func__", method) not in _DEFAULT_CACHE_KEYS
+
+    def _identify(self, request: Any) -> tuple[tuple[str, ...], Subject] | None:
+        """``(selector, subject)`` of the requester when ``get_cache_key`` is one of the
+        drop-ins' own (so client IPs are normalised as everywhere in django-quota), or
+        None when the request is not throttled."""
+        raise NotImplementedError
+
+
+def _user_or_ip(request: Any) -> tuple[tuple[str, ...], Subject]:
+    user = _authenticated_user(request)
+    if user is not None:
+        # A pk of None is a missing identity, never one counter shared as "None".
+        return (AUTO,), {"user": None if user.pk is None else str(user.pk)}
+    return (AUTO,), {"ip": _ip_value(request)}
+
+
+class AnonRateThrottle(SimpleRateThrottle):
+    """Limit unauthenticated requests by client IP (scope ``anon``); authenticated
+    requests are not throttled."""
+
+    scope = "anon"
+
+    def get_cache_key(self, request: Any, view: Any) -> str | None:
+        """DRF's key: ``throttle_anon_<ip>``, None for an authenticated request."""
+        if _authenticated_user(request) is not None:
+            return None
+        return self.cache_format % {"scope": self.scope, "ident": self.get_ident(request)}
+
+    def _identify(self, request: Any) -> tuple[tuple[str, ...], Subject] | None:
+        if _authenticated_user(request) is not None:
+            return None
+        return ("ip",), {"ip": _ip_value(request)}
+
+
+class UserRateThrottle(SimpleRateThrottle):
+    """Limit requests by user when authenticated, else by client IP (scope ``user``)."""
+
+    scope = "user"
+
+    def get_cache_key(self, request: Any, view: Any) -> str | None:
+        """DRF's key: ``throttle_user_<pk or ip>``."""
+        user = _authenticated_user(request)
+        ident = user.pk if user is not None else self.get_ident(request)
+        return self.cache_format % {"scope": self.scope, "ident": ident}
+
+    def _identify(self, request: Any) -> tuple[tuple[str, ...], Subject] | None:
+        return _user_or_ip(request)
+
+
+class ScopedRateThrottle(SimpleRateThrottle):
+    """Limit each view by the rate of its ``throttle_scope``, per user when
+    authenticated, else per client IP. Views without a scope are not throttled."""
+
+    scope_attr = "throttle_scope"
+
+    def __init__(self) -> None:
+        # The scope, hence the rate, is known only once a view calls.
+        pass
+
+    def allow_request(self, request: Any, view: Any) -> bool:
+        """Throttle by the view's scope (``THROTTLE_RATES[view.throttle_scope]``)."""
+        self._forget()
+        self.scope = getattr(view, self.scope_attr, None)
+        if not self.scope:
+            return True
+        self.rate = self.get_rate()
+        self.num_requests, self.duration = self.parse_rate(self.rate)
+        return super().allow_request(request, view)
+
+    def get_cache_key(self, request: Any, view: Any) -> str | None:
+        """DRF's key: ``throttle_<scope>_<pk or ip>``."""
+        user = _authenticated_user(request)
+        ident = user.pk if user is not None else self.get_ident(request)
+        return self.cache_format % {"scope": self.scope, "ident": ident}
+
+    def _identify(self, request: Any) -> tuple[tuple[str, ...], Subject] | None:
+        return _user_or_ip(request)
+
+
+_DEFAULT_CACHE_KEYS = frozenset(
+    {
+        AnonRateThrottle.get_cache_key,
+        UserRateThrottle.get_cache_key,
+        ScopedRateThrottle.get_cache_key,
+    }
+)
