@@ -1,0 +1,100 @@
+"""Django settings for the benchmark: ``settings.configure(...)`` then ``django.setup()``.
+
+django-quota gets one policy per measured shape, twice: a *bulk* variant whose limits are
+never reached (latency and throughput of admitted decisions) and an *exact* variant with
+the small limit of the exactness column. Django's built-in ``RedisCache`` (used by DRF's
+throttles and django-ratelimit) points at the same server.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from typing import Any
+
+import django
+from django.conf import settings
+
+#: The rate every implementation gets for latency, throughput, commands and memory:
+#: high enough that no benchmark decision is ever a denial.
+BULK_LIMIT = 1_000_000
+BULK_BURST = 100_000
+HMAC_KEY = "django-quota-benchmark-hmac-key"
+
+ALGORITHMS = ("fixed_window", "sliding_window", "token_bucket")
+TWO_WINDOWS = "two_windows"
+
+
+def bulk_id(name: str) -> str:
+    return name
+
+
+def exact_id(name: str) -> str:
+    return f"{name}.exact"
+
+
+def quota_policies(limit: int) -> dict[str, dict[str, Any]]:
+    """The policies: per algorithm and for the burst + sustained pair, bulk and exact."""
+    policies: dict[str, dict[str, Any]] = {}
+    for algorithm in ALGORITHMS:
+        policies[bulk_id(algorithm)] = {
+            "algorithm": algorithm,
+            "windows": f"{BULK_LIMIT}/h",
+            "selector": ["ip"],
+        }
+        # A day-long window: no refill (token bucket: L/86400 tokens a second) and no
+        # window boundary (fixed, sliding) during the second the exactness column takes.
+        policies[exact_id(algorithm)] = {
+            "algorithm": algorithm,
+            "windows": f"{limit}/d",
+            "selector": ["ip"],
+        }
+    policies[bulk_id(TWO_WINDOWS)] = {
+        "algorithm": "sliding_window",
+        "windows": {"burst": f"{BULK_BURST}/s", "sustained": f"{BULK_LIMIT}/h"},
+        "selector": ["ip"],
+    }
+    policies[exact_id(TWO_WINDOWS)] = {
+        "algorithm": "sliding_window",
+        "windows": {"burst": f"{limit}/h", "sustained": f"{2 * limit}/d"},
+        "selector": ["ip"],
+    }
+    return policies
+
+
+def quota_settings(redis_url: str, limit: int, *, backend: str = "redis") -> dict[str, Any]:
+    return {
+        "BACKEND": backend,
+        "REDIS_URL": redis_url,
+        "HMAC_KEY": HMAC_KEY,
+        "KEY_PREFIX": "quota",
+        "TIMEOUT": 1.0,
+        "DEADLINE": 2.0,
+        "MEMORY_MAX_ENTRIES": 100_000,
+        "POLICY_SOURCES": ["settings"],
+        "POLICIES": quota_policies(limit),
+    }
+
+
+def configure(redis_url: str, limit: int) -> None:
+    """Configure Django once for the whole run."""
+    installed_apps = ["django.contrib.contenttypes", "django.contrib.auth"]
+    if importlib.util.find_spec("rest_framework") is not None:
+        installed_apps.append("rest_framework")
+    installed_apps.append("django_quota")
+    settings.configure(
+        DEBUG=False,
+        SECRET_KEY="django-quota-benchmark-secret-key",
+        USE_TZ=True,
+        INSTALLED_APPS=installed_apps,
+        DATABASES={"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"}},
+        CACHES={
+            "default": {
+                "BACKEND": "django.core.cache.backends.redis.RedisCache",
+                "LOCATION": redis_url,
+            }
+        },
+        REST_FRAMEWORK={"DEFAULT_THROTTLE_RATES": {"anon": f"{BULK_LIMIT}/hour"}},
+        RATELIMIT_USE_CACHE="default",
+        QUOTA=quota_settings(redis_url, limit),
+    )
+    django.setup()

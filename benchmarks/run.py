@@ -1,0 +1,255 @@
+"""The benchmark run: start a private redis-server, measure every row, print the table.
+
+``.venv/bin/python -m benchmarks [--decisions N] [--rounds R] ...`` (``scripts/bench``
+installs the peers first). Rows are measured in rounds, interleaved, so that a burst of
+noise from a neighbour on a shared machine hits every row alike; throughput is the median
+over rounds, latency percentiles pool every round's samples.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import signal
+import statistics
+import sys
+import time
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from importlib.metadata import PackageNotFoundError, version
+from types import FrameType
+
+import redis
+
+from benchmarks import measure, report
+from benchmarks.contenders import BULK, DQ, EXACT, Contender, all_contenders
+from benchmarks.redis_server import RedisServer
+
+MEMORY_DECISIONS = (1, 100)
+
+
+@dataclass
+class RowResult:
+    """Everything measured for one row."""
+
+    contender: Contender
+    latencies_ns: list[int] = field(default_factory=list)
+    throughput_1: list[float] = field(default_factory=list)
+    throughput_n: list[float] = field(default_factory=list)
+    commands: Counter[str] = field(default_factory=Counter)
+    counted_decisions: int = 0
+    server_cpu: float = 0.0
+    sent_per_decision: float | None = None
+    footprints: dict[int, measure.Footprint] = field(default_factory=dict)
+    exactness: measure.Exactness | None = None
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks",
+        description="django-quota against its peers on a private, loopback redis-server.",
+    )
+    parser.add_argument(
+        "--decisions", type=int, default=3000, help="decisions per row, per loop, per round"
+    )
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds (median)")
+    parser.add_argument("--threads", type=int, default=8, help="threads of the threaded loop")
+    parser.add_argument("--subjects", type=int, default=256, help="subjects cycled through")
+    parser.add_argument("--limit", type=int, default=100, help="limit L of the exactness test")
+    parser.add_argument(
+        "--attempts", type=int, default=50, help="exactness: attempts per thread on one subject"
+    )
+    parser.add_argument(
+        "--monitor-sample", type=int, default=20, help="decisions watched with MONITOR"
+    )
+    parser.add_argument(
+        "--only", default="", help="measure only rows whose name contains this text"
+    )
+    parser.add_argument(
+        "--max-seconds", type=int, default=600, help="abort (and stop Redis) after this long"
+    )
+    args = parser.parse_args(argv)
+    for name in ("decisions", "rounds", "threads", "subjects", "limit", "attempts"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name} must be >= 1")
+    if args.monitor_sample < 1:
+        parser.error("--monitor-sample must be >= 1")
+    return args
+
+
+def _on_signal(signum: int, frame: FrameType | None) -> None:
+    raise SystemExit(128 + signum)
+
+
+def _on_alarm(signum: int, frame: FrameType | None) -> None:
+    raise TimeoutError("benchmark exceeded --max-seconds")
+
+
+def _classify(contender: Contender) -> report.Classifier | None:
+    if not contender.implementation.startswith(DQ):
+        return None
+
+    def classify(key: str) -> str:
+        return "evaluation-id records" if ":e:" in key else "counter hashes"
+
+    return classify
+
+
+def measure_round(
+    admin: redis.Redis, result: RowResult, pool: Sequence[str], args: argparse.Namespace
+) -> None:
+    contender = result.contender
+    with contender.context():
+        decide = contender.make(BULK)
+        admin.flushall()
+        measure.single_thread(decide, pool, min(200, args.decisions))  # warm-up
+        before = measure.command_calls(admin)
+        cpu_before = measure.server_cpu(admin)
+        timing = measure.single_thread(decide, pool, args.decisions)
+        cpu_after = measure.server_cpu(admin)
+        after = measure.command_calls(admin)
+        result.server_cpu += cpu_after - cpu_before
+        result.commands.update(measure.delta(before, after))
+        result.counted_decisions += args.decisions
+        result.latencies_ns.extend(timing.latencies_ns)
+        result.throughput_1.append(timing.throughput)
+        result.throughput_n.append(measure.multi_thread(decide, pool, args.decisions, args.threads))
+
+
+def measure_once(
+    admin: redis.Redis,
+    server_url: str,
+    result: RowResult,
+    index: int,
+    pool: Sequence[str],
+    args: argparse.Namespace,
+) -> None:
+    contender = result.contender
+    with contender.context():
+        decide = contender.make(BULK)
+        if contender.uses_redis:
+            admin.flushall()
+            result.sent_per_decision = measure.client_commands(
+                server_url, decide, pool, args.monitor_sample
+            )
+            admin.flushall()
+            subject = f"127.254.{index}.1"
+            done = 0
+            for target in MEMORY_DECISIONS:
+                for _ in range(target - done):
+                    decide(subject)
+                done = target
+                result.footprints[target] = measure.footprint(admin, _classify(contender))
+        admin.flushall()
+        result.exactness = measure.exactness(
+            contender.make(EXACT), f"127.253.{index}.1", args.limit, args.threads, args.attempts
+        )
+
+
+def _versions(extra: dict[str, str], redis_version: str) -> list[str]:
+    def installed(name: str) -> str:
+        try:
+            return version(name)
+        except PackageNotFoundError:
+            return "not installed"
+
+    parts = [
+        f"python {platform.python_version()}",
+        f"redis-server {redis_version}",
+        f"redis-py {installed('redis')}",
+        f"hiredis {installed('hiredis')}",
+        f"Django {installed('Django')}",
+        f"django-quota {installed('django-quota')}",
+    ]
+    parts += [f"{name} {value}" for name, value in sorted(extra.items())]
+    return parts
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    signal.signal(signal.SIGTERM, _on_signal)
+    signal.signal(signal.SIGALRM, _on_alarm)
+    signal.alarm(args.max_seconds)
+    started = time.monotonic()
+    notes: list[str] = []
+    versions: dict[str, str] = {}
+    try:
+        with RedisServer() as server:
+            from benchmarks import django_settings
+
+            pid = server.process.pid if server.process else "?"
+            print(
+                f"redis-server {server.version} on {server.url} (pid {pid}), stopped at the end",
+                file=sys.stderr,
+            )
+
+            django_settings.configure(server.url, args.limit)
+            contenders = all_contenders(server.url, args.limit, notes, versions)
+            if args.only:
+                contenders = [
+                    c
+                    for c in contenders
+                    if args.only.lower() in f"{c.implementation} {c.algorithm}".lower()
+                ]
+            results = [RowResult(contender) for contender in contenders]
+            pool = measure.subjects(args.subjects, block=10)
+            admin = server.client()
+            try:
+                for round_number in range(args.rounds):
+                    print(f"round {round_number + 1}/{args.rounds} ...", file=sys.stderr)
+                    for result in results:
+                        measure_round(admin, result, pool, args)
+                print("commands, memory and exactness ...", file=sys.stderr)
+                for index, result in enumerate(results):
+                    measure_once(admin, server.url, result, index, pool, args)
+            finally:
+                admin.close()
+            header = _versions(versions, server.version)
+    finally:
+        signal.alarm(0)
+    rows = [report_row(result) for result in results]
+    print(
+        report.render(
+            rows,
+            header=header,
+            notes=notes,
+            args=args,
+            cores=os.cpu_count() or 0,
+            seconds=time.monotonic() - started,
+        )
+    )
+    return 0
+
+
+def report_row(result: RowResult) -> report.Row:
+    contender = result.contender
+    latencies = sorted(result.latencies_ns)
+    p99_index = min(len(latencies) - 1, round(0.99 * (len(latencies) - 1)))
+    commands = None
+    cpu_us = None
+    breakdown: dict[str, float] = {}
+    if contender.uses_redis and result.counted_decisions:
+        total = sum(result.commands.values())
+        commands = total / result.counted_decisions
+        cpu_us = result.server_cpu / result.counted_decisions * 1e6
+        breakdown = {
+            name: calls / result.counted_decisions for name, calls in result.commands.most_common()
+        }
+    return report.Row(
+        key=contender.key,
+        reference=contender.reference,
+        implementation=contender.implementation,
+        algorithm=contender.algorithm,
+        median_us=statistics.median(latencies) / 1000,
+        p99_us=latencies[p99_index] / 1000,
+        throughput_1=statistics.median(result.throughput_1),
+        throughput_n=statistics.median(result.throughput_n),
+        commands=commands,
+        server_cpu_us=cpu_us,
+        command_breakdown=breakdown,
+        sent=result.sent_per_decision,
+        footprints=result.footprints,
+        exactness=result.exactness,
+    )
