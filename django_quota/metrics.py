@@ -23,7 +23,13 @@ from collections import Counter
 from collections.abc import Iterable
 from typing import Any
 
-from django_quota.core.outcome import DENIED_DECISION, FAILED_CLOSED, Outcome
+from django_quota.core.outcome import (
+    DENIED_DECISION,
+    FAILED_CLOSED,
+    FAILED_OPEN,
+    SHADOW_DENIED,
+    Outcome,
+)
 from django_quota.core.policy import Policy
 
 logger = logging.getLogger("django_quota")
@@ -81,7 +87,8 @@ def _create(name: str) -> Any:
 
 
 def record_outcomes(policies: Iterable[Policy], outcomes: Iterable[Outcome]) -> None:
-    """Count decided outcomes (never peeks) and log refusals without identities."""
+    """Count decided outcomes (never peeks); log denials, shadow denials and failures
+    (never an identity)."""
     selectors = {policy.id: "+".join(policy.selector) for policy in policies}
     family = _family("outcomes")
     for outcome in outcomes:
@@ -96,7 +103,7 @@ def record_outcomes(policies: Iterable[Policy], outcomes: Iterable[Outcome]) -> 
                 selectors.get(outcome.policy, ""),
                 outcome.backend_mode,
             ).inc()
-        if outcome.decision in (DENIED_DECISION, FAILED_CLOSED):
+        if outcome.decision in (DENIED_DECISION, SHADOW_DENIED, FAILED_CLOSED, FAILED_OPEN):
             logger.info(
                 "quota %s: policy=%s reason=%s backend_mode=%s",
                 outcome.decision,

@@ -1,20 +1,26 @@
-"""Run the example project under gunicorn, load it over TCP and check every quota decision.
+"""Run the example project under gunicorn, load every HTTP surface over TCP and check
+every quota decision.
 
 ``python -m example_project.demo`` (or ``scripts/demo``):
 
-1. migrates the SQLite database and seeds a few items;
+1. migrates the SQLite database, seeds a few items and the API users (DRF tokens);
 2. starts ``gunicorn example_project.wsgi`` on a free port of 127.0.0.1: one worker with the
    memory backend (``REDIS_URL`` unset; its counters live in one process), or ``--workers``
    (default 3) with Redis, under a fresh ``QUOTA["KEY_PREFIX"]`` so that no two runs share
    a counter and nothing else in Redis is touched;
 3. runs concurrent HTTP clients for ``--seconds``, each bound to its own loopback source
-   address (127.0.0.2, 127.0.0.3, ...), so that each is a distinct ``ip`` subject;
+   address (127.0.0.2, 127.0.0.3, ...), so that each is a distinct ``ip`` subject, against
+   every surface django-quota has: ``QuotaMiddleware`` (enforced and shadow policies), the
+   DRF drop-in ``AnonRateThrottle``/``UserRateThrottle``, ``QuotaThrottle`` and ``@quota``
+   (with a cost that depends on the request);
 4. replays what each client sent through the fixed-window arithmetic of the contract and
-   compares, request by request, what the server decided with what it had to decide.
+   compares, request by request, what the server decided with what it had to decide;
+5. asks every worker for its decision counts (``GET /api/quota-stats/``) and compares their
+   sum, policy by policy, with the replay.
 
 Why the expected counts are exact: fixed windows are aligned to the Unix epoch and the
 server and the clients read the same clock. A client never sends a request while a
-boundary of one of its policy's windows is nearer than ``--guard-ms``, so a request's
+boundary of one of its policies' windows is nearer than ``--guard-ms``, so a request's
 [send, receive] interval normally lies inside one window of every period, and wherever in
 that interval the server read its clock, it counted the request in the windows the client
 computes from the send time. If an interval straddles a boundary anyway (a slow response),
@@ -23,9 +29,21 @@ yields the status actually observed (one of them is what the server did, if it i
 and the client passes when one such path explains every response. A request the server
 must have decided differently in every path is a mismatch.
 
+What a request costs, and what it is charged to:
+
+- a layer is one backend call deciding a group of policies together: the middleware's
+  matching policies, one DRF throttle, one ``@quota``. A group's windows are charged only
+  if each of its enforced policies admits the request (``count + cost <= limit`` in every
+  window); a shadow policy is then charged if it admits too, and it never refuses;
+- DRF asks every throttle of a view even after one refused (its loop), so each throttle
+  charges on its own: an anonymous caller of ``/api/me/`` is counted by ``drf:user`` on
+  requests that ``drf:anon`` refuses;
+- ``@quota`` on ``/api/export/`` charges ``?size=`` (1 to 3) to both windows.
+
 Exit status: 0 when every client matches; 1 on a mismatch, a 5xx, any status other than
-the endpoint's success status or 429, a malformed 429, or a transport error; 2 when the
-demo could not be set up.
+the endpoint's success status or 429, a malformed 429, wrong rate-limit headers, a 429 on
+the shadow policy's route, server counts that contradict the replay, or a transport
+error; 2 when the demo could not be set up.
 """
 
 from __future__ import annotations
@@ -34,6 +52,8 @@ import argparse
 import contextlib
 import importlib
 import io
+import itertools
+import json
 import math
 import os
 import random
@@ -58,6 +78,7 @@ from requests.adapters import HTTPAdapter
 REPO_DIR = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
 DEFAULT_SETTINGS_MODULE = "example_project.settings"
+LIMITS_MODULE = "example_project.shop.limits"
 GUNICORN_LOG = REPO_DIR / "var" / "demo-gunicorn.log"
 
 CONNECT_TIMEOUT = 2.0
@@ -65,14 +86,24 @@ READ_TIMEOUT = 5.0
 STARTUP_TIMEOUT = 45.0
 STOP_TIMEOUT = 15.0
 COMMAND_TIMEOUT = 120.0
+STATS_TIMEOUT = 15.0
 
 EXIT_OK = 0
 EXIT_MISMATCH = 1
 EXIT_SETUP = 2
 
+QUOTA_EXCEEDED_TYPE = "https://iana.org/assignments/http-problem-types#quota-exceeded"
+DRF_THROTTLED_PREFIX = "Request was throttled"
+ALLOWED = "allowed"
+DENIED = "denied"
+SHADOW_DENIED = "shadow_denied"
+
 _RATE_RE = re.compile(
     r"^\s*(?P<limit>\d+)\s*/\s*(?P<mult>\d*)\s*(?P<unit>s|sec|m|min|h|hour|d|day)\s*$"
 )
+# DRF's syntax: a count, "/", then a period of which only the first letter counts
+# ("3/second"), optionally preceded by a multiplier and a hyphen ("8/4s", "1/2-sec").
+_DRF_RATE_RE = re.compile(r"^(?P<limit>\d+)/(?:(?P<mult>\d+)-?)?(?P<unit>[smhd])")
 _UNIT_MS = {"s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
 
 
@@ -99,27 +130,49 @@ class Window:
 
 @dataclass(frozen=True, slots=True)
 class Policy:
+    """A fixed-window policy as the demo replays it."""
+
     id: str
     windows: tuple[Window, ...]
     selector: tuple[str, ...]
-    routes: tuple[str, ...]
-    methods: tuple[str, ...]
+    origin: str
+    """Where it is configured."""
+    routes: tuple[str, ...] = ()
+    methods: tuple[str, ...] = ()
+    shadow: bool = False
 
     @property
     def periods_ms(self) -> tuple[int, ...]:
         return tuple(sorted({w.period_ms for w in self.windows}))
 
+    def item_names(self) -> list[str]:
+        """The structured-field item names of its windows in the rate-limit headers."""
+        if len(self.windows) == 1 and self.windows[0].name == "default":
+            return [self.id]
+        return [f"{self.id}.{w.name}" for w in self.windows]
+
+    def policy_header_items(self) -> list[str]:
+        """Its items of ``RateLimit-Policy`` (draft -10: ``"name";q=limit;w=seconds``)."""
+        return [
+            f'"{name}";q={w.limit};w={round(w.period_ms / 1000)}'
+            for name, w in zip(self.item_names(), self.windows, strict=True)
+        ]
+
     def describe(self) -> str:
         windows = ", ".join(w.describe() for w in self.windows)
-        methods = ",".join(self.methods) or "all methods"
+        where = ""
+        if self.routes:
+            methods = ",".join(self.methods) or "all methods"
+            where = f" routes={list(self.routes)} ({methods})"
+        shadow = " SHADOW" if self.shadow else ""
         return (
-            f"{self.id}: fixed_window [{windows}] selector={list(self.selector)} "
-            f"routes={list(self.routes)} ({methods})"
+            f"{self.id}:{shadow} fixed_window [{windows}] selector={list(self.selector)}"
+            f"{where}; from {self.origin}"
         )
 
 
 def parse_rate(rate: str) -> tuple[int, int]:
-    """Return (limit, period in ms) of a rate such as ``"5/s"`` or ``"12/3s"``."""
+    """Return (limit, period in ms) of a settings rate such as ``"5/s"`` or ``"12/3s"``."""
     match = _RATE_RE.match(rate)
     if match is None:
         raise SetupError(f"cannot parse rate {rate!r}")
@@ -127,24 +180,93 @@ def parse_rate(rate: str) -> tuple[int, int]:
     return int(match["limit"]), mult * _UNIT_MS[match["unit"][0]]
 
 
-def load_policies(quota: Mapping[str, Any]) -> dict[str, Policy]:
-    """Read the fixed-window policies from the example project's ``QUOTA`` setting."""
+def parse_drf_rate(rate: str) -> tuple[int, int]:
+    """Return (limit, period in ms) of a DRF throttle rate such as ``"3/second"``."""
+    match = _DRF_RATE_RE.match(rate.strip()) if isinstance(rate, str) else None
+    if match is None:
+        raise SetupError(f"cannot parse DRF throttle rate {rate!r}")
+    mult = int(match["mult"] or 1)
+    return int(match["limit"]), mult * _UNIT_MS[match["unit"]]
+
+
+def _windows(raw: str | Mapping[str, str], parse: Any = parse_rate) -> tuple[Window, ...]:
+    items = {"default": raw} if isinstance(raw, str) else dict(raw)
+    return tuple(Window(name, *parse(rate)) for name, rate in items.items())
+
+
+def load_policies(settings_module: Any, limits_module: Any) -> dict[str, Policy]:
+    """Every policy the example project enforces, read from the very modules it loads:
+    ``QUOTA["POLICIES"]``, the DRF drop-ins' ``DEFAULT_THROTTLE_RATES`` and the rate of
+    the ``@quota`` view (``shop/limits.py``)."""
+    quota: Mapping[str, Any] = getattr(settings_module, "QUOTA", {})
     policies: dict[str, Policy] = {}
     for policy_id, spec in quota.get("POLICIES", {}).items():
         if spec.get("algorithm") != "fixed_window":
             raise SetupError(f"policy {policy_id}: the demo can only check fixed_window")
-        raw_windows = spec["windows"]
-        if isinstance(raw_windows, str):
-            raw_windows = {"default": raw_windows}
-        windows = tuple(Window(name, *parse_rate(rate)) for name, rate in raw_windows.items())
         policies[policy_id] = Policy(
             id=policy_id,
-            windows=windows,
+            windows=_windows(spec["windows"]),
             selector=tuple(spec.get("selector", ["auto"])),
+            origin="QUOTA['POLICIES']",
             routes=tuple(spec.get("routes") or ()),
             methods=tuple(spec.get("methods") or ()),
+            shadow=spec.get("enforcement", "enforce") == "shadow",
         )
+
+    # The drop-in throttles generate drf:<scope> with QUOTA["DRF_ALGORITHM"]; only fixed
+    # windows can be replayed exactly (see the comment in settings.py).
+    if quota.get("DRF_ALGORITHM") != "fixed_window":
+        raise SetupError("the demo needs QUOTA['DRF_ALGORITHM'] = 'fixed_window'")
+    rates = getattr(settings_module, "REST_FRAMEWORK", {}).get("DEFAULT_THROTTLE_RATES", {})
+    for scope, selector in (("anon", ("ip",)), ("user", ("auto",))):
+        policy_id = f"drf:{scope}"
+        if policy_id in policies:
+            continue  # a configured policy with the generated id replaces it
+        if not rates.get(scope):
+            raise SetupError(f"REST_FRAMEWORK['DEFAULT_THROTTLE_RATES'] lacks {scope!r}")
+        policies[policy_id] = Policy(
+            id=policy_id,
+            windows=_windows(rates[scope], parse_drf_rate),
+            selector=selector,
+            origin=f"DEFAULT_THROTTLE_RATES[{scope!r}]",
+        )
+
+    export_id = limits_module.EXPORT_POLICY_ID
+    policies.setdefault(
+        export_id,
+        Policy(
+            id=export_id,
+            windows=_windows(limits_module.EXPORT_RATE),
+            selector=("ip",),
+            origin="@quota(rate=EXPORT_RATE, cost=?size) in shop/views.py",
+        ),
+    )
     return policies
+
+
+def path_matches(prefix: str, path: str) -> bool:
+    """Whole-segment prefix match, as the middleware's ``routes`` entries match."""
+    base = prefix.rstrip("/")
+    return prefix == "/" or path == base or path.startswith(base + "/")
+
+
+def route_matches(route: str, path: str) -> bool:
+    if route == "*":
+        return True
+    if not route.startswith("/"):
+        raise SetupError(f"the demo matches path routes only, not {route!r}")
+    return path_matches(route, path)
+
+
+def middleware_policies(policies: Mapping[str, Policy], method: str, path: str) -> set[str]:
+    """The ids of the policies ``QuotaMiddleware`` applies to ``method path``."""
+    return {
+        p.id
+        for p in policies.values()
+        if p.routes
+        and (not p.methods or method in p.methods)
+        and any(route_matches(route, path) for route in p.routes)
+    }
 
 
 # --------------------------------------------------------------------------- clients
@@ -164,29 +286,113 @@ class Action:
 LIST = Action("GET", "/api/items/", 200)
 CREATE = Action("POST", "/api/items/", 201)
 SEARCH = Action("GET", "/api/search/", 200)
+CATALOG = Action("GET", "/api/catalog/", 200)
+ME = Action("GET", "/api/me/", 200)
+ORDERS = Action("GET", "/api/orders/", 200)
+EXPORT = Action("GET", "/api/export/", 200)
 SEARCH_TERMS = ("mug", "tea", "coffee", "cup", "grinder", "")
+STATS_PATH = "/api/quota-stats/"
+
+
+@dataclass(frozen=True, slots=True)
+class Surface:
+    """One way django-quota meets a request, and what its refusals look like."""
+
+    name: str
+    refusal: str | None
+    """``problem`` (problem+json), ``drf`` (DRF's Throttled body) or None (never refuses)."""
+    about: str
+    middleware: bool = False
+    """Its policies are the middleware's (checked against the routes in settings)."""
+
+
+MIDDLEWARE = Surface(
+    "middleware",
+    "problem",
+    "QuotaMiddleware applies the QUOTA policies whose routes match; the views know nothing",
+    middleware=True,
+)
+SHADOW = Surface(
+    "shadow",
+    None,
+    "QuotaMiddleware, a policy with enforcement 'shadow': decided and counted, never "
+    "refusing, no headers; the view reports the decision in its body",
+    middleware=True,
+)
+DROP_IN = Surface(
+    "DRF drop-in",
+    "drf",
+    "django_quota.throttling.AnonRateThrottle + UserRateThrottle on a DRF view, rates from "
+    "REST_FRAMEWORK['DEFAULT_THROTTLE_RATES'] (DRF asks both throttles on every request)",
+)
+QUOTA_THROTTLE = Surface(
+    "QuotaThrottle",
+    "drf",
+    "django_quota.throttling.QuotaThrottle on a DRF view with quota_policies = ['orders'] "
+    "(burst and sustained windows, per DRF user; Token authentication)",
+)
+DECORATOR = Surface(
+    "@quota",
+    "problem",
+    "@quota(rate={burst, sustained}, selector=('ip',), algorithm='fixed_window', "
+    "cost=?size) on a plain Django view",
+)
+SURFACES = (MIDDLEWARE, SHADOW, DROP_IN, QUOTA_THROTTLE, DECORATOR)
 
 
 @dataclass(frozen=True, slots=True)
 class ClientSpec:
     name: str
-    policy: str
+    surface: Surface
     actions: tuple[Action, ...]
+    layers: tuple[tuple[str, ...], ...]
+    """Policy ids decided for each request, one group per layer, in evaluation order."""
     interval: float
     """Mean pause between two requests, in seconds."""
     polite: bool = False
     """Wait for Retry-After after a 429 instead of retrying at once."""
+    user: str | None = None
+    """Authenticate as this user with their DRF token."""
+    sizes: tuple[int, ...] = ()
+    """``?size=`` values (the request's cost) drawn at random."""
 
+    @property
+    def policy_ids(self) -> tuple[str, ...]:
+        return tuple(pid for layer in self.layers for pid in layer)
+
+
+EXPORT_POLICY = "view:example_project.shop.views.export"  # checked against shop/limits.py
+USERS = ("alice", "bob", "carol", "dave")
 
 CLIENT_SPECS: tuple[ClientSpec, ...] = (
-    ClientSpec("items-list-a", "api-items", (LIST,), 0.05),
-    ClientSpec("items-list-b", "api-items", (LIST,), 0.09),
-    ClientSpec("items-create", "api-items", (CREATE,), 0.07),
-    ClientSpec("items-mixed", "api-items", (LIST, CREATE), 0.06),
-    ClientSpec("items-polite", "api-items", (LIST,), 0.05, polite=True),
-    ClientSpec("search-a", "api-search", (SEARCH,), 0.06),
-    ClientSpec("search-b", "api-search", (SEARCH,), 0.12),
-    ClientSpec("search-polite", "api-search", (SEARCH,), 0.05, polite=True),
+    ClientSpec("items-list-a", MIDDLEWARE, (LIST,), (("api-items",),), 0.05),
+    ClientSpec("items-list-b", MIDDLEWARE, (LIST,), (("api-items",),), 0.09),
+    ClientSpec("items-create", MIDDLEWARE, (CREATE,), (("api-items",),), 0.07),
+    ClientSpec("items-mixed", MIDDLEWARE, (LIST, CREATE), (("api-items",),), 0.06),
+    ClientSpec("items-polite", MIDDLEWARE, (LIST,), (("api-items",),), 0.05, polite=True),
+    ClientSpec("search-a", MIDDLEWARE, (SEARCH,), (("api-search",),), 0.06),
+    ClientSpec("search-b", MIDDLEWARE, (SEARCH,), (("api-search",),), 0.12),
+    ClientSpec("search-polite", MIDDLEWARE, (SEARCH,), (("api-search",),), 0.05, polite=True),
+    ClientSpec("catalog-a", SHADOW, (CATALOG,), (("api-catalog",),), 0.05),
+    ClientSpec("catalog-b", SHADOW, (CATALOG,), (("api-catalog",),), 0.1),
+    ClientSpec("me-anon", DROP_IN, (ME,), (("drf:anon",), ("drf:user",)), 0.07),
+    ClientSpec("me-alice", DROP_IN, (ME,), (("drf:user",),), 0.08, user="alice"),
+    ClientSpec("me-bob", DROP_IN, (ME,), (("drf:user",),), 0.06, polite=True, user="bob"),
+    ClientSpec("orders-carol", QUOTA_THROTTLE, (ORDERS,), (("orders",),), 0.07, user="carol"),
+    ClientSpec(
+        "orders-dave", QUOTA_THROTTLE, (ORDERS,), (("orders",),), 0.06, polite=True, user="dave"
+    ),
+    ClientSpec("export-a", DECORATOR, (EXPORT,), ((EXPORT_POLICY,),), 0.06, sizes=(1, 2, 3)),
+    ClientSpec("export-b", DECORATOR, (EXPORT,), ((EXPORT_POLICY,),), 0.1, sizes=(3,)),
+    ClientSpec(
+        "export-polite",
+        DECORATOR,
+        (EXPORT,),
+        ((EXPORT_POLICY,),),
+        0.06,
+        polite=True,
+        sizes=(1, 2, 3),
+    ),
 )
 
 
@@ -206,12 +412,18 @@ class Sample:
     error: str | None = None
     ratelimit: str | None = None
     ratelimit_policy: str | None = None
+    cost: int = 1
+    body: str = ""
+    """The start of the body (429s and the shadow route's answers)."""
+    decisions: tuple[tuple[str, str], ...] | None = None
+    """(policy, decision) the view reported for this request (the shadow route), if any."""
 
 
 @dataclass(slots=True)
 class Client:
     spec: ClientSpec
     source_ip: str
+    token: str | None = None
     samples: list[Sample] = field(default_factory=list)
     crashed: str | None = None
 
@@ -269,6 +481,8 @@ def run_client(
 ) -> None:
     rng = random.Random(seed)
     session = make_session(client.source_ip)
+    if client.token is not None:
+        session.headers["Authorization"] = f"Token {client.token}"
     try:
         stop.wait(max(0.0, start_at - time.time()))
         turn = 0
@@ -277,7 +491,8 @@ def run_client(
             if stop.is_set() or time.time() >= end_at:
                 break
             action = client.spec.actions[turn % len(client.spec.actions)]
-            sample = send(session, base_url, action, client.spec.name, turn, rng)
+            cost = rng.choice(client.spec.sizes) if client.spec.sizes else 1
+            sample = send(session, base_url, action, client.spec.name, turn, cost, rng)
             client.samples.append(sample)
             turn += 1
             pause = rng.uniform(0.5, 1.5) * client.spec.interval
@@ -297,6 +512,7 @@ def send(
     action: Action,
     client_name: str,
     turn: int,
+    cost: int,
     rng: random.Random,
 ) -> Sample:
     kwargs: dict[str, Any] = {"timeout": (CONNECT_TIMEOUT, READ_TIMEOUT)}
@@ -304,13 +520,23 @@ def send(
         kwargs["json"] = {"name": f"{client_name} #{turn}", "price": rng.randint(100, 9999)}
     elif action is SEARCH:
         kwargs["params"] = {"q": rng.choice(SEARCH_TERMS)}
+    elif action is EXPORT:
+        kwargs["params"] = {"size": cost}
     send_ms = now_floor_ms()
     try:
         response = session.request(action.method, base_url + action.path, **kwargs)
     except requests.RequestException as exc:
-        return Sample(action, send_ms, now_ceil_ms(), 0, None, "", f"{type(exc).__name__}")
+        return Sample(
+            action, send_ms, now_ceil_ms(), 0, None, "", f"{type(exc).__name__}", cost=cost
+        )
     recv_ms = now_ceil_ms()
     headers = response.headers
+    body = ""
+    decisions = None
+    if response.status_code == 429 or action is CATALOG:
+        body = response.text[:1500]
+    if action is CATALOG and response.status_code == 200:
+        decisions = reported_decisions(response)
     return Sample(
         action=action,
         send_ms=send_ms,
@@ -320,10 +546,25 @@ def send(
         content_type=headers.get("Content-Type", ""),
         ratelimit=headers.get("RateLimit"),
         ratelimit_policy=headers.get("RateLimit-Policy"),
+        cost=cost,
+        body=body,
+        decisions=decisions,
     )
 
 
+def reported_decisions(response: requests.Response) -> tuple[tuple[str, str], ...] | None:
+    """The ``quota`` list of the catalog's body as (policy, decision) pairs."""
+    try:
+        found = response.json()["quota"]
+        return tuple((str(item["policy"]), str(item["decision"])) for item in found)
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
 # --------------------------------------------------------------------------- replay
+
+State = tuple[tuple[int, ...], tuple[int, ...]]
+"""One policy's counters for one client: each window's start and count."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -333,14 +574,15 @@ class Decision:
     before: tuple[int, ...]
     """Each window's count for ``starts`` before this request."""
     counts: tuple[int, ...]
-    """Each window's count after this request (unchanged when denied)."""
+    """Each window's count after charging this request (only applied when charged)."""
     retry_after_ms: int | None
 
 
-def decide(
-    windows: Sequence[Window], starts: Sequence[int], counts: Sequence[int], now_ms: int
-) -> Decision:
-    """Apply one request of cost 1 at ``now_ms`` to a fixed-window policy (contract 5.1)."""
+def decide(windows: Sequence[Window], state: State, now_ms: int, cost: int) -> Decision:
+    """Decide one request of ``cost`` at ``now_ms`` on a fixed-window policy (contract
+    5.1): admitted iff ``count + cost <= limit`` in every window; a denial's retry_after
+    is the latest end of a denying window."""
+    starts, counts = state
     new_starts = tuple(w.start(now_ms) for w in windows)
     current = tuple(
         count if start == new_start else 0
@@ -349,12 +591,78 @@ def decide(
     denying = [
         (w, start)
         for w, start, count in zip(windows, new_starts, current, strict=True)
-        if count + 1 > w.limit
+        if count + cost > w.limit
     ]
+    charged = tuple(c + cost for c in current)
     if denying:
         retry_ms = max(start + w.period_ms - now_ms for w, start in denying)
-        return Decision(False, new_starts, current, current, retry_ms)
-    return Decision(True, new_starts, current, tuple(c + 1 for c in current), None)
+        return Decision(False, new_starts, current, charged, retry_ms)
+    return Decision(True, new_starts, current, charged, None)
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """One request through every layer of a client."""
+
+    allowed: bool
+    states: tuple[State, ...]
+    charged: tuple[int, ...]
+    """Per policy: 1 when charged (its outcome was ``allowed``)."""
+    decisions: tuple[str, ...]
+    """Per policy: ``allowed``, ``denied`` or ``shadow_denied``."""
+    retry_after_ms: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class Replay:
+    """A client's policies and layers, as indexes into ``policies``."""
+
+    policies: tuple[Policy, ...]
+    layers: tuple[tuple[int, ...], ...]
+
+    @classmethod
+    def of(cls, spec: ClientSpec, known: Mapping[str, Policy]) -> Replay:
+        ids = list(dict.fromkeys(spec.policy_ids))
+        return cls(
+            tuple(known[pid] for pid in ids),
+            tuple(tuple(ids.index(pid) for pid in layer) for layer in spec.layers),
+        )
+
+    @property
+    def windows(self) -> list[Window]:
+        return [w for p in self.policies for w in p.windows]
+
+    def initial(self) -> tuple[State, ...]:
+        return tuple(
+            (tuple(-1 for _ in p.windows), tuple(0 for _ in p.windows)) for p in self.policies
+        )
+
+    def step(self, states: tuple[State, ...], times: Sequence[int], cost: int) -> Step:
+        """Decide the layers in order, the i-th at ``times[i]``. A layer charges its
+        group only if each enforced policy admits (a shadow policy of the group then
+        only if it admits too; it never refuses). Every layer is asked, as DRF asks every
+        throttle (the example has no middleware layer in front of another one)."""
+        new = list(states)
+        charged = [0] * len(self.policies)
+        decisions = [""] * len(self.policies)
+        allowed = True
+        retry: int | None = None
+        for layer, now_ms in zip(self.layers, times, strict=True):
+            found = {i: decide(self.policies[i].windows, new[i], now_ms, cost) for i in layer}
+            group_ok = all(d.allowed for i, d in found.items() if not self.policies[i].shadow)
+            for i, d in found.items():
+                charge = group_ok and d.allowed
+                new[i] = (d.starts, d.counts if charge else d.before)
+                charged[i] = int(charge)
+                if d.allowed:
+                    decisions[i] = ALLOWED
+                elif self.policies[i].shadow:
+                    decisions[i] = SHADOW_DENIED
+                else:
+                    decisions[i] = DENIED
+                    retry = max(retry or 0, d.retry_after_ms or 0)
+            allowed = allowed and group_ok
+        return Step(allowed, tuple(new), tuple(charged), tuple(decisions), retry)
 
 
 def retry_after_header(retry_ms: int) -> int:
@@ -374,8 +682,11 @@ def boundaries_within(windows: Sequence[Window], lo_ms: int, hi_ms: int) -> list
 
 @dataclass(frozen=True, slots=True)
 class Branch:
-    starts: tuple[int, ...]
-    counts: tuple[int, ...]
+    states: tuple[State, ...]
+    charged: tuple[int, ...]
+    """Per policy: requests charged so far (the server's ``allowed`` outcomes)."""
+    refused: tuple[int, ...]
+    """Per policy: ``denied`` or ``shadow_denied`` outcomes so far."""
     admitted: int
     mismatches: int
 
@@ -393,7 +704,19 @@ class Verdict:
     bad_statuses: dict[str, int] = field(default_factory=dict)
     bad_429s: int = 0
     bad_retry_after: int = 0
+    bad_headers: int = 0
+    shadow_refusals: int = 0
+    shadow_unreported: int = 0
     crashed: str | None = None
+    unknown: int = 0
+    """Requests whose outcome the client does not know (transport errors, odd statuses)."""
+    charged: dict[str, tuple[int, int]] = field(default_factory=dict)
+    """Per policy: the (fewest, most) ``allowed`` outcomes of the paths that explain
+    every response (one number unless requests were ambiguous)."""
+    refused: dict[str, tuple[int, int]] = field(default_factory=dict)
+    """Per policy: likewise for ``denied``/``shadow_denied`` outcomes."""
+    reported: dict[str, int] = field(default_factory=dict)
+    """Per shadow policy: the ``shadow_denied`` decisions the view reported."""
 
     @property
     def ok(self) -> bool:
@@ -402,6 +725,9 @@ class Verdict:
             or self.bad_statuses
             or self.bad_429s
             or self.bad_retry_after
+            or self.bad_headers
+            or self.shadow_refusals
+            or self.shadow_unreported
             or self.crashed
             or self.admitted != self.expected
         )
@@ -415,9 +741,15 @@ class Verdict:
         for status, n in sorted(self.bad_statuses.items()):
             found.append(f"{n} response(s) with status {status}")
         if self.bad_429s:
-            found.append(f"{self.bad_429s} 429(s) without Retry-After or problem+json body")
+            found.append(f"{self.bad_429s} 429(s) without Retry-After or the surface's body")
         if self.bad_retry_after:
             found.append(f"{self.bad_retry_after} Retry-After value(s) off the fixed window")
+        if self.bad_headers:
+            found.append(f"{self.bad_headers} response(s) with wrong RateLimit-Policy headers")
+        if self.shadow_refusals:
+            found.append(f"{self.shadow_refusals} 429(s) on a route only a shadow policy limits")
+        if self.shadow_unreported:
+            found.append(f"{self.shadow_unreported} response(s) without the shadow decision")
         if self.crashed:
             found.append(f"client crashed: {self.crashed}")
         return found
@@ -426,84 +758,180 @@ class Verdict:
 MAX_BRANCHES = 512
 
 
-def judge(policy: Policy, client: Client) -> Verdict:
-    """Replay a client's requests through the policy's windows and compare the outcomes."""
-    windows = policy.windows
+def expected_policy_header(replay: Replay) -> str | None:
+    """``RateLimit-Policy`` of every response: the enforced policies' items, in the order
+    their layers recorded them (shadow policies never have headers)."""
+    items = [item for p in replay.policies if not p.shadow for item in p.policy_header_items()]
+    return ", ".join(items) or None
+
+
+def check_refusal_body(surface: Surface, replay: Replay, sample: Sample) -> bool:
+    """Whether a 429 has ``Retry-After`` and the body its surface promises: problem+json
+    naming one of the client's enforced policies (never a shadow one), or DRF's
+    ``Throttled``."""
+    if not sample.retry_after:
+        return False
+    try:
+        body = json.loads(sample.body)
+    except ValueError:
+        return False
+    if not isinstance(body, dict):
+        return False
+    if surface.refusal == "problem":
+        enforced = {p.id for p in replay.policies if not p.shadow}
+        items = {n for p in replay.policies if not p.shadow for n in p.item_names()}
+        violated = body.get("violated-policies")
+        return (
+            "application/problem+json" in sample.content_type
+            and body.get("type") == QUOTA_EXCEEDED_TYPE
+            and body.get("status") == 429
+            and body.get("policy") in enforced
+            and isinstance(violated, list)
+            and bool(violated)
+            and set(violated) <= items
+        )
+    if surface.refusal == "drf":
+        detail = body.get("detail")
+        return (
+            sample.content_type.startswith("application/json")
+            and isinstance(detail, str)
+            and detail.startswith(DRF_THROTTLED_PREFIX)
+        )
+    return False
+
+
+def judge(known: Mapping[str, Policy], client: Client) -> Verdict:
+    """Replay a client's requests through its layers' windows and compare the outcomes."""
+    spec = client.spec
+    replay = Replay.of(spec, known)
+    windows = replay.windows
+    shadow_ids = {i: p.id for i, p in enumerate(replay.policies) if p.shadow}
+    policy_header = expected_policy_header(replay)
+    zeros = tuple(0 for _ in replay.policies)
     verdict = Verdict(sent=len(client.samples), crashed=client.crashed)
-    branches = {Branch(tuple(-1 for _ in windows), tuple(0 for _ in windows), 0, 0)}
+    verdict.reported = {pid: 0 for pid in shadow_ids.values()}
+    branches = {Branch(replay.initial(), zeros, zeros, 0, 0)}
     for sample in client.samples:
         observed_allowed = sample.status == sample.action.success
         observed_denied = sample.status == 429
-        known = observed_allowed or observed_denied
+        known_status = observed_allowed or observed_denied
         if observed_allowed:
             verdict.successes += 1
         elif observed_denied:
             verdict.denied += 1
             if verdict.first_retry_after is None:
                 verdict.first_retry_after = sample.retry_after or "-"
-            if not sample.retry_after or "problem+json" not in sample.content_type:
+            if spec.surface.refusal is None:
+                verdict.shadow_refusals += 1
+            elif not check_refusal_body(spec.surface, replay, sample):
                 verdict.bad_429s += 1
         else:
+            verdict.unknown += 1
             key = str(sample.status) if sample.status else f"error ({sample.error})"
             verdict.bad_statuses[key] = verdict.bad_statuses.get(key, 0) + 1
+        if known_status and (
+            sample.ratelimit_policy != policy_header
+            or (policy_header is None and sample.ratelimit is not None)
+        ):
+            verdict.bad_headers += 1
+
+        # What the view said the shadow policies decided (the catalog reports it).
+        observed: dict[int, str] = {}
+        if shadow_ids and observed_allowed:
+            reported = dict(sample.decisions or ())
+            for i, pid in shadow_ids.items():
+                if pid in reported:
+                    observed[i] = reported[pid]
+                    verdict.reported[pid] += reported[pid] == SHADOW_DENIED
+                else:
+                    verdict.shadow_unreported += 1
 
         straddles = any(w.start(sample.send_ms) != w.start(sample.recv_ms) for w in windows)
         verdict.ambiguous += straddles
-        # Each stretch of [send, recv] between two boundaries is one window assignment.
-        times = [sample.send_ms, *boundaries_within(windows, sample.send_ms, sample.recv_ms)]
-        if known and not straddles:
-            check_retry_after(windows, best_branch(branches), sample, verdict)
+        if straddles:
+            # Each stretch of [send, recv] between two boundaries is one window
+            # assignment; the layers decide in order, so their times never decrease.
+            times = [sample.send_ms, *boundaries_within(windows, sample.send_ms, sample.recv_ms)]
+            plans = list(itertools.combinations_with_replacement(times, len(replay.layers)))
+        else:
+            plans = [tuple(sample.send_ms for _ in replay.layers)]
+        if known_status and not straddles:
+            check_retry_after(replay, branches, sample, verdict)
 
         successors: set[Branch] = set()
         for branch in branches:
             options: list[Branch] = []
-            for t in times:
-                d = decide(windows, branch.starts, branch.counts, t)
-                admitted = branch.admitted + d.allowed
-                if known:
-                    miss = int(d.allowed != observed_allowed)
-                    options.append(Branch(d.starts, d.counts, admitted, branch.mismatches + miss))
-                else:
-                    # A transport error or an odd status: it may or may not have been counted.
-                    options.append(Branch(d.starts, d.counts, admitted, branch.mismatches))
-                    options.append(Branch(d.starts, d.before, branch.admitted, branch.mismatches))
-            if known and straddles:
-                # The server read its clock once, somewhere in [send, recv]: keep the
-                # assignments that explain the status it returned.
+            for plan in plans:
+                s = replay.step(branch.states, plan, sample.cost)
+                miss = int(known_status and s.allowed != observed_allowed)
+                miss += sum(s.decisions[i] != decision for i, decision in observed.items())
+                options.append(
+                    Branch(
+                        s.states,
+                        tuple(a + b for a, b in zip(branch.charged, s.charged, strict=True)),
+                        tuple(
+                            a + (d != ALLOWED)
+                            for a, d in zip(branch.refused, s.decisions, strict=True)
+                        ),
+                        branch.admitted + s.allowed,
+                        branch.mismatches + miss,
+                    )
+                )
+            if known_status and straddles:
+                # The server read its clock somewhere in [send, recv]: keep the
+                # assignments that explain what it answered.
                 fewest = min(o.mismatches for o in options)
                 options = [o for o in options if o.mismatches == fewest]
+            if not known_status:
+                # A transport error or an odd status: it may not have been decided at all.
+                options.append(branch)
             successors.update(options)
         branches = set(sorted(successors, key=lambda b: b.mismatches)[:MAX_BRANCHES])
 
-    best = min(branches, key=lambda b: (b.mismatches, abs(b.admitted - verdict.successes)))
+    fewest = min(b.mismatches for b in branches)
+    consistent = [b for b in branches if b.mismatches == fewest]
+    best = min(consistent, key=lambda b: abs(b.admitted - verdict.successes))
     verdict.admitted = verdict.successes
     verdict.expected = best.admitted
-    verdict.decision_mismatches = best.mismatches
+    verdict.decision_mismatches = fewest
+    for i, policy in enumerate(replay.policies):
+        charged = [b.charged[i] for b in consistent]
+        refused = [b.refused[i] for b in consistent]
+        verdict.charged[policy.id] = (min(charged), max(charged))
+        verdict.refused[policy.id] = (min(refused), max(refused))
     return verdict
 
 
-def best_branch(branches: set[Branch]) -> Branch:
-    return min(branches, key=lambda b: (b.mismatches, b.admitted, b.counts))
-
-
 def check_retry_after(
-    windows: Sequence[Window], branch: Branch, sample: Sample, verdict: Verdict
+    replay: Replay, branches: set[Branch], sample: Sample, verdict: Verdict
 ) -> None:
-    """Count a 429 whose Retry-After is not ceil(start + P - now) for a now in [send, recv]."""
+    """Count a 429 whose Retry-After is not ceil(window end - now) for a now in [send,
+    recv], the latest end among the denying windows of every layer, on any replay path
+    that explains every response so far."""
     if sample.status != 429 or not sample.retry_after:
         return
-    early = decide(windows, branch.starts, branch.counts, sample.send_ms)
-    late = decide(windows, branch.starts, branch.counts, sample.recv_ms)
-    if early.retry_after_ms is None or late.retry_after_ms is None:
-        return  # the replay admits it: already a decision mismatch
     try:
         value = int(sample.retry_after)
     except ValueError:
-        value = -1
-    lo = retry_after_header(late.retry_after_ms)
-    hi = retry_after_header(early.retry_after_ms)
-    if not lo <= value <= hi:
         verdict.bad_retry_after += 1
+        return
+    layers = len(replay.layers)
+    fewest = min(b.mismatches for b in branches)
+    for branch in branches:
+        if branch.mismatches != fewest:
+            continue
+        early = replay.step(branch.states, [sample.send_ms] * layers, sample.cost)
+        late = replay.step(branch.states, [sample.recv_ms] * layers, sample.cost)
+        if early.retry_after_ms is None or late.retry_after_ms is None:
+            return  # this path admits it: a decision mismatch if no path refuses it
+        lo = retry_after_header(late.retry_after_ms)
+        hi = retry_after_header(early.retry_after_ms)
+        if lo <= value <= hi:
+            return
+    verdict.bad_retry_after += 1
+
+
+# --------------------------------------------------------------------------- server
 
 
 # --------------------------------------------------------------------------- server
@@ -548,7 +976,7 @@ def check_redis(url: str) -> None:
         client.close()
 
 
-def run_command(args: Sequence[str], env: Mapping[str, str]) -> str:
+def run_command(args: Sequence[str], env: Mapping[str, str], *, stdout_only: bool = False) -> str:
     try:
         done = subprocess.run(
             [PYTHON, *args],
@@ -566,7 +994,7 @@ def run_command(args: Sequence[str], env: Mapping[str, str]) -> str:
             f"{' '.join(args)} failed with exit status {done.returncode}:\n"
             f"{done.stdout}{done.stderr}".rstrip()
         )
-    return (done.stdout + done.stderr).strip()
+    return (done.stdout if stdout_only else done.stdout + done.stderr).strip()
 
 
 def gunicorn_supports_no_control_socket() -> bool:
@@ -697,6 +1125,41 @@ class Server:
                 process.wait(5)
         return process.returncode
 
+    def collect_stats(self, timeout: float = STATS_TIMEOUT) -> dict[int, list[dict[str, Any]]]:
+        """Every worker's decision counts (``GET /api/quota-stats/``), by pid.
+
+        Each sync worker answers one connection at a time, so parallel requests reach
+        several workers; it asks until every worker seen at the start has answered (the
+        counts no longer change: the clients have stopped) or ``timeout`` passes.
+        """
+        url = self.base_url + STATS_PATH
+        found: dict[int, list[dict[str, Any]]] = {}
+        lock = threading.Lock()
+
+        def one() -> None:
+            with requests.Session() as session:
+                session.trust_env = False
+                try:
+                    response = session.get(url, timeout=(0.5, 5.0))
+                    payload = response.json()
+                    pid = int(payload["pid"])
+                    outcomes = list(payload["outcomes"])
+                except (requests.RequestException, ValueError, KeyError, TypeError):
+                    return
+            with lock:
+                found[pid] = outcomes
+
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and not self.pids <= set(found):
+            threads = [threading.Thread(target=one, daemon=True) for _ in range(2 * self.workers)]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join(6.0)
+            if not self.pids <= set(found):
+                time.sleep(0.05)
+        return found
+
     def log_tail(self, lines: int = 40) -> str:
         try:
             text = self.log_path.read_text(errors="replace")
@@ -716,43 +1179,51 @@ class Server:
 # --------------------------------------------------------------------------- report
 
 
-def print_table(rows: Sequence[Sequence[str]], headers: Sequence[str]) -> None:
+# --------------------------------------------------------------------------- report
+
+TEXT_COLUMNS = {"client", "surface", "policy", "source", "result", "refusal", "other decisions"}
+
+
+def print_table(rows: Sequence[Sequence[str]], headers: Sequence[str], indent: str = "") -> None:
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
-    numeric = {
-        i
-        for i, h in enumerate(headers)
-        if h not in {"client", "policy", "source", "requests", "result"}
-    }
+    numeric = {i for i, h in enumerate(headers) if h not in TEXT_COLUMNS}
 
     def fmt(cells: Sequence[str]) -> str:
-        return "  ".join(
-            c.rjust(w) if i in numeric else c.ljust(w)
-            for i, (c, w) in enumerate(zip(cells, widths, strict=True))
-        ).rstrip()
+        return (
+            indent
+            + "  ".join(
+                c.rjust(w) if i in numeric else c.ljust(w)
+                for i, (c, w) in enumerate(zip(cells, widths, strict=True))
+            ).rstrip()
+        )
 
     print(fmt(headers))
-    print("  ".join("-" * w for w in widths))
+    print(indent + "  ".join("-" * w for w in widths))
     for row in rows:
         print(fmt(row))
 
 
-def report(policies: Mapping[str, Policy], clients: Sequence[Client]) -> tuple[bool, list[str]]:
+def span(lo: int, hi: int) -> str:
+    return str(lo) if lo == hi else f"{lo}..{hi}"
+
+
+def report(
+    known: Mapping[str, Policy], clients: Sequence[Client]
+) -> tuple[bool, list[str], dict[str, Verdict]]:
     rows: list[list[str]] = []
     notes: list[str] = []
+    verdicts: dict[str, Verdict] = {}
     all_ok = True
     for client in clients:
-        policy = policies[client.spec.policy]
-        verdict = judge(policy, client)
+        verdict = judge(known, client)
+        verdicts[client.spec.name] = verdict
         all_ok = all_ok and verdict.ok
-        actions = "+".join(a.label for a in client.spec.actions)
-        if client.spec.polite:
-            actions += " (waits Retry-After)"
         rows.append(
             [
                 client.spec.name,
-                policy.id,
+                client.spec.surface.name,
+                "+".join(client.spec.policy_ids),
                 client.source_ip,
-                actions,
                 str(verdict.sent),
                 str(verdict.successes),
                 str(verdict.denied),
@@ -768,9 +1239,9 @@ def report(policies: Mapping[str, Policy], clients: Sequence[Client]) -> tuple[b
         rows,
         [
             "client",
+            "surface",
             "policy",
             "source",
-            "requests",
             "sent",
             "2xx",
             "429",
@@ -781,28 +1252,185 @@ def report(policies: Mapping[str, Policy], clients: Sequence[Client]) -> tuple[b
             "result",
         ],
     )
+    return all_ok, notes, verdicts
+
+
+def report_shadow(
+    known: Mapping[str, Policy], clients: Sequence[Client], verdicts: Mapping[str, Verdict]
+) -> None:
+    for policy in known.values():
+        if not policy.shadow:
+            continue
+        mine = [c for c in clients if policy.id in c.spec.policy_ids]
+        print()
+        print(
+            f"Shadow policy {policy.id} ({', '.join(w.describe() for w in policy.windows)} per "
+            f"{'+'.join(policy.selector)}, routes {list(policy.routes)}): never refuses"
+        )
+        for client in mine:
+            v = verdicts[client.spec.name]
+            lo, hi = v.refused[policy.id]
+            print(
+                f"  {client.spec.name}: {v.sent} sent, {v.successes} answered 2xx, "
+                f"{v.denied} refused; the policy would have refused {v.reported[policy.id]} "
+                f"(shadow_denied, as the view reported), the replay expects {span(lo, hi)}"
+            )
+
+
+def check_server_counts(
+    known: Mapping[str, Policy],
+    clients: Sequence[Client],
+    verdicts: Mapping[str, Verdict],
+    stats: Mapping[int, Sequence[Mapping[str, Any]]],
+    pids: set[int],
+) -> tuple[bool, list[str]]:
+    """Compare the workers' decision counts, summed, with the replay, policy by policy:
+    ``allowed`` outcomes (charged requests) and refusals (``denied`` for an enforced
+    policy, ``shadow_denied`` for a shadow one; no other decision may occur)."""
+    print()
+    answered = sorted(set(stats))
+    if not pids <= set(stats):
+        missing = sorted(pids - set(stats))
+        print(
+            f"Server counters: NOT CHECKED: workers {missing} did not answer {STATS_PATH} "
+            f"(answered: {answered})"
+        )
+        return True, []
+    totals: dict[tuple[str, str], int] = {}
+    for outcomes in stats.values():
+        for item in outcomes:
+            key = (str(item["policy"]), str(item["decision"]))
+            totals[key] = totals.get(key, 0) + int(item["count"])
+    print(
+        f"Server counters: {STATS_PATH} of every worker ({len(answered)} pid(s) "
+        f"{answered}), summed, against the replay"
+    )
+    rows: list[list[str]] = []
+    notes: list[str] = []
+    all_ok = True
+    used = [pid for pid in known if any(pid in c.spec.policy_ids for c in clients)]
+    for policy_id in used:
+        policy = known[policy_id]
+        mine = [verdicts[c.spec.name] for c in clients if policy_id in c.spec.policy_ids]
+        unknown = sum(v.unknown for v in mine)
+        allowed_lo = sum(v.charged[policy_id][0] for v in mine)
+        allowed_hi = sum(v.charged[policy_id][1] for v in mine)
+        refused_lo = sum(v.refused[policy_id][0] for v in mine)
+        refused_hi = sum(v.refused[policy_id][1] for v in mine)
+        refusal = SHADOW_DENIED if policy.shadow else DENIED
+        server_allowed = totals.get((policy_id, ALLOWED), 0)
+        server_refused = totals.get((policy_id, refusal), 0)
+        others = {
+            decision: n
+            for (pid, decision), n in totals.items()
+            if pid == policy_id and decision not in (ALLOWED, refusal)
+        }
+        ok = (
+            allowed_lo <= server_allowed <= allowed_hi
+            and refused_lo <= server_refused <= refused_hi
+            and not others
+        )
+        all_ok = all_ok and ok
+        rows.append(
+            [
+                policy_id,
+                refusal,
+                str(server_allowed),
+                span(allowed_lo, allowed_hi),
+                str(server_refused),
+                span(refused_lo, refused_hi),
+                ", ".join(f"{d}={n}" for d, n in sorted(others.items())) or "-",
+                "OK" if ok else "MISMATCH",
+            ]
+        )
+        if not ok:
+            notes.append(
+                f"server counters of {policy_id}: allowed {server_allowed}, {refusal} "
+                f"{server_refused}, other {others or '-'}; the replay expects allowed "
+                f"{span(allowed_lo, allowed_hi)}, {refusal} {span(refused_lo, refused_hi)}"
+                + (f" ({unknown} request(s) of unknown fate)" if unknown else "")
+            )
+    print_table(
+        rows,
+        [
+            "policy",
+            "refusal",
+            "allowed (server)",
+            "allowed (replay)",
+            "refused (server)",
+            "refused (replay)",
+            "other decisions",
+            "result",
+        ],
+        indent="  ",
+    )
     return all_ok, notes
 
 
-def print_policy_totals(policies: Mapping[str, Policy], clients: Sequence[Client]) -> None:
+def print_latency(clients: Sequence[Client]) -> None:
+    """Response times (send to last byte): a slow response may straddle a boundary."""
+    times = sorted(s.recv_ms - s.send_ms for c in clients for s in c.samples)
+    if not times:
+        return
+
+    def pct(q: float) -> int:
+        return times[min(len(times) - 1, math.ceil(q * len(times)) - 1)]
+
+    print(
+        f"{len(times)} requests; response times: median {pct(0.5)} ms, 99th percentile "
+        f"{pct(0.99)} ms, max {times[-1]} ms"
+    )
+
+
+def _json_or_text(text: str) -> str:
+    try:
+        return json.dumps(json.loads(text))
+    except ValueError:
+        return text
+
+
+def print_samples(clients: Sequence[Client]) -> None:
+    """One 2xx and one 429 per surface and policy group: headers and body."""
+    groups: dict[tuple[str, tuple[tuple[str, ...], ...]], list[Client]] = {}
+    for client in clients:
+        groups.setdefault((client.spec.surface.name, client.spec.layers), []).append(client)
     print()
-    print("Per policy:")
-    for policy in policies.values():
-        mine = [c for c in clients if c.spec.policy == policy.id]
-        sent = sum(len(c.samples) for c in mine)
-        ok = sum(1 for c in mine for s in c.samples if s.status == s.action.success)
-        denied = sum(1 for c in mine for s in c.samples if s.status == 429)
-        print(f"  {policy.id}: {len(mine)} clients, {sent} sent, {ok} admitted, {denied} denied")
-        allowed = next((s for c in mine for s in c.samples if s.ratelimit), None)
-        refused = next((s for c in mine for s in c.samples if s.status == 429), None)
+    print("Headers and bodies, per surface (the first of each kind):")
+    for (surface, layers), mine in groups.items():
+        samples = [s for c in mine for s in c.samples]
+        actions = sorted({s.action.label for s in samples})
+        names = ", ".join(c.spec.name for c in mine)
+        policies = " then ".join("+".join(layer) for layer in layers)
+        print(f"  {surface}: {policies} on {', '.join(actions)} ({names})")
+        if mine[0].spec.surface.refusal is None:
+            for decision in (ALLOWED, SHADOW_DENIED):
+                found = next(
+                    (s for s in samples if s.decisions and decision in dict(s.decisions).values()),
+                    None,
+                )
+                if found is None:
+                    continue
+                verb = "admitted" if decision == ALLOWED else "would refuse"
+                print(
+                    f"    a {found.status} it {verb}:"
+                    f" RateLimit-Policy: {found.ratelimit_policy or '(none)'}; RateLimit: "
+                    f"{found.ratelimit or '(none)'}; Retry-After: {found.retry_after or '(none)'}"
+                )
+                quota = [{"policy": p, "decision": d} for p, d in (found.decisions or ())]
+                print(f'      body "quota": {json.dumps(quota)}')
+            continue
+        allowed = next(
+            (s for s in samples if s.status == s.action.success and s.ratelimit_policy), None
+        )
+        refused = next((s for s in samples if s.status == 429), None)
         if allowed is not None:
-            print(f"    RateLimit-Policy: {allowed.ratelimit_policy}")
-            print(f"    RateLimit (a {allowed.status}): {allowed.ratelimit}")
+            print(f"    a {allowed.status}: RateLimit-Policy: {allowed.ratelimit_policy}")
+            print(f"           RateLimit: {allowed.ratelimit}")
         if refused is not None:
-            print(
-                f"    a 429: Retry-After: {refused.retry_after}; RateLimit: {refused.ratelimit}; "
-                f"Content-Type: {refused.content_type}"
-            )
+            print(f"    a 429: Retry-After: {refused.retry_after}")
+            print(f"           RateLimit: {refused.ratelimit}")
+            print(f"           Content-Type: {refused.content_type}")
+            print(f"           body: {_json_or_text(refused.body)}")
 
 
 # --------------------------------------------------------------------------- main
@@ -867,7 +1495,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if isinstance(sys.stdout, io.TextIOWrapper):
         sys.stdout.reconfigure(line_buffering=True)  # progress lines show up while it runs
     args = parse_args(argv)
-    budget = STARTUP_TIMEOUT + 2 * COMMAND_TIMEOUT + args.seconds + READ_TIMEOUT + 60
+    budget = (
+        STARTUP_TIMEOUT + 3 * COMMAND_TIMEOUT + args.seconds + READ_TIMEOUT + STATS_TIMEOUT + 60
+    )
     try:
         with bounded(budget):
             return run(args)
@@ -880,6 +1510,43 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("demo: interrupted", file=sys.stderr)
         return 130
+
+
+def check_clients(known: Mapping[str, Policy], limits_module: Any) -> None:
+    """Refuse to run when a client's declared layers are not what the server applies."""
+    if limits_module.EXPORT_POLICY_ID != EXPORT_POLICY:
+        raise SetupError(
+            f"shop/limits.py names the @quota policy {limits_module.EXPORT_POLICY_ID!r}, "
+            f"the demo {EXPORT_POLICY!r}"
+        )
+    for spec in CLIENT_SPECS:
+        missing = [pid for pid in spec.policy_ids if pid not in known]
+        if missing:
+            raise SetupError(f"{spec.name}: unknown policies {missing}")
+        for action in spec.actions:
+            applied = middleware_policies(known, action.method, action.path)
+            declared = set(spec.layers[0]) if spec.surface.middleware else set()
+            if applied != declared or (spec.surface.middleware and len(spec.layers) != 1):
+                raise SetupError(
+                    f"{spec.name}: the middleware applies {sorted(applied)} to {action.label}, "
+                    f"the demo expects {sorted(declared)}"
+                )
+        shadow = any(known[pid].shadow for pid in spec.policy_ids)
+        if shadow != (spec.surface.refusal is None):
+            raise SetupError(f"{spec.name}: a shadow surface must have only shadow policies")
+
+
+def seed_users(env: Mapping[str, str]) -> dict[str, str]:
+    """Create the API users; return their DRF tokens (never printed)."""
+    output = run_command(["manage.py", "seed_users", "--json", *USERS], env, stdout_only=True)
+    try:
+        tokens = json.loads(output.splitlines()[-1])
+    except (ValueError, IndexError) as exc:
+        raise SetupError(f"seed_users printed no tokens: {output!r}") from exc
+    missing = [user for user in USERS if user not in tokens]
+    if missing:
+        raise SetupError(f"seed_users made no token for {missing}")
+    return {str(user): str(token) for user, token in tokens.items()}
 
 
 def run(args: argparse.Namespace) -> int:
@@ -905,20 +1572,20 @@ def run(args: argparse.Namespace) -> int:
         env["REDIS_URL"] = redis_url
     env["DJANGO_SETTINGS_MODULE"] = args.settings
     env["QUOTA_KEY_PREFIX"] = key_prefix
+    env["EXAMPLE_QUOTA_STATS"] = "1"  # serve GET /api/quota-stats/ (see settings.py)
     env["PYTHONUNBUFFERED"] = "1"
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_DIR), env.get("PYTHONPATH", "")) if p)
 
-    # The policies the server enforces, read from the very settings module it loads.
+    # The policies the server enforces, read from the very modules it loads.
     os.environ["QUOTA_KEY_PREFIX"] = key_prefix
     sys.path.insert(0, str(REPO_DIR))
     try:
         settings_module = importlib.import_module(args.settings)
+        limits_module = importlib.import_module(LIMITS_MODULE)
     except ImportError as exc:
-        raise SetupError(f"cannot import the settings module {args.settings}: {exc}") from exc
-    policies = load_policies(getattr(settings_module, "QUOTA", {}))
-    missing = {spec.policy for spec in CLIENT_SPECS} - set(policies)
-    if missing:
-        raise SetupError(f"settings.QUOTA lacks the policies {sorted(missing)}")
+        raise SetupError(f"cannot import the example project's settings: {exc}") from exc
+    known = load_policies(settings_module, limits_module)
+    check_clients(known, limits_module)
 
     backend = f"redis ({redacted(redis_url)})" if redis_url else "memory (per process)"
     print("django-quota demo")
@@ -926,8 +1593,12 @@ def run(args: argparse.Namespace) -> int:
     print(f"  workers:    {workers} gunicorn sync worker(s)")
     print(f"  key prefix: {key_prefix}")
     print(f"  database:   {settings_module.DATABASES['default']['NAME']}")
-    for policy in policies.values():
+    for policy in known.values():
         print(f"  policy      {policy.describe()}")
+    print("  surfaces:")
+    for surface in SURFACES:
+        paths = sorted({a.label for s in CLIENT_SPECS if s.surface is surface for a in s.actions})
+        print(f"    {surface.name + ':':<15}{', '.join(paths)}: {surface.about}")
 
     if redis_url is not None:
         check_redis(redis_url)
@@ -937,13 +1608,19 @@ def run(args: argparse.Namespace) -> int:
     print("Migrating and seeding the database ...")
     run_command(["manage.py", "migrate", "--noinput", "--verbosity", "0"], env)
     print("  " + run_command(["manage.py", "seed_items"], env).replace("\n", "\n  "))
+    tokens = seed_users(env)
+    print(f"  API users {', '.join(USERS)}, each with a DRF token")
 
     GUNICORN_LOG.parent.mkdir(parents=True, exist_ok=True)
     GUNICORN_LOG.write_bytes(b"")
     server = Server(env, workers, GUNICORN_LOG)
     stop = threading.Event()
-    clients = [Client(spec, ip) for spec, ip in zip(CLIENT_SPECS, sources, strict=True)]
+    clients = [
+        Client(spec, ip, tokens[spec.user] if spec.user else None)
+        for spec, ip in zip(CLIENT_SPECS, sources, strict=True)
+    ]
     threads: list[threading.Thread] = []
+    stats: dict[int, list[dict[str, Any]]] = {}
     try:
         server.start()
         print(
@@ -958,13 +1635,14 @@ def run(args: argparse.Namespace) -> int:
             f"before window boundaries, seed {seed}) ..."
         )
         for index, client in enumerate(clients):
+            periods = sorted({p for pid in client.spec.policy_ids for p in known[pid].periods_ms})
             thread = threading.Thread(
                 target=run_client,
                 name=client.spec.name,
                 args=(
                     client,
                     server.base_url,
-                    policies[client.spec.policy].periods_ms,
+                    periods,
                     args.guard_ms,
                     start_at,
                     end_at,
@@ -982,15 +1660,20 @@ def run(args: argparse.Namespace) -> int:
         if hung:
             stop.set()
             raise SetupError(f"clients still running after their deadline: {hung}")
+        stats = server.collect_stats()
     finally:
         stop.set()
         status = server.stop()
         if server.process is not None:
             print(f"gunicorn stopped (exit status {status})")
 
+    print_latency(clients)
     print()
-    all_ok, notes = report(policies, clients)
-    print_policy_totals(policies, clients)
+    all_ok, notes, verdicts = report(known, clients)
+    report_shadow(known, clients, verdicts)
+    counts_ok, count_notes = check_server_counts(known, clients, verdicts, stats, server.pids)
+    notes.extend(count_notes)
+    print_samples(clients)
     problems = server.log_problems()
     if problems:
         print()
@@ -1002,7 +1685,7 @@ def run(args: argparse.Namespace) -> int:
         print("Problems:")
         for note in notes:
             print(f"  {note}")
-    if all_ok and not problems:
+    if all_ok and counts_ok and not problems:
         print("All decisions match the fixed-window arithmetic: OK")
         return EXIT_OK
     print("FAILED")

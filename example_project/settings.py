@@ -9,6 +9,8 @@ Everything that differs between a laptop and the demo run comes from the environ
 - ``REDIS_URL``: the Redis server; unset means django-quota's per-process memory backend.
 - ``QUOTA_HMAC_KEY``: the key that pseudonymises subjects in counter keys.
 - ``QUOTA_KEY_PREFIX``: the counter namespace (the demo uses a fresh one per run).
+- ``EXAMPLE_QUOTA_STATS``: ``1`` serves ``GET /api/quota-stats/`` (this worker's decision
+  counts; also served when ``DEBUG`` is on). The demo turns it on.
 """
 
 from __future__ import annotations
@@ -46,6 +48,8 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "rest_framework",
+    # DRF's tokens: the demo's users authenticate with "Authorization: Token <key>".
+    "rest_framework.authtoken",
     "django_quota",
     "example_project.shop",
 ]
@@ -112,7 +116,20 @@ STATIC_URL = "static/"
 REST_FRAMEWORK = {
     "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
     "PAGE_SIZE": 20,
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "rest_framework.authentication.TokenAuthentication",
+        "rest_framework.authentication.SessionAuthentication",
+    ],
+    # The rates of django-quota's drop-in AnonRateThrottle and UserRateThrottle (used by
+    # GET /api/me/), read when a throttle runs, in DRF's syntax: "3/second" is DRF's own,
+    # "8/4s" adds a multiplier (8 requests per 4 seconds). Their policies are drf:anon
+    # and drf:user, with the algorithm QUOTA["DRF_ALGORITHM"].
+    "DEFAULT_THROTTLE_RATES": {"anon": "3/second", "user": "8/4s"},
 }
+
+# GET /api/quota-stats/ reports this worker's decision counts: a debugging aid, off
+# unless DEBUG is on or EXAMPLE_QUOTA_STATS is set (the demo sets it).
+EXAMPLE_QUOTA_STATS = DEBUG or _env_flag("EXAMPLE_QUOTA_STATS")
 
 LOGGING = {
     "version": 1,
@@ -129,7 +146,15 @@ QUOTA: dict[str, Any] = {
     "REDIS_URL": REDIS_URL,
     "HMAC_KEY": os.environ.get("QUOTA_HMAC_KEY", "example-only-hmac-key"),
     "KEY_PREFIX": os.environ.get("QUOTA_KEY_PREFIX", "example"),
-    "EXEMPT_PATHS": ["/healthz"],
+    # Fixed windows for the DRF drop-in throttles (the default is the sliding window
+    # counter). The demo checks every decision by replaying epoch-aligned fixed windows
+    # over the send times it recorded; a sliding window counter's estimate depends on
+    # where in its window the server decided, so its admitted count could not be
+    # predicted exactly. Fixed windows are also DRF's own statuses where DRF's timestamps
+    # start at a window boundary (docs/drf.md).
+    "DRF_ALGORITHM": "fixed_window",
+    # The health check and the stats endpoint are never limited, whatever policy routes say.
+    "EXEMPT_PATHS": ["/healthz", "/api/quota-stats"],
     "POLICIES": {
         # Every method on the items collection, per client IP: at most 5 a second and 12
         # in any epoch-aligned 3-second window, so a busy client meets both limits.
@@ -147,6 +172,24 @@ QUOTA: dict[str, Any] = {
             "selector": ["ip"],
             "routes": ["/api/search"],
             "methods": ["GET"],
+        },
+        # A policy on trial: "shadow" enforcement decides and counts (metrics, the
+        # quota_denied log line) but never refuses and never adds rate-limit headers.
+        # GET /api/catalog/ would be refused above 4 requests a second per client IP.
+        "api-catalog": {
+            "algorithm": "fixed_window",
+            "windows": "4/s",
+            "selector": ["ip"],
+            "routes": ["/api/catalog"],
+            "methods": ["GET"],
+            "enforcement": "shadow",
+        },
+        # No routes: the middleware leaves it alone; QuotaThrottle applies it to the views
+        # that name it (GET /api/orders/ has quota_policies = ["orders"]). Per DRF user.
+        "orders": {
+            "algorithm": "fixed_window",
+            "windows": {"burst": "3/s", "sustained": "7/3s"},
+            "selector": ["user"],
         },
     },
 }

@@ -1,7 +1,10 @@
 """The README's main job, end to end: the example project under gunicorn and real HTTP
 traffic, once on the memory default and once on a throwaway redis-server with two
-workers. The driver exits non-zero on any admitted count that differs from the
-fixed-window arithmetic, on a 5xx or on an unexpected status."""
+workers, against every HTTP surface (middleware with enforced and shadow policies, the
+DRF drop-in throttles, QuotaThrottle, @quota with a cost). The driver exits non-zero on
+any admitted count that differs from the fixed-window arithmetic, on a 5xx, on an
+unexpected status, on wrong headers or bodies, and on server counters that contradict
+the replay."""
 
 from __future__ import annotations
 
@@ -12,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
+SURFACES = ("middleware", "shadow", "DRF drop-in", "QuotaThrottle", "@quota")
 
 
 def _demo(tmp_path: Path, redis_url: str | None, *extra: str) -> subprocess.CompletedProcess[str]:
@@ -25,11 +29,44 @@ def _demo(tmp_path: Path, redis_url: str | None, *extra: str) -> subprocess.Comp
     )
 
 
+def _table(stdout: str) -> list[dict[str, str]]:
+    """The per-client table, one dict per row, cut along the dashes under the header."""
+    lines = stdout.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("client "))
+    header, dashes = lines[start], lines[start + 1]
+    spans, col = [], 0
+    for dash in dashes.split("  "):
+        spans.append((col, col + len(dash)))
+        col += len(dash) + 2
+    names = [header[a:b].strip() for a, b in spans]
+    rows = []
+    for line in lines[start + 2:]:
+        if not line.strip():
+            break
+        rows.append({name: line[a:b].strip() for name, (a, b) in zip(names, spans, strict=True)})
+    return rows
+
+
+def _check_surfaces(stdout: str) -> None:
+    rows = _table(stdout)
+    assert {row["surface"] for row in rows} == set(SURFACES)
+    assert all(row["result"] == "OK" for row in rows)
+    refused: dict[str, int] = {}
+    for row in rows:
+        assert row["admitted"] == row["expected"] == row["2xx"]
+        refused[row["surface"]] = refused.get(row["surface"], 0) + int(row["429"])
+    assert refused.pop("shadow") == 0  # a shadow policy never refuses
+    assert all(refused.values()), refused  # every enforced surface met its limits
+
+
 def test_demo_on_the_memory_backend_admits_exactly_the_expected_counts(tmp_path: Path) -> None:
     result = _demo(tmp_path, None)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "memory" in result.stdout
     assert "All decisions match the fixed-window arithmetic: OK" in result.stdout
+    _check_surfaces(result.stdout)
+    # One worker: its counters are the server's; they agree with the replay.
+    assert "Server counters: /api/quota-stats/ of every worker (1 pid(s)" in result.stdout
 
 
 def test_demo_on_redis_with_two_workers_admits_exactly_the_expected_counts(
@@ -39,4 +76,5 @@ def test_demo_on_redis_with_two_workers_admits_exactly_the_expected_counts(
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "2 gunicorn sync worker(s)" in result.stdout
     assert "All decisions match the fixed-window arithmetic: OK" in result.stdout
+    _check_surfaces(result.stdout)
     assert redis_client.dbsize() > 0  # the counters really lived in this Redis
