@@ -3,10 +3,14 @@ enable, disable and reset counters for a subject, and a staff-only status page."
 
 from __future__ import annotations
 
+from typing import Any
+from urllib.parse import parse_qsl, urlsplit, urlunsplit
+
 from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
 from django.core.exceptions import ValidationError
+from django.db import router, transaction
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
@@ -15,8 +19,20 @@ from django.urls import URLPattern, path
 from django_quota import conf, limiter, metrics, policies
 from django_quota.core.breaker import CLOSED
 from django_quota.core.errors import BackendError, ConfigurationError
-from django_quota.core.policy import DIMENSIONS, parse_policy
-from django_quota.models import QuotaPolicy, QuotaWindow
+from django_quota.core.policy import ALGORITHMS, DIMENSIONS, parse_policy
+from django_quota.models import QuotaPolicy, QuotaWindow, revision_batch
+
+
+class QuotaPolicyForm(forms.ModelForm):  # type: ignore[type-arg]
+    """The policy's own fields; its windows are validated by the inline formset."""
+
+    class Meta:
+        model = QuotaPolicy
+        fields = "__all__"
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.instance.windows_validated_elsewhere = True
 
 
 class QuotaWindowFormSet(forms.BaseInlineFormSet):  # type: ignore[type-arg]
@@ -43,8 +59,13 @@ class QuotaWindowFormSet(forms.BaseInlineFormSet):  # type: ignore[type-arg]
         if not rows:
             raise ValidationError("A policy needs at least one window.")
         policy: QuotaPolicy = self.instance
+        # Only what concerns the windows: the policy form reports its own fields' errors.
+        definition = policy.definition(rows)
+        data = {"windows": definition["windows"], "capacity": definition.get("capacity")}
+        if policy.algorithm in ALGORITHMS:
+            data["algorithm"] = policy.algorithm
         try:
-            parse_policy(policy.name, policy.definition(rows), source="database", key="policy")
+            parse_policy("policy", data, source="database", key="policy")
         except ConfigurationError as exc:
             raise ValidationError(exc.message) from exc
 
@@ -85,6 +106,7 @@ class QuotaPolicyAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     list_filter = ("algorithm", "enforcement", "enabled")
     search_fields = ("name",)
     readonly_fields = ("revision",)
+    form = QuotaPolicyForm
     inlines = (QuotaWindowInline,)
     actions = ("enable_policies", "disable_policies", "reset_counters")
     fields = (
@@ -101,6 +123,18 @@ class QuotaPolicyAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         "enabled",
         "revision",
     )
+
+    def changeform_view(
+        self,
+        request: HttpRequest,
+        object_id: str | None = None,
+        form_url: str = "",
+        extra_context: dict[str, Any] | None = None,
+    ) -> HttpResponse:
+        """Save the policy and its inline windows as one edit: one revision bump at most
+        (a new policy starts at revision 1 whatever number of windows it comes with)."""
+        with transaction.atomic(using=router.db_for_write(self.model)), revision_batch():
+            return super().changeform_view(request, object_id, form_url, extra_context)
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[QuotaPolicy]:
         return super().get_queryset(request).prefetch_related("windows")
@@ -134,10 +168,15 @@ class QuotaPolicyAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
                 try:
                     cleared = limiter.reset(row.name, subject)
                 except (ValueError, BackendError, policies.UnknownPolicy) as exc:
-                    self.message_user(request, f"{row.name}: {exc}", messages.ERROR)
+                    # Messages start with a word: the admin capitalises the first letter,
+                    # and policy ids are lower-case.
+                    self.message_user(
+                        request, f"Could not reset {row.name}: {exc}", messages.ERROR
+                    )
                 else:
                     self.message_user(
-                        request, f"{row.name}: {cleared} window(s) reset.", messages.SUCCESS
+                        request, f"Reset {row.name}: {cleared} window(s) had state.",
+                        messages.SUCCESS,
                     )
             return None
         context = {
@@ -171,7 +210,15 @@ class QuotaPolicyAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
             **self.admin_site.each_context(request),
             "title": "Quota status",
             "opts": self.model._meta,
-            "policies": sorted(registry.policies.values(), key=lambda p: (p.source, p.id)),
+            # In registry order: the order in which the middleware applies them.
+            "policies": [
+                {
+                    "policy": policy,
+                    "failure_mode": settings.failure_mode_of(policy),
+                    "inherited": policy.failure_mode is None,
+                }
+                for policy in registry.policies.values()
+            ],
             "conflicts": registry.conflicts,
             "database_ok": registry.database_ok,
             "backend": settings.backend,
@@ -191,10 +238,19 @@ class QuotaPolicyAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
 
 
 def _redacted(url: str | None) -> str | None:
-    """The URL without its password."""
-    if not url or "@" not in url:
+    """The URL without its password (in the authority or a ``password=`` query item)."""
+    if not url:
         return url
-    scheme, rest = url.split("://", 1)
-    credentials, host = rest.rsplit("@", 1)
-    user = credentials.split(":", 1)[0]
-    return f"{scheme}://{user}:***@{host}" if user else f"{scheme}://***@{host}"
+    parts = urlsplit(url)
+    netloc = parts.netloc
+    if "@" in netloc:
+        credentials, host = netloc.rsplit("@", 1)
+        user, has_password, _ = credentials.partition(":")
+        if has_password:  # redis://user@host names a user, no password
+            netloc = f"{user}:***@{host}" if user else f"***@{host}"
+    query = "&".join(
+        f"{name}=***" if name.lower() == "password" else f"{name}={value}" if value else name
+        for name, value in parse_qsl(parts.query, keep_blank_values=True)
+    )
+    rest = urlunsplit(("", "", parts.path, query, parts.fragment))
+    return f"{parts.scheme}://{netloc}{rest}"

@@ -7,6 +7,7 @@ paths differ by one ``await``.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import secrets
 import threading
@@ -602,7 +603,8 @@ def inspect(policy_id: str, subject: Subject) -> Inspection:
     Raises ``ValueError`` for a missing or invalid identity, :class:`UnknownPolicy` and
     :class:`BackendError` (the backend could not answer).
     """
-    policy = policies.get_policy(policy_id)
+    # A disabled policy keeps its counters: inspect them as if it were enabled.
+    policy = dataclasses.replace(policies.get_policy(policy_id), enabled=True)
     identity = _identity_or_value_error(policy, subject, "inspect")
     prepared = prepare([policy], subject, 1, peek=True)
     assert prepared.request is not None

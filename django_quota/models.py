@@ -10,6 +10,10 @@ the one the settings and the system checks use.
 from __future__ import annotations
 
 import hashlib
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any
 
 from django.core.exceptions import ValidationError
@@ -36,6 +40,44 @@ def _choices(values: tuple[str, ...]) -> list[tuple[str, str]]:
 
 def _default_selector() -> list[str]:
     return ["auto"]
+
+
+#: Policy fields a validation error can be attached to (``policy['<field>']`` keys).
+_POLICY_FIELDS = frozenset(
+    {"algorithm", "selector", "routes", "methods", "enforcement", "failure_mode", "on_missing",
+     "max_cost", "enabled"}
+)
+_KEY_FIELD_RE = re.compile(r"^policy\['([a-z_]+)'\]")
+
+#: The definition keys the revision covers (contract 3).
+MEANING_KEYS = ("algorithm", "selector", "windows", "capacity")
+
+#: Primary keys of the policies touched inside :func:`revision_batch` (None: no batch).
+_batch: ContextVar[set[int] | None] = ContextVar("django_quota_revision_batch", default=None)
+
+
+@contextmanager
+def revision_batch() -> Iterator[None]:
+    """Save policies and their windows as one edit: each policy touched inside the block
+    gets at most one revision bump, decided when the block ends.
+
+    The admin saves a policy and its inline windows this way, so that a new policy with
+    two windows starts at revision 1 and an edit of two windows bumps once. Nothing is
+    re-digested when the block raises (the surrounding transaction rolls back).
+    """
+    if _batch.get() is not None:  # nested: the outer block decides
+        yield
+        return
+    touched: set[int] = set()
+    token = _batch.set(touched)
+    try:
+        yield
+    finally:
+        _batch.reset(token)
+    for pk in sorted(touched):
+        policy = QuotaPolicy.objects.filter(pk=pk).first()
+        if policy is not None:
+            policy.refresh_revision()
 
 
 class QuotaPolicy(models.Model):
@@ -116,31 +158,54 @@ class QuotaPolicy(models.Model):
         )
 
     def _digest(self) -> str:
+        """SHA-256 of the canonical definition; ``""`` while the policy is invalid (no
+        window yet, say): an invalid policy is never applied, so no counter carries its
+        revision, and becoming valid need not bump it."""
         rows = list(self.windows.all()) if self.pk else []
+        definition = self.definition(rows)
+        # Only what a counter means: an invalid `methods`, say, is no change of meaning.
+        meaning = {key: definition[key] for key in MEANING_KEYS if key in definition}
         try:
-            policy = parse_policy(self.name, self.definition(rows), source="database")
+            policy = parse_policy("policy", meaning, source="database")
         except ConfigurationError:
-            # Not valid yet (e.g. no window saved so far): digest the raw fields instead.
-            raw = repr((self.algorithm, self.selector, [(w.name, w.limit, w.period, w.capacity)
-                                                        for w in rows]))
-            return hashlib.sha256(raw.encode()).hexdigest()
+            return ""
         text = canonical_definition(policy.algorithm, policy.selector, policy.windows)
         return hashlib.sha256(text.encode()).hexdigest()
 
+    #: Set by the admin, whose inline formset validates the windows being submitted (the
+    #: stored ones may be about to change, e.g. a capacity cleared with the algorithm).
+    windows_validated_elsewhere = False
+
     def clean(self) -> None:
-        """Validate the fields with the settings validator (windows are checked by the
-        admin's inline formset, or here when the policy already has windows)."""
-        rows = list(self.windows.all()) if self.pk else []
-        data = self.definition(rows)
-        if not rows:
-            data["windows"] = "1/s"  # fields only; windows come with the inline
+        """Validate with the settings validator: the fields, and the stored windows with
+        them (unless ``windows_validated_elsewhere``). Errors name the field."""
+        data = self.definition([])
+        data["windows"] = "1/s"  # the fields alone first: their errors name a field
+        self._validate(data)
+        if self.pk and not self.windows_validated_elsewhere:
+            rows = list(self.windows.all())
+            if rows:
+                self._validate(self.definition(rows))
+
+    def _validate(self, data: dict[str, Any]) -> None:
         try:
             parse_policy(self.name, data, source="database", key="policy")
         except ConfigurationError as exc:
+            match = _KEY_FIELD_RE.match(exc.key)
+            if exc.key == "policy":
+                raise ValidationError({"name": exc.message}) from exc
+            if match and match.group(1) in _POLICY_FIELDS:
+                raise ValidationError({match.group(1): exc.message}) from exc
             raise ValidationError(exc.message) from exc
 
     def save(self, *args: Any, **kwargs: Any) -> None:
-        """Save, bumping ``revision`` when the counters' meaning changed."""
+        """Save, bumping ``revision`` when the counters' meaning changed (inside
+        :func:`revision_batch`, once when the batch ends)."""
+        touched = _batch.get()
+        if touched is not None:
+            super().save(*args, **kwargs)
+            touched.add(self.pk)
+            return
         with transaction.atomic():
             digest = self._digest()
             if self.pk and self.definition_digest and digest != self.definition_digest:
@@ -185,7 +250,12 @@ class QuotaWindow(models.Model):
 
 def window_changed(sender: Any, instance: QuotaWindow, **kwargs: Any) -> None:
     """``post_save``/``post_delete`` of a window (bulk deletes included): re-digest the
-    policy, bumping its revision when the meaning changed. Connected in ``ready()``."""
+    policy, bumping its revision when the meaning changed (at the end of a
+    :func:`revision_batch`). Connected in ``ready()``."""
+    touched = _batch.get()
+    if touched is not None:
+        touched.add(instance.policy_id)
+        return
     try:
         policy = QuotaPolicy.objects.get(pk=instance.policy_id)
     except QuotaPolicy.DoesNotExist:  # the policy itself is being deleted

@@ -10,10 +10,12 @@ registry stays in use.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 import time
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,6 +48,15 @@ class Registry:
 _lock = threading.Lock()
 _registry: Registry | None = None
 _generated: dict[str, Policy] = {}
+#: Problems already logged: a rebuild every POLICY_CACHE_TTL repeats none of them until
+#: the registry is cleared (a save, a settings change).
+_reported: set[str] = set()
+
+
+def _report(message: str) -> None:
+    if message not in _reported:
+        _reported.add(message)
+        logger.error(message)
 
 
 def load_database_policies() -> list[Policy]:
@@ -57,8 +68,8 @@ def load_database_policies() -> list[Policy]:
     for row in QuotaPolicy.objects.prefetch_related("windows").order_by("position", "name"):
         try:
             found.append(row.to_policy(list(row.windows.all())))
-        except ConfigurationError as exc:
-            logger.error("quota policy %r in the database is invalid, skipped: %s", row.name, exc)
+        except (ConfigurationError, TypeError, ValueError) as exc:
+            _report(f"quota policy {row.name!r} in the database is invalid, skipped: {exc}")
     return found
 
 
@@ -84,10 +95,9 @@ def _build(previous: Registry | None) -> Registry:
         for policy in database:
             if policy.id in settings_ids:
                 conflicts.append(policy.id)
-                logger.error(
-                    "quota policy %r is defined in settings and in the database; "
-                    "the database row is ignored",
-                    policy.id,
+                _report(
+                    f"quota policy {policy.id!r} is defined in settings and in the database; "
+                    "the database row is ignored (django_quota.E007)"
                 )
                 continue
             policies[policy.id] = policy
@@ -109,16 +119,42 @@ def needs_refresh() -> bool:
 def get_registry() -> Registry:
     """The current registry; built on first use and refreshed after ``POLICY_CACHE_TTL``.
 
-    May query the database: async callers use :func:`aget_registry`.
+    May query the database: async callers use :func:`aget_registry`. Called inside an
+    event loop (an async view reaching :func:`get_policy`), the query runs in a worker
+    thread, since Django refuses it in the loop's thread.
     """
-    global _registry
     if not needs_refresh():
         assert _registry is not None
         return _registry
+    if _in_event_loop():
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="django-quota") as pool:
+            return pool.submit(_refresh_in_worker).result()
+    return _refresh()
+
+
+def _refresh() -> Registry:
+    global _registry
     with _lock:
         if _registry is None or needs_refresh():
             _registry = _build(_registry)
         return _registry
+
+
+def _refresh_in_worker() -> Registry:
+    from django.db import connections
+
+    try:
+        return _refresh()
+    finally:
+        connections.close_all()  # this thread's connections die with it
+
+
+def _in_event_loop() -> bool:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
 
 
 async def aget_registry() -> Registry:
@@ -162,6 +198,7 @@ def clear() -> None:
     global _registry
     with _lock:
         _registry = None
+        _reported.clear()
 
 
 def database_changed(sender: Any, **kwargs: Any) -> None:

@@ -49,3 +49,14 @@ urlpatterns = [
     path("plain/<int:pk>/", ok),
     path("async/", async_ok, name="async"),
 ]
+
+# The admin (tests/test_admin.py, tests/test_browser.py) and the Prometheus view
+# (tests/test_metrics.py).
+from django.contrib import admin  # noqa: E402
+
+import django_quota.views  # noqa: E402
+
+urlpatterns += [
+    path("admin/", admin.site.urls),
+    path("metrics/quota", django_quota.views.metrics, name="quota-metrics"),
+]

@@ -14,7 +14,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from django_quota import conf, limiter, policies
 from django_quota.core.errors import BackendError
-from django_quota.core.policy import Policy
+from django_quota.core.policy import TOKEN_BUCKET, Policy
 
 SUBJECT_OPTIONS = (
     ("user", "--user"),
@@ -27,6 +27,10 @@ SUBJECT_OPTIONS = (
 
 class Command(BaseCommand):
     help = "Operate django-quota: preload scripts, list policies, inspect or reset counters."
+    # An operator's tool must run while a check fails: `quota policies` is how one looks
+    # into an E007 conflict, `quota check` into a broken backend. QUOTA itself is
+    # validated in handle().
+    requires_system_checks: list[str] = []
 
     def add_arguments(self, parser: CommandParser) -> None:
         commands = parser.add_subparsers(dest="subcommand", required=True)
@@ -76,19 +80,20 @@ class Command(BaseCommand):
         settings = conf.get_settings()
         registry = policies.get_registry()
         rows = [_policy_row(policy, settings) for policy in registry.policies.values()]
+        if registry.conflicts:  # on stderr, so that --json output stays JSON
+            self.stderr.write(
+                "ignored database rows (same id in settings): " + ", ".join(registry.conflicts)
+            )
         if options["json"]:
             self._json(rows)
             return
         columns = ("policy", "source", "revision", "algorithm", "windows", "selector", "routes",
-                   "enforcement", "failure_mode")
+                   "enforcement", "failure_mode", "enabled")
         table = [[_cell(row[column]) for column in columns] for row in rows]
         widths = [max([len(c)] + [len(r[i]) for r in table]) for i, c in enumerate(columns)]
-        self.stdout.write("  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True)))
-        for line in table:
-            self.stdout.write("  ".join(v.ljust(w) for v, w in zip(line, widths, strict=True)))
-        if registry.conflicts:
-            self.stderr.write(
-                "ignored database rows (same id in settings): " + ", ".join(registry.conflicts)
+        for line in [list(columns), *table]:
+            self.stdout.write(
+                "  ".join(v.ljust(w) for v, w in zip(line, widths, strict=True)).rstrip()
             )
 
     def _inspect(self, options: dict[str, Any]) -> None:
@@ -101,11 +106,12 @@ class Command(BaseCommand):
             f"policy {policy.id} (source {policy.source}, revision {policy.revision}, "
             f"{policy.algorithm}); identity {found.identity}"
         )
+        counted = "tokens" if policy.algorithm == TOKEN_BUCKET else "count"
         for window in found.windows:
+            ttl = "no state" if window["ttl_ms"] == -2 else f"ttl {window['ttl_ms']} ms"
             self.stdout.write(
-                f"  {window['window']}: count {window['count']} of {window['limit']}, "
-                f"remaining {window['remaining']}, reset in {window['reset_after']} s, "
-                f"ttl {window['ttl_ms']} ms"
+                f"  {window['window']}: {counted} {window['count']} of {window['limit']}, "
+                f"remaining {window['remaining']}, reset in {window['reset_after']} s, {ttl}"
             )
 
     def _reset(self, options: dict[str, Any]) -> None:
@@ -114,7 +120,9 @@ class Command(BaseCommand):
         if not options["yes"]:
             if not sys.stdin.isatty():
                 raise CommandError("refusing to reset without confirmation; pass --yes")
-            answer = input(f"Delete the counters of {policy_id} for {subject!r}? [y/N] ")
+            # Name the dimensions, not their values: terminals and CI logs keep what they show.
+            given = ", ".join(subject) or "no subject"
+            answer = input(f"Delete the counters of {policy_id} for the given {given}? [y/N] ")
             if answer.strip().lower() not in ("y", "yes"):
                 raise CommandError("reset cancelled")
         cleared = limiter.reset(policy_id, subject)
@@ -149,7 +157,12 @@ def _policy_row(policy: Policy, settings: conf.QuotaSettings) -> dict[str, objec
         "revision": policy.revision,
         "algorithm": policy.algorithm,
         "windows": [
-            {"window": w.name, "limit": w.limit, "period": w.period, "capacity": w.capacity}
+            {
+                "window": w.name,
+                "limit": w.limit,
+                "period": w.period,
+                "capacity": w.capacity if policy.algorithm == TOKEN_BUCKET else None,
+            }
             for w in policy.windows
         ],
         "selector": list(policy.selector),
@@ -163,6 +176,10 @@ def _policy_row(policy: Policy, settings: conf.QuotaSettings) -> dict[str, objec
 def _cell(value: object) -> str:
     if isinstance(value, list):
         if value and isinstance(value[0], dict):
-            return ",".join(f"{w['window']}={w['limit']}/{w['period']:g}s" for w in value)
+            return ",".join(
+                f"{w['window']}={w['limit']}/{w['period']:g}s"
+                + ("" if w["capacity"] in (None, w["limit"]) else f"(capacity={w['capacity']})")
+                for w in value
+            )
         return ",".join(str(v) for v in value) or "-"
     return str(value)

@@ -1,0 +1,425 @@
+"""The Django admin for quota policies (contract 8 and 9), through the test client: the
+changelist, the add form with its inline windows (management form included), validation,
+revision bumps and fresh counters after an edit, the enable/disable and reset-counters
+actions, and the staff-only status page."""
+
+from __future__ import annotations
+
+import html
+import re
+import socket
+from typing import Any
+
+import pytest
+from django.test import Client
+
+import django_quota
+from django_quota import limiter, policies
+from django_quota.models import QuotaPolicy, QuotaWindow, revision_batch
+
+pytestmark = pytest.mark.django_db
+
+CLOCK = "tests.test_middleware.frozen_clock"
+SOURCES = ["settings", "database"]
+CHANGELIST = "/admin/django_quota/quotapolicy/"
+ADD = CHANGELIST + "add/"
+STATUS = CHANGELIST + "status/"
+IP = "203.0.113.9"
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+    return port
+
+
+@pytest.fixture
+def database_policies(quota: Any) -> Any:
+    """Settings for database policies on the memory backend with a frozen clock."""
+    return quota(CLOCK=CLOCK, POLICY_SOURCES=SOURCES)
+
+
+def policy_form(**fields: Any) -> dict[str, str]:
+    """The add/change form of a policy as the browser posts it."""
+    data = {
+        "name": "api",
+        "position": "0",
+        "algorithm": "fixed_window",
+        "selector": '["ip"]',
+        "routes": '["/api"]',
+        "methods": "[]",
+        "enforcement": "enforce",
+        "failure_mode": "",
+        "on_missing": "deny",
+        "max_cost": "",
+        "enabled": "on",
+        "_save": "Save",
+    }
+    data.update({key: str(value) for key, value in fields.items()})
+    return data
+
+
+def windows_formset(
+    windows: list[dict[str, Any]], *, initial: int = 0
+) -> dict[str, str]:
+    """The inline formset of windows: the management form, then each row."""
+    data = {
+        "windows-TOTAL_FORMS": str(len(windows)),
+        "windows-INITIAL_FORMS": str(initial),
+        "windows-MIN_NUM_FORMS": "0",
+        "windows-MAX_NUM_FORMS": "1000",
+    }
+    for index, window in enumerate(windows):
+        for key in ("id", "policy", "name", "limit", "period", "capacity", "DELETE"):
+            if key in window:
+                data[f"windows-{index}-{key}"] = str(window[key])
+        data.setdefault(f"windows-{index}-capacity", "")
+    return data
+
+
+def add_policy(client: Client, windows: list[dict[str, Any]], **fields: Any) -> Any:
+    return client.post(ADD, {**policy_form(**fields), **windows_formset(windows)})
+
+
+def create_policy(name: str = "api", windows: tuple[tuple[str, int, int], ...] = (
+    ("default", 2, 3600),
+), **fields: Any) -> QuotaPolicy:
+    fields.setdefault("selector", ["ip"])
+    fields.setdefault("routes", ["/api"])
+    with revision_batch():
+        policy = QuotaPolicy.objects.create(name=name, **fields)
+        for window_name, limit, period in windows:
+            QuotaWindow.objects.create(policy=policy, name=window_name, limit=limit, period=period)
+    policy.refresh_from_db()
+    return policy
+
+
+def statuses(path: str, count: int, address: str = IP) -> list[int]:
+    client = Client(REMOTE_ADDR=address)
+    return [client.get(path).status_code for _ in range(count)]
+
+
+def errors_of(response: Any) -> str:
+    """The text of every error list on an admin page."""
+    found = re.findall(r'<ul class="errorlist[^"]*"[^>]*>(.*?)</ul>', response.content.decode(),
+                       re.S)
+    return html.unescape(" ".join(re.sub(r"<[^>]+>", "", item) for item in found))
+
+
+def cells(response: Any, table_id: str) -> list[list[str]]:
+    """The text of each row of the table ``table_id`` (its body rows only)."""
+    page = response.content.decode()
+    table = re.search(rf'<table id="{table_id}">(.*?)</table>', page, re.S)
+    assert table is not None, table_id
+    body = table.group(1).split("</thead>")[-1]
+    rows = re.findall(r"<tr>(.*?)</tr>", body, re.S)
+    return [
+        [html.unescape(re.sub(r"<[^>]+>", "", cell)).strip()
+         for cell in re.findall(r"<td[^>]*>(.*?)</td>", row, re.S)]
+        for row in rows
+    ]
+
+
+# -- changelist --------------------------------------------------------------------------------
+def test_changelist_shows_what_a_policy_means(admin_client: Client, database_policies: Any) -> None:
+    create_policy("orders", windows=(("burst", 2, 60), ("sustained", 100, 3600)),
+                  selector=["user"], enforcement="shadow", failure_mode="open")
+    response = admin_client.get(CHANGELIST)
+    assert response.status_code == 200
+    page = response.content.decode()
+    for header in ("algorithm", "windows", "selector", "enforcement", "failure mode", "revision"):
+        assert f">{header.capitalize()}<" in page or f">{header}<" in page, header
+    row = re.search(r'<tr>.*?orders.*?</tr>', page, re.S)
+    assert row is not None
+    text = html.unescape(re.sub(r"<[^>]+>", "|", row.group(0)))
+    for value in ("fixed window", "burst: 2/60s, sustained: 100/3600s", '["user"]', "shadow",
+                  "open"):
+        assert value in text, value
+    assert re.search(r'class="field-revision">1<', row.group(0))
+
+
+# -- add --------------------------------------------------------------------------------------
+def test_a_policy_added_with_two_windows_is_applied_by_the_middleware(
+    admin_client: Client, database_policies: Any
+) -> None:
+    response = add_policy(
+        admin_client,
+        [{"name": "burst", "limit": 2, "period": 60},
+         {"name": "sustained", "limit": 3, "period": 3600}],
+    )
+    assert response.status_code == 302, errors_of(response)
+    policy = QuotaPolicy.objects.get(name="api")
+    assert [(w.name, w.limit, w.period) for w in policy.windows.all()] == [
+        ("burst", 2, 60), ("sustained", 3, 3600)
+    ]
+    assert policy.revision == 1  # one edit: no bump for the windows that came with it
+    assert (policy.selector, policy.routes, policy.failure_mode) == (["ip"], ["/api"], None)
+    assert statuses("/api/items/", 3) == [200, 200, 429]
+    assert statuses("/health/", 3) == [200, 200, 200]
+    outcome = django_quota.peek("api", {"ip": IP})
+    assert (outcome.window, outcome.remaining) == ("burst", 0)
+
+
+@pytest.mark.parametrize(
+    ("windows", "message"),
+    [
+        ([{"name": "burst", "limit": 10, "period": 3600},
+          {"name": "sustained", "limit": 100, "period": 60}],
+         "the 'burst' window's period must be shorter than the 'sustained' one's"),
+        ([{"name": "burst", "limit": 10, "period": 60},
+          {"name": "sustained", "limit": 100, "period": 60}],
+         "the 'burst' window's period must be shorter than the 'sustained' one's"),
+        ([], "A policy needs at least one window."),
+        ([{"name": "default", "limit": 10, "period": 60, "capacity": 20}],
+         "capacity applies to token_bucket only"),
+        ([{"name": "default", "limit": 0, "period": 60}], "positive integer"),
+        ([{"name": "default", "limit": 10, "period": 0}], "period"),
+        ([{"name": "Default", "limit": 10, "period": 60}], "Enter a valid value."),
+        ([{"name": "default", "limit": 10, "period": 60},
+          {"name": "default", "limit": 20, "period": 3600}],
+         "Please correct the duplicate data for name"),
+    ],
+)
+def test_invalid_windows_are_refused_with_a_message(
+    admin_client: Client, database_policies: Any, windows: list[dict[str, Any]], message: str
+) -> None:
+    response = add_policy(admin_client, windows)
+    assert response.status_code == 200
+    assert message in errors_of(response)
+    assert not QuotaPolicy.objects.exists()
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("name", "Not An Id", "a policy id must match"),
+        ("selector", '["nobody"]', "unknown dimension 'nobody'"),
+        ("methods", '["get"]', "'get' must be upper-case, e.g. GET"),
+        ("routes", '"/api"', "expected a list of strings"),
+    ],
+)
+def test_invalid_policy_fields_are_refused_next_to_the_field(
+    admin_client: Client, database_policies: Any, field: str, value: str, message: str
+) -> None:
+    response = add_policy(admin_client, [{"name": "default", "limit": 1, "period": 60}],
+                          **{field: value})
+    assert response.status_code == 200
+    assert message in errors_of(response)
+    assert re.search(rf'class="form-row[^"]*field-{field}', response.content.decode())
+    assert not QuotaPolicy.objects.exists()
+
+
+# -- change ------------------------------------------------------------------------------------
+def change(admin_client: Client, policy: QuotaPolicy, windows: list[dict[str, Any]],
+           **fields: Any) -> Any:
+    rows = [
+        {"id": w.pk, "policy": policy.pk, "name": w.name, "limit": w.limit, "period": w.period,
+         "capacity": w.capacity or ""}
+        for w in policy.windows.all()
+    ]
+    for row, edit in zip(rows, windows, strict=False):
+        row.update(edit)
+    rows += windows[len(rows):]
+    form = policy_form(**{"name": policy.name, "algorithm": policy.algorithm, **fields})
+    return admin_client.post(
+        f"{CHANGELIST}{policy.pk}/change/",
+        {**form, **windows_formset(rows, initial=policy.windows.count())},
+    )
+
+
+def test_editing_a_window_limit_bumps_the_revision_and_starts_fresh_counters(
+    admin_client: Client, database_policies: Any
+) -> None:
+    policy = create_policy(windows=(("default", 2, 3600),))
+    assert statuses("/api/items/", 3) == [200, 200, 429]
+    response = change(admin_client, policy, [{"limit": 3}])
+    assert response.status_code == 302, errors_of(response)
+    policy.refresh_from_db()
+    assert policy.revision == 2
+    assert statuses("/api/items/", 4) == [200, 200, 200, 429]
+    assert admin_client.get(CHANGELIST).status_code == 200
+
+
+def test_editing_two_windows_in_one_save_bumps_once(
+    admin_client: Client, database_policies: Any
+) -> None:
+    policy = create_policy(windows=(("burst", 2, 60), ("sustained", 10, 3600)))
+    response = change(admin_client, policy, [{"limit": 3}, {"limit": 11}])
+    assert response.status_code == 302, errors_of(response)
+    assert QuotaPolicy.objects.get(pk=policy.pk).revision == 2
+
+
+def test_editing_enforcement_keeps_the_revision_and_the_counters(
+    admin_client: Client, database_policies: Any
+) -> None:
+    policy = create_policy(windows=(("default", 2, 3600),))
+    assert statuses("/api/items/", 2) == [200, 200]
+    response = change(admin_client, policy, [], enforcement="shadow")
+    assert response.status_code == 302, errors_of(response)
+    assert QuotaPolicy.objects.get(pk=policy.pk).revision == 1
+    assert django_quota.peek("api", {"ip": IP}).remaining == 0  # same counters
+    assert statuses("/api/items/", 1) == [200]  # shadow: never refuses
+
+
+def test_switching_away_from_token_bucket_while_clearing_capacity_is_accepted(
+    admin_client: Client, database_policies: Any
+) -> None:
+    policy = create_policy(algorithm="token_bucket")
+    QuotaWindow.objects.filter(policy=policy).update(capacity=5)
+    policy.refresh_from_db()
+    response = change(
+        admin_client,
+        QuotaPolicy.objects.get(pk=policy.pk),
+        [{"capacity": ""}],
+        algorithm="fixed_window",
+    )
+    assert response.status_code == 302, errors_of(response)
+    assert QuotaPolicy.objects.get(pk=policy.pk).algorithm == "fixed_window"
+
+
+def test_deleting_a_window_in_the_admin_bumps_the_revision(
+    admin_client: Client, database_policies: Any
+) -> None:
+    policy = create_policy(windows=(("burst", 2, 60), ("sustained", 10, 3600)))
+    response = change(admin_client, policy, [{}, {"DELETE": "on"}])
+    assert response.status_code == 302, errors_of(response)
+    policy.refresh_from_db()
+    assert [w.name for w in policy.windows.all()] == ["burst"]
+    assert policy.revision == 2
+
+
+# -- actions ----------------------------------------------------------------------------------
+def act(admin_client: Client, action: str, *policies_: QuotaPolicy, **extra: str) -> Any:
+    return admin_client.post(
+        CHANGELIST,
+        {"action": action, "_selected_action": [p.pk for p in policies_], **extra},
+        follow=True,
+    )
+
+
+def test_disable_and_enable_actions(admin_client: Client, database_policies: Any) -> None:
+    api = create_policy(windows=(("default", 1, 3600),))
+    other = create_policy("other", routes=["/health"])
+    response = act(admin_client, "disable_policies", api, other)
+    assert "Disabled 2 policies." in response.content.decode()
+    assert not QuotaPolicy.objects.filter(enabled=True).exists()
+    assert statuses("/api/items/", 2) == [200, 200]
+    response = act(admin_client, "enable_policies", api)
+    assert "Enabled 1 policies." in response.content.decode()
+    assert statuses("/api/items/", 2) == [200, 429]
+    assert QuotaPolicy.objects.get(pk=api.pk).revision == 1
+
+
+def test_reset_counters_action_asks_for_the_subject_then_resets(
+    admin_client: Client, database_policies: Any
+) -> None:
+    api = create_policy(windows=(("burst", 2, 60), ("sustained", 10, 3600)))
+    assert statuses("/api/items/", 3) == [200, 200, 429]
+    assert statuses("/api/items/", 1, address="198.51.100.7") == [200]
+    assert django_quota.peek("api", {"ip": IP}).remaining == 0
+
+    intermediate = act(admin_client, "reset_counters", api)
+    page = intermediate.content.decode()
+    assert intermediate.templates[0].name == "django_quota/admin/reset_counters.html"
+    assert 'name="ip"' in page and 'name="apply"' in page
+    assert django_quota.peek("api", {"ip": IP}).remaining == 0  # nothing reset yet
+
+    # "::ffff:…" is normalised as the middleware does: the same subject.
+    response = act(admin_client, "reset_counters", api, ip=f"::ffff:{IP}", apply="Reset")
+    assert "Reset api: 2 window(s) had state." in response.content.decode()
+    assert django_quota.peek("api", {"ip": IP}).remaining == 2
+    assert django_quota.peek("api", {"ip": "198.51.100.7"}).remaining == 1  # untouched
+    assert statuses("/api/items/", 3) == [200, 200, 429]
+
+
+def test_reset_counters_without_the_needed_dimension_says_why(
+    admin_client: Client, database_policies: Any
+) -> None:
+    api = create_policy()
+    response = act(admin_client, "reset_counters", api, user="42", apply="Reset")
+    assert (
+        "Could not reset api: cannot reset &#x27;api&#x27;: selector_identity_missing (ip)"
+        in response.content.decode()
+    )
+
+
+# -- status page ------------------------------------------------------------------------------
+def test_status_page_is_staff_only(client: Client, django_user_model: Any,
+                                   database_policies: Any) -> None:
+    anonymous = client.get(STATUS)
+    assert anonymous.status_code == 302
+    assert anonymous["Location"] == f"/admin/login/?next={STATUS}"
+    member = django_user_model.objects.create_user("member", password="pw")
+    client.force_login(member)
+    refused = client.get(STATUS)
+    assert refused.status_code == 302
+    assert refused["Location"].startswith("/admin/login/")
+    assert b"quota-status" not in refused.content
+
+
+def test_status_page_shows_policies_backend_and_outcomes(
+    admin_client: Client, quota: Any
+) -> None:
+    quota(CLOCK=CLOCK, POLICY_SOURCES=SOURCES,
+          POLICIES={"from-settings": {"windows": "5/m", "selector": ["ip"]}})
+    create_policy("status-api", windows=(("default", 1, 3600),))
+    django_quota.evaluate("status-api", {"ip": IP})
+    django_quota.evaluate("status-api", {"ip": IP})
+    response = admin_client.get(STATUS)
+    assert response.status_code == 200
+    policies_table = cells(response, "quota-policies")
+    assert [row[:4] for row in policies_table] == [
+        ["from-settings", "settings", policies.get_policy("from-settings").revision,
+         "fixed_window"],
+        ["status-api", "database", "1", "fixed_window"],
+    ]
+    assert policies_table[0][4:] == ["default: 5/60s", "ip", "-", "enforce", "closed (default)",
+                                     "yes"]
+    assert policies_table[1][4:] == ["default: 1/3600s", "ip", "/api", "enforce",
+                                     "closed (default)", "yes"]
+    page = response.content.decode()
+    assert '<td id="quota-backend">memory</td>' in page
+    assert '<td id="quota-breaker">closed</td>' in page
+    assert '<td id="quota-degraded">no</td>' in page
+    counts = cells(response, "quota-counts")
+    assert ["status-api", "allowed", "-", "1"] in counts
+    assert ["status-api", "denied", "default_quota_exhausted", "1"] in counts
+    assert cells(response, "quota-errors") == [["None since this process started."]]
+
+
+def test_status_page_shows_recent_backend_errors_and_the_open_breaker(
+    admin_client: Client, quota: Any
+) -> None:
+    port = free_port()
+    quota(
+        REDIS_URL=f"redis://:s3cret@127.0.0.1:{port}/0",
+        POLICIES={"dead-redis": {"windows": "5/m", "selector": ["ip"]}},
+    )
+    for _ in range(limiter.BREAKER_THRESHOLD):
+        outcome = django_quota.evaluate("dead-redis", {"ip": IP})
+        assert (outcome.decision, outcome.reason) == ("failed_closed", "backend_unavailable")
+    response = admin_client.get(STATUS)
+    page = response.content.decode()
+    assert '<td id="quota-backend">redis</td>' in page
+    assert f"redis://***@127.0.0.1:{port}/0" in page
+    assert "s3cret" not in page
+    assert '<td id="quota-breaker">open</td>' in page
+    assert '<td id="quota-degraded">yes</td>' in page
+    errors = cells(response, "quota-errors")
+    assert len(errors) == limiter.BREAKER_THRESHOLD
+    assert {row[1] for row in errors} == {"backend_unavailable"}
+    assert str(port) in errors[0][2]
+    assert IP not in page
+    counts = cells(response, "quota-counts")
+    assert ["dead-redis", "failed_closed", "backend_unavailable",
+            str(limiter.BREAKER_THRESHOLD)] in counts
+
+
+def test_status_page_says_when_database_policies_conflict(
+    admin_client: Client, quota: Any
+) -> None:
+    quota(POLICY_SOURCES=SOURCES, POLICIES={"api": {"windows": "5/m"}})
+    create_policy("api")
+    page = admin_client.get(STATUS).content.decode()
+    assert "Defined in settings and in the database (settings win): api" in page

@@ -1,0 +1,211 @@
+"""The operator's surface in a real browser: headless Chromium (Debian's ``chromium`` and
+``chromium-driver``) driven by Selenium against a live server, Django's
+``StaticLiveServerTestCase`` pattern (static files served, so the admin's JavaScript adds
+inline rows).
+
+A staff user logs in, adds a policy with two inline windows, the test requests the API
+over HTTP until it is refused, then opens the status page and saves a screenshot to
+``test-artifacts/status-page.png``. A missing browser skips the test locally and fails it
+in CI (``CI=true``)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import unittest
+from pathlib import Path
+from typing import Any
+
+from django.contrib.auth import get_user_model
+from django.contrib.staticfiles.testing import StaticLiveServerTestCase
+from django.test import override_settings
+
+from django_quota.models import QuotaPolicy
+from tests.conftest import IN_CI
+
+ROOT = Path(__file__).resolve().parent.parent
+SCREENSHOT = ROOT / "test-artifacts" / "status-page.png"
+CHROMIUM_FLAGS = (
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-dev-shm-usage",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--window-size=1280,900",
+)
+QUOTA = {
+    "HMAC_KEY": "tests-hmac-key-0123456789",
+    "POLICY_SOURCES": ["settings", "database"],
+    "CLOCK": "tests.test_middleware.frozen_clock",  # no window rolls over mid-test
+    "POLICIES": {"login": {"windows": "5/m", "selector": ["ip"]}},
+}
+PASSWORD = "correct horse battery staple"
+
+
+def _unavailable(message: str) -> None:
+    if IN_CI:
+        raise AssertionError(f"{message}; in CI a missing browser is a failure")
+    raise unittest.SkipTest(message)
+
+
+def _browser() -> tuple[str, str]:
+    """Paths of the Chromium binary and its driver (skip locally, fail in CI, if absent)."""
+    binary = next(
+        (found for name in ("chromium", "chromium-browser") if (found := shutil.which(name))),
+        None,
+    )
+    driver = shutil.which("chromedriver")
+    if binary is None or driver is None:
+        _unavailable("chromium / chromedriver not found (apt-get install chromium chromium-driver)")
+    assert binary is not None and driver is not None
+    return binary, driver
+
+
+@override_settings(QUOTA=QUOTA, STATIC_URL="/static/", DEBUG=True)
+class OperatorSurfaceInABrowser(StaticLiveServerTestCase):
+    """Admin, middleware and status page end to end, as an operator sees them."""
+
+    driver: Any
+    profile: tempfile.TemporaryDirectory[str]
+
+    @classmethod
+    def setUpClass(cls) -> None:
+        try:
+            from selenium import webdriver
+            from selenium.webdriver.chrome.service import Service
+        except ImportError:
+            _unavailable("selenium is not installed (pip install -e '.[test]')")
+        binary, driver = _browser()
+        super().setUpClass()
+        cls.profile = tempfile.TemporaryDirectory(prefix="quota-chromium-")
+        options = webdriver.ChromeOptions()
+        options.binary_location = binary
+        for flag in (*CHROMIUM_FLAGS, f"--user-data-dir={cls.profile.name}"):
+            options.add_argument(flag)
+        try:
+            cls.driver = webdriver.Chrome(service=Service(executable_path=driver), options=options)
+        except BaseException:
+            cls.profile.cleanup()
+            super().tearDownClass()
+            raise
+        cls.driver.implicitly_wait(5)
+
+    @classmethod
+    def tearDownClass(cls) -> None:
+        cls.driver.quit()
+        cls.profile.cleanup()
+        super().tearDownClass()
+
+    def setUp(self) -> None:
+        get_user_model().objects.create_superuser("operator", "ops@example.com", PASSWORD)
+
+    # -- helpers -------------------------------------------------------------------------
+    def open(self, path: str) -> None:
+        self.driver.get(f"{self.live_server_url}{path}")
+
+    def field(self, name: str) -> Any:
+        from selenium.webdriver.common.by import By
+
+        return self.driver.find_element(By.NAME, name)
+
+    def fill(self, name: str, value: str) -> None:
+        element = self.field(name)
+        element.clear()
+        element.send_keys(value)
+
+    def text(self) -> str:
+        from selenium.webdriver.common.by import By
+
+        return str(self.driver.find_element(By.TAG_NAME, "body").text)
+
+    def log_in(self) -> None:
+        self.open("/admin/login/?next=/admin/")
+        self.fill("username", "operator")
+        self.fill("password", PASSWORD)
+        self.field("password").submit()
+        self.assertIn("Site administration", self.driver.title)
+
+    def add_policy(self) -> None:
+        from selenium.webdriver.common.by import By
+
+        self.open("/admin/django_quota/quotapolicy/add/")
+        self.fill("name", "shop-api")
+        self.fill("selector", '["ip"]')
+        self.fill("routes", '["/api"]')
+        self.fill("windows-0-name", "burst")
+        self.fill("windows-0-limit", "2")
+        self.fill("windows-0-period", "60")
+        # The second row exists only once the admin's inlines.js (a static file) ran.
+        self.driver.find_element(By.CSS_SELECTOR, ".add-row a").click()
+        self.fill("windows-1-name", "sustained")
+        self.fill("windows-1-limit", "100")
+        self.fill("windows-1-period", "3600")
+        self.driver.find_element(By.NAME, "_save").click()
+        self.assertIn("was added successfully", self.text())
+
+    def screenshot(self, path: Path) -> None:
+        """The whole page, not only the first screenful."""
+        height = self.driver.execute_script(
+            "return Math.max(document.body.scrollHeight, document.documentElement.scrollHeight)"
+        )
+        self.driver.execute_cdp_cmd(
+            "Emulation.setDeviceMetricsOverride",
+            {"width": 1280, "height": int(height), "deviceScaleFactor": 1, "mobile": False},
+        )
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.assertTrue(self.driver.save_screenshot(str(path)))
+
+    # -- the test ------------------------------------------------------------------------
+    def test_add_a_policy_see_it_refuse_and_read_the_status_page(self) -> None:
+        import requests
+        from selenium.webdriver.common.by import By
+
+        self.log_in()
+        self.add_policy()
+        policy = QuotaPolicy.objects.get(name="shop-api")
+        self.assertEqual(
+            [(w.name, w.limit, w.period) for w in policy.windows.all()],
+            [("burst", 2, 60), ("sustained", 100, 3600)],
+        )
+        self.assertEqual(policy.revision, 1)
+        changelist = self.text()
+        self.assertIn("burst: 2/60s, sustained: 100/3600s", changelist)
+
+        with requests.Session() as http:
+            responses = [http.get(f"{self.live_server_url}/api/items/") for _ in range(3)]
+        self.assertEqual([r.status_code for r in responses], [200, 200, 429])
+        self.assertEqual(
+            responses[0].headers["RateLimit-Policy"],
+            '"shop-api.burst";q=2;w=60, "shop-api.sustained";q=100;w=3600',
+        )
+        refused = responses[2]
+        self.assertEqual(refused.headers["Content-Type"], "application/problem+json")
+        self.assertEqual(refused.json()["reason"], "burst_quota_exhausted")
+        self.assertEqual(refused.headers["Retry-After"], "40")
+
+        self.open("/admin/django_quota/quotapolicy/status/")
+        self.assertEqual(self.driver.title, "Quota status | Django site admin")
+        rows = [
+            [cell.text for cell in row.find_elements(By.TAG_NAME, "td")]
+            for row in self.driver.find_elements(By.CSS_SELECTOR, "#quota-policies tbody tr")
+        ]
+        self.assertEqual(
+            [row[:2] for row in rows], [["login", "settings"], ["shop-api", "database"]]
+        )
+        self.assertEqual(rows[1][2:], [
+            "1", "fixed_window", "burst: 2/60s, sustained: 100/3600s", "ip", "/api", "enforce",
+            "closed (default)", "yes",
+        ])
+        self.assertEqual(self.driver.find_element(By.ID, "quota-breaker").text, "closed")
+        self.assertEqual(self.driver.find_element(By.ID, "quota-backend").text, "memory")
+        counts = self.driver.find_element(By.ID, "quota-counts").text
+        self.assertIn("shop-api denied burst_quota_exhausted 1", counts)
+        # Styled by the admin's CSS (served by the live server), not bare HTML.
+        header = self.driver.find_element(By.ID, "header")
+        self.assertNotEqual(header.value_of_css_property("background-color"), "rgba(0, 0, 0, 0)")
+        self.screenshot(SCREENSHOT)
+        self.assertGreater(os.path.getsize(SCREENSHOT), 10_000)

@@ -1,0 +1,247 @@
+"""Observability (contract 9): the Prometheus families, each outcome counted under its own
+labels, backend health and latency, no identity in any label or log line, the
+``django_quota.views.metrics`` view, and its multiprocess mode (gunicorn workers).
+
+prometheus_client's default registry lives as long as the test process, so every test
+reads the difference a scenario makes, on policy ids no other test uses."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.test import Client
+from prometheus_client import REGISTRY
+from prometheus_client.parser import text_string_to_metric_families
+
+import django_quota
+from django_quota import metrics
+
+ROOT = Path(__file__).resolve().parent.parent
+CLOCK = "tests.test_middleware.frozen_clock"
+OUTCOMES = "django_quota_outcomes_total"
+HEALTH = "django_quota_backend_health_total"
+LATENCY = "django_quota_backend_latency_seconds"
+#: Raw identities that must never appear in a label or a log line.
+USER, API_KEY, CLIENT_IP = "user-5f1c9e", "key-SECRET-8d2b41", "203.0.113.77"
+SUBJECT = {"user": USER, "api_key": API_KEY, "ip": CLIENT_IP}
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+    return port
+
+
+def sample(name: str, **labels: str) -> float:
+    return REGISTRY.get_sample_value(name, labels) or 0.0
+
+
+def outcome_count(policy: str, decision: str, reason: str, dimensions: str, mode: str) -> float:
+    return sample(OUTCOMES, policy=policy, decision=decision, reason=reason,
+                  selector_dimensions=dimensions, backend_mode=mode)
+
+
+@pytest.fixture
+def quota_logs(caplog: pytest.LogCaptureFixture) -> Iterator[pytest.LogCaptureFixture]:
+    with caplog.at_level(logging.DEBUG, logger="django_quota"):
+        yield caplog
+
+
+def assert_no_identity(text: str) -> None:
+    for raw in (USER, API_KEY, CLIENT_IP):
+        assert raw not in text
+
+
+# -- outcomes -----------------------------------------------------------------------------------
+def test_memory_outcomes_are_counted_under_their_own_labels(
+    quota: Any, quota_logs: pytest.LogCaptureFixture
+) -> None:
+    quota(CLOCK=CLOCK, POLICIES={
+        "m-enforced": {"windows": "1/m", "selector": ["user", "ip"]},
+        "m-shadow": {"windows": "1/m", "selector": ["api_key"], "enforcement": "shadow"},
+    })
+    ok_before = sample(HEALTH, backend_mode="memory", reason="ok")
+    latency_before = sample(f"{LATENCY}_count", backend_mode="memory")
+    for _ in range(2):
+        django_quota.evaluate("m-enforced", SUBJECT)
+        django_quota.evaluate("m-shadow", SUBJECT)
+    django_quota.peek("m-enforced", SUBJECT)  # peeks are not decisions
+    assert outcome_count("m-enforced", "allowed", "", "user+ip", "memory") == 1
+    assert outcome_count(
+        "m-enforced", "denied", "default_quota_exhausted", "user+ip", "memory"
+    ) == 1
+    assert outcome_count("m-shadow", "allowed", "", "api_key", "memory") == 1
+    assert outcome_count(
+        "m-shadow", "shadow_denied", "default_quota_exhausted", "api_key", "memory"
+    ) == 1
+    assert sample(HEALTH, backend_mode="memory", reason="ok") - ok_before == 5
+    assert sample(f"{LATENCY}_count", backend_mode="memory") - latency_before == 5
+    assert sample(f"{LATENCY}_bucket", backend_mode="memory", le="+Inf") >= 5
+    assert metrics.outcome_counts()[("m-enforced", "denied", "default_quota_exhausted")] == 1
+    assert_no_identity(quota_logs.text)
+
+
+def test_failures_and_fallback_are_never_folded_together(
+    quota: Any, quota_logs: pytest.LogCaptureFixture
+) -> None:
+    dead = f"redis://127.0.0.1:{free_port()}/0"
+    policies = {
+        "f-open": {"windows": "5/m", "selector": ["ip"], "failure_mode": "open"},
+        "f-closed": {"windows": "5/m", "selector": ["ip"], "failure_mode": "closed"},
+    }
+    unavailable_before = sample(HEALTH, backend_mode="redis", reason="backend_unavailable")
+    quota(REDIS_URL=dead, POLICIES=policies)
+    assert django_quota.evaluate("f-open", SUBJECT).decision == "failed_open"
+    assert django_quota.evaluate("f-closed", SUBJECT).decision == "failed_closed"
+    quota(REDIS_URL=dead, POLICIES={"f-fallback": {"windows": "1/m", "selector": ["ip"]}},
+          LOCAL_FALLBACK={"ENABLED": True, "MAX_ENTRIES": 100})
+    decisions = [django_quota.evaluate("f-fallback", SUBJECT).decision for _ in range(2)]
+    assert decisions == ["allowed", "denied"]
+
+    assert outcome_count("f-open", "failed_open", "backend_unavailable", "ip", "redis") == 1
+    assert outcome_count("f-closed", "failed_closed", "backend_unavailable", "ip", "redis") == 1
+    assert outcome_count("f-fallback", "allowed", "", "ip", "fallback") == 1
+    assert outcome_count(
+        "f-fallback", "denied", "default_quota_exhausted", "ip", "fallback"
+    ) == 1
+    assert sample(HEALTH, backend_mode="redis", reason="backend_unavailable") - (
+        unavailable_before
+    ) == 4
+    assert_no_identity(quota_logs.text)
+    failures = [r.getMessage() for r in quota_logs.records if "backend failure" in r.getMessage()]
+    assert "quota backend failure: reason=backend_unavailable policies=f-closed" in failures
+
+
+def test_redis_outcomes_and_health(quota: Any, redis_url: str) -> None:
+    quota(CLOCK=CLOCK, REDIS_URL=redis_url,
+          POLICIES={"r-api": {"windows": "1/m", "selector": ["api_key"]}})
+    ok_before = sample(HEALTH, backend_mode="redis", reason="ok")
+    latency_before = sample(f"{LATENCY}_count", backend_mode="redis")
+    for _ in range(2):
+        django_quota.evaluate("r-api", SUBJECT)
+    assert outcome_count("r-api", "allowed", "", "api_key", "redis") == 1
+    assert outcome_count("r-api", "denied", "default_quota_exhausted", "api_key", "redis") == 1
+    assert sample(HEALTH, backend_mode="redis", reason="ok") - ok_before == 2
+    assert sample(f"{LATENCY}_count", backend_mode="redis") - latency_before == 2
+    assert sample(f"{LATENCY}_sum", backend_mode="redis") > 0
+
+
+def test_identity_errors_are_counted_without_the_identity(
+    quota: Any, quota_logs: pytest.LogCaptureFixture
+) -> None:
+    quota(POLICIES={"i-keys": {"windows": "5/m", "selector": ["api_key"]}})
+    django_quota.evaluate("i-keys", {"ip": CLIENT_IP})
+    django_quota.evaluate("i-keys", {"api_key": f"{API_KEY}\x00"})
+    assert outcome_count("i-keys", "denied", "selector_identity_missing", "api_key", "memory") == 1
+    assert outcome_count("i-keys", "denied", "selector_identity_invalid", "api_key", "memory") == 1
+    assert_no_identity(quota_logs.text)
+
+
+# -- the view ----------------------------------------------------------------------------------
+def scrape(client: Client) -> dict[str, Any]:
+    response = client.get("/metrics/quota")
+    assert response.status_code == 200
+    assert response["Content-Type"].startswith("text/plain; version=")
+    text = response.content.decode()
+    assert_no_identity(text)
+    return {family.name: family for family in text_string_to_metric_families(text)}
+
+
+def test_the_view_exposes_every_family_through_http(quota: Any) -> None:
+    quota(CLOCK=CLOCK, POLICIES={
+        "v-api": {"windows": "1/m", "selector": ["ip"], "routes": ["/api"]},
+    })
+    client = Client(REMOTE_ADDR=CLIENT_IP)
+    assert [client.get("/api/items/").status_code for _ in range(2)] == [200, 429]
+    families = scrape(client)
+    assert {"django_quota_outcomes", "django_quota_backend_health",
+            "django_quota_backend_latency_seconds"} <= set(families)
+    outcomes = {
+        (s.labels["policy"], s.labels["decision"], s.labels["reason"]): s.value
+        for s in families["django_quota_outcomes"].samples
+        if s.name == OUTCOMES
+    }
+    assert outcomes[("v-api", "allowed", "")] == 1
+    assert outcomes[("v-api", "denied", "default_quota_exhausted")] == 1
+    assert families["django_quota_backend_latency_seconds"].type == "histogram"
+
+
+def test_the_view_answers_404_without_prometheus_client(
+    client: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "prometheus_client", None)
+    response = client.get("/metrics/quota")
+    assert (response.status_code, response.content) == (
+        404, b"prometheus_client is not installed\n"
+    )
+
+
+# -- multiprocess mode -------------------------------------------------------------------------
+WORKER = textwrap.dedent("""
+    import sys
+    import django
+    from django.conf import settings
+    django.setup()
+    settings.QUOTA = {
+        "HMAC_KEY": "tests-hmac-key-0123456789",
+        "POLICY_SOURCES": ["settings"],
+        "POLICIES": {"mp-api": {"windows": "100/m", "selector": ["ip"]}},
+    }
+    import django_quota
+    for _ in range(int(sys.argv[1])):
+        django_quota.evaluate("mp-api", {"ip": "203.0.113.77"})
+""")
+SCRAPER = textwrap.dedent("""
+    import django
+    django.setup()
+    from django.test import Client
+    print(Client().get("/metrics/quota").content.decode())
+""")
+
+
+def test_multiprocess_mode_aggregates_every_worker(tmp_path: Path) -> None:
+    directory = tmp_path / "prometheus"
+    directory.mkdir()
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "tests.settings",
+        "PYTHONPATH": str(ROOT),
+        "PROMETHEUS_MULTIPROC_DIR": str(directory),
+    }
+
+    def python(code: str, *args: str) -> str:
+        done = subprocess.run([sys.executable, "-c", code, *args], cwd=ROOT, env=env,
+                              capture_output=True, text=True, timeout=60, check=True)
+        return done.stdout
+
+    python(WORKER, "2")
+    python(WORKER, "3")
+    assert len(list(directory.glob("counter_*.db"))) == 2  # one file per worker process
+    text = python(SCRAPER)
+    assert_no_identity(text)
+    families = {family.name: family for family in text_string_to_metric_families(text)}
+    allowed = [
+        s.value for s in families["django_quota_outcomes"].samples
+        if s.name == OUTCOMES and s.labels["policy"] == "mp-api"
+    ]
+    assert allowed == [5.0]
+    health = [
+        s.value for s in families["django_quota_backend_health"].samples
+        if s.labels == {"backend_mode": "memory", "reason": "ok"}
+    ]
+    assert health == [5.0]
+    counts = [
+        s.value for s in families["django_quota_backend_latency_seconds"].samples
+        if s.name == f"{LATENCY}_count"
+    ]
+    assert counts == [5.0]
