@@ -332,3 +332,19 @@ def test_refused_connection_fails_by_failure_mode(quota: Any) -> None:
         True,
     )
     assert opened.windows == () and not math.isnan(0.0)
+
+
+def test_url_query_options_cannot_undo_the_contract_client_settings(quota: Any) -> None:
+    quota(
+        REDIS_URL="redis://127.0.0.1:1/0?socket_timeout=30&max_connections=999",
+        TIMEOUT=0.2,
+        DEADLINE=0.5,
+        MAX_INFLIGHT=7,
+        POLICIES={"p": {"windows": "1/h"}},
+    )
+    backend: Any = limiter.get_backend()
+    pool = backend.client.connection_pool
+    assert pool.max_connections == 7
+    assert pool.connection_kwargs["socket_timeout"] == 0.2
+    assert pool.connection_kwargs["socket_connect_timeout"] == 0.2
+    assert pool.connection_kwargs["retry"].get_retries() == 0

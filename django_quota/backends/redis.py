@@ -122,13 +122,27 @@ def classify(exc: BaseException) -> BackendError:
     return BackendError(reason, f"{type(exc).__name__}: {exc}")
 
 
+#: Connection options a URL may not override (contract 2).
+CONTRACT_OPTIONS = ("retry", "socket_timeout", "socket_connect_timeout")
+
+
 def client_options(timeout: float, max_inflight: int) -> dict[str, Any]:
-    """Keyword arguments every pool gets: no hidden retry, timeouts, pool size (contract 2)."""
+    """Keyword arguments every pool gets: no hidden retry, timeouts, pool size (contract 2).
+
+    RESP2 is pinned (a ``protocol`` in the URL still wins): redis-py 8 defaults to RESP3,
+    which turns on its "maintenance notifications", and with them its pools skip the
+    check that finds a pooled connection already closed by the server, so the asyncio
+    client writes ``EVALSHA`` into a dead socket and a refused Redis reads as
+    ``indeterminate``; they may also relax socket timeouts beyond ``TIMEOUT``. RESP2 also
+    spares each new connection the ``HELLO`` and ``CLIENT MAINT_NOTIFICATIONS`` round
+    trips.
+    """
     return {
         "retry": Retry(NoBackoff(), 0),
         "socket_timeout": timeout,
         "socket_connect_timeout": timeout,
         "max_connections": max_inflight,
+        "protocol": 2,
     }
 
 
@@ -190,11 +204,15 @@ class RedisBackend:
                 self.sentinel["SERVICE"], connection_pool_class=pool_class, **options
             )
         assert self.url is not None
-        if asynchronous:
-            return redis_asyncio.Redis(
-                connection_pool=AsyncMarkingConnectionPool.from_url(self.url, **options)
-            )
-        return redis.Redis(connection_pool=MarkingConnectionPool.from_url(self.url, **options))
+        pool_class = AsyncMarkingConnectionPool if asynchronous else MarkingConnectionPool
+        pool = pool_class.from_url(self.url, **options)
+        # redis-py lets URL query options (?socket_timeout=, ?max_connections=) override
+        # keyword arguments; contract 2's retries, timeouts and pool size must hold anyway.
+        for name in CONTRACT_OPTIONS:
+            pool.connection_kwargs[name] = options[name]
+        pool.max_connections = options["max_connections"]
+        client_class = redis_asyncio.Redis if asynchronous else redis.Redis
+        return client_class(connection_pool=pool)
 
     def _bind(self, client: Any) -> _Bound:
         return _Bound(

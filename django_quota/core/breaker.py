@@ -51,6 +51,7 @@ class CircuitBreaker:
         self._failures = 0
         self._opened_at = 0.0
         self._probing = False
+        self._probe_started = 0.0
         self.recent_errors: deque[BreakerError] = deque(maxlen=keep_errors)
 
     @property
@@ -62,15 +63,24 @@ class CircuitBreaker:
             return self._state
 
     def allow(self) -> bool:
-        """True when the backend may be called now (closed, or this caller is the probe)."""
+        """True when the backend may be called now (closed, or this caller is the probe).
+
+        A probe that reported nothing for a whole cool-down (its caller was cancelled, or
+        died) is presumed lost and another caller becomes the probe: the breaker never
+        stays half-open for good.
+        """
         with self._lock:
             if self._state == CLOSED:
                 return True
-            if self._state == OPEN and self._clock() - self._opened_at >= self.cool_down:
+            now = self._clock()
+            if self._state == OPEN and now - self._opened_at >= self.cool_down:
                 self._state = HALF_OPEN
                 self._probing = False
-            if self._state == HALF_OPEN and not self._probing:
+            if self._state == HALF_OPEN and (
+                not self._probing or now - self._probe_started >= self.cool_down
+            ):
                 self._probing = True
+                self._probe_started = now
                 return True
             return False
 
