@@ -103,7 +103,8 @@ def _warnings(parsed: QuotaSettings) -> list[CheckMessage]:
                 id=W_MEMORY_IN_PRODUCTION,
             )
         )
-    if not parsed.hmac_key_configured and not debug:
+    hmac_key_given = parsed.raw.get("HMAC_KEY") is not None  # invalid ones are an E003
+    if not parsed.hmac_key_configured and not hmac_key_given and not debug:
         messages.append(
             Warning(
                 "QUOTA['HMAC_KEY'] is unset: pseudonyms derive from SECRET_KEY, so rotating "

@@ -29,6 +29,8 @@ _OUTCOMES_ATTR = "_quota_outcomes"
 _MEMO_ATTR = "_quota_memo"
 _MATCH_ATTR = "_quota_resolver_match"
 _UNRESOLVED = object()
+#: A raw value the core always reports as ``selector_identity_invalid`` (a control char).
+_INVALID = "\x00invalid"
 
 
 # -- recording ---------------------------------------------------------------------------
@@ -179,7 +181,7 @@ class RequestSubject:
             try:
                 return request_ip(request)
             except IdentityError as exc:
-                return None if exc.reason == "selector_identity_missing" else "\x00invalid"
+                return None if exc.reason == "selector_identity_missing" else _INVALID
         if name == "route":
             return route_value(request)
         if name == "tenant":
@@ -201,13 +203,15 @@ class RequestSubject:
     def _header_text(value: str | None) -> str | None:
         """A header as the client sent it. WSGI and ASGI decode header bytes as latin-1,
         so UTF-8 text is re-decoded: ``quota inspect --api-key`` and the Python API then
-        name the same key, and a non-ASCII key is not mistaken for C1 control bytes."""
+        name the same key, and a non-ASCII key is not mistaken for C1 control bytes.
+        Bytes that are not UTF-8 are an invalid identity (they would otherwise alias the
+        UTF-8 key spelling the same latin-1 characters)."""
         if value is None:
             return None
         try:
             return value.encode("latin-1").decode("utf-8")
         except UnicodeError:
-            return value
+            return _INVALID
 
     async def aload(self, group: Iterable[Policy]) -> None:
         """Read, in a worker thread, the sources ``group`` needs that may query the
@@ -233,7 +237,7 @@ class RequestSubject:
                     subject["user"] = user
                     continue
                 verified = self._value("verified_api_key")
-                if verified is not None:
+                if verified not in (None, ""):
                     subject["api_key"] = verified
                     continue
                 subject["ip"] = self._value("ip")

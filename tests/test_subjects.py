@@ -313,9 +313,25 @@ def test_non_ascii_api_key_header_names_the_key_the_python_api_names(quota: Any)
     raw = http.RequestSubject(request).for_policy(policy(selector=["api_key"]))
     assert raw == {"api_key": key}
     assert identity_of(raw, ["api_key"]) == identity_of({"api_key": key}, ["api_key"])
-    latin = factory.get("/", HTTP_X_API_KEY="caf\xe9")  # not UTF-8: kept as received
-    assert http.RequestSubject(latin).for_policy(policy(selector=["api_key"])) == {
-        "api_key": "caf\xe9"
+    # Bytes that are not UTF-8 are invalid: kept as latin-1 they would alias the UTF-8
+    # key "café" spelled with the same characters.
+    latin = factory.get("/", HTTP_X_API_KEY="caf\xe9")
+    raw_latin = http.RequestSubject(latin).for_policy(policy(selector=["api_key"]))
+    with pytest.raises(IdentityError) as caught:
+        identity_of(raw_latin, ["api_key"])
+    assert caught.value.reason == "selector_identity_invalid"
+
+
+def resolve_empty_api_key(request: HttpRequest) -> str:
+    """An ``API_KEY_RESOLVER`` that answers "" for unknown keys."""
+    return ""
+
+
+def test_auto_falls_back_to_ip_when_the_resolver_returns_an_empty_key(quota: Any) -> None:
+    quota(API_KEY_RESOLVER="tests.test_subjects.resolve_empty_api_key")
+    request = factory.get("/", REMOTE_ADDR="203.0.113.5")
+    assert http.RequestSubject(request).for_policy(policy(selector=["auto"])) == {
+        "ip": "203.0.113.5"
     }
 
 
