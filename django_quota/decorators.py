@@ -159,6 +159,7 @@ def _wrap_function(view: Callable[..., Any], limit: _Limit, sender: object) -> C
                 lease.end()
             return _finish(request, response) if ran else response
 
+        async_wrapper.quota_policy_id = limit.policy_id  # type: ignore[attr-defined]
         return async_wrapper
 
     @functools.wraps(view)
@@ -174,6 +175,7 @@ def _wrap_function(view: Callable[..., Any], limit: _Limit, sender: object) -> C
             lease.end()
         return _finish(request, response) if ran else response
 
+    wrapper.quota_policy_id = limit.policy_id  # type: ignore[attr-defined]
     return wrapper
 
 
@@ -195,6 +197,7 @@ def _wrap_class(view: type, limit: _Limit) -> type:
                 lease.end()
             return _finish(request, response) if ran else response
 
+        async_dispatch.quota_policy_id = limit.policy_id  # type: ignore[attr-defined]
         view.dispatch = async_dispatch  # type: ignore[attr-defined]
         return view
 
@@ -211,6 +214,7 @@ def _wrap_class(view: type, limit: _Limit) -> type:
             lease.end()
         return _finish(request, response) if ran else response
 
+    sync_dispatch.quota_policy_id = limit.policy_id  # type: ignore[attr-defined]
     view.dispatch = sync_dispatch  # type: ignore[attr-defined]
     return view
 
@@ -267,8 +271,9 @@ def quota(
                 )
             except ConfigurationError as exc:
                 raise ImproperlyConfigured(str(exc)) from exc
-            # Registered on the first request, not here: decorating runs at import, when
-            # reading settings (or database policies) is not allowed.
+            # Declared now (no settings read), registered on the first request: decorating
+            # runs at import, when reading settings or database policies is not allowed.
+            policies.declare(generated)
         limit = _Limit(policy, generated, cost)
         if isinstance(view, type):
             return _wrap_class(view, limit)  # type: ignore[return-value]

@@ -48,6 +48,9 @@ class Registry:
 _lock = threading.Lock()
 _registry: Registry | None = None
 _generated: dict[str, Policy] = {}
+#: Policies declared by ``@quota(rate=...)`` when a view module is imported (no settings
+#: are read then); a generated or configured policy with the same id wins.
+_declared: dict[str, Policy] = {}
 #: Problems already logged: a rebuild every POLICY_CACHE_TTL repeats none of them until
 #: the registry is cleared (a save, a settings change).
 _reported: set[str] = set()
@@ -169,7 +172,11 @@ async def aget_registry() -> Registry:
 
 def get_policy(policy_id: str) -> Policy:
     """The policy named ``policy_id`` (configured or generated); raises :class:`UnknownPolicy`."""
-    policy = get_registry().policies.get(policy_id) or _generated.get(policy_id)
+    policy = (
+        get_registry().policies.get(policy_id)
+        or _generated.get(policy_id)
+        or _declared.get(policy_id)
+    )
     if policy is None:
         raise UnknownPolicy(f"no policy named {policy_id!r}")
     return policy
@@ -180,6 +187,17 @@ def known_policy(policy_id: str) -> Policy | None:
     exists (only the very first use in a process builds one)."""
     registry = _registry or get_registry()
     return registry.policies.get(policy_id) or _generated.get(policy_id)
+
+
+def declare(policy: Policy) -> None:
+    """Make a decorator's policy known as soon as its view module is imported, so that
+    ``manage.py quota`` can name it; reads no settings."""
+    _declared[policy.id] = policy
+
+
+def declared() -> list[Policy]:
+    """The policies declared by decorators in the modules imported so far."""
+    return list(_declared.values())
 
 
 def register_generated(policy: Policy) -> Policy:

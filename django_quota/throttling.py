@@ -175,6 +175,20 @@ def _rate_policy(
     return found
 
 
+def scope_policy(scope: str) -> Policy | None:
+    """The policy the drop-in throttles use for ``scope`` (``drf:<scope>``), built from
+    ``DEFAULT_THROTTLE_RATES`` as they build it (``anon``: selector ``ip``; any other
+    scope: ``auto``, i.e. user when authenticated, else ip), so that operators can name
+    it. None when the scope has no rate. A throttle overriding ``get_cache_key`` frames
+    its own identities and cannot be rebuilt here."""
+    rate = api_settings.DEFAULT_THROTTLE_RATES.get(scope)
+    if not isinstance(rate, str):
+        return None
+    num_requests, duration = parse_drf_rate(rate)
+    selector = ("ip",) if scope == AnonRateThrottle.scope else (AUTO,)
+    return _rate_policy(generated_policy_id("drf", scope), num_requests, duration, selector)
+
+
 # -- the throttles -------------------------------------------------------------------------
 class _Dispatch:
     """What the throttles of one DRF dispatch share, kept on the ``HttpRequest``."""

@@ -56,6 +56,8 @@ class Command(BaseCommand):
         except Exception as exc:
             raise CommandError(f"invalid settings: {exc}") from exc
         handler = getattr(self, f"_{options['subcommand']}")
+        if options["subcommand"] in ("policies", "inspect", "reset"):
+            self._generated = _load_generated()
         try:
             handler(options)
         except BackendError as exc:
@@ -79,7 +81,10 @@ class Command(BaseCommand):
     def _policies(self, options: dict[str, Any]) -> None:
         settings = conf.get_settings()
         registry = policies.get_registry()
-        rows = [_policy_row(policy, settings) for policy in registry.policies.values()]
+        effective = dict(registry.policies)
+        for policy in self._generated:
+            effective.setdefault(policy.id, policy)
+        rows = [_policy_row(policy, settings) for policy in effective.values()]
         if registry.conflicts:  # on stderr, so that --json output stays JSON
             self.stderr.write(
                 "ignored database rows (same id in settings): " + ", ".join(registry.conflicts)
@@ -144,6 +149,27 @@ class Command(BaseCommand):
 
     def _json(self, value: object) -> None:
         self.stdout.write(json.dumps(value, indent=2, sort_keys=True))
+
+
+def _load_generated() -> list[Policy]:
+    """Policies that exist outside settings and the database: ``@quota(rate=...)`` views
+    (declared when the URLconf imports their modules) and the DRF drop-ins' ``drf:<scope>``
+    policies (built from ``DEFAULT_THROTTLE_RATES`` as the throttles build them)."""
+    from django.urls import get_resolver
+
+    get_resolver().url_patterns  # noqa: B018 - importing the views runs their decorators
+    found = policies.declared()
+    try:
+        from rest_framework.settings import api_settings
+
+        from django_quota import throttling
+    except ImportError:
+        return found
+    for scope in api_settings.DEFAULT_THROTTLE_RATES or {}:
+        policy = throttling.scope_policy(scope)
+        if policy is not None:
+            found.append(policy)
+    return found
 
 
 def _subject(options: dict[str, Any]) -> dict[str, str]:
