@@ -82,6 +82,15 @@ def _build_backend(settings: conf.QuotaSettings) -> Backend:
     url_options: dict[str, object] = {}
     if settings.cache_alias is not None:
         url, url_options = _cache_connection(settings.cache_alias)
+    if settings.cluster and url is not None:
+        from django_quota.backends.cluster import RedisClusterBackend
+
+        return RedisClusterBackend(
+            url=url,
+            timeout=settings.timeout,
+            max_inflight=settings.max_inflight,
+            url_options=url_options,
+        )
     return RedisBackend(
         url=url,
         timeout=settings.timeout,

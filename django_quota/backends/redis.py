@@ -30,7 +30,7 @@ from django_quota.core.outcome import (
     INDETERMINATE,
 )
 from django_quota.core.protocol import GroupReply, GroupRequest, parse_reply
-from django_quota.scripts import load
+from django_quota.scripts import all_scripts, load
 
 #: EVALSHA attempts when SCRIPT FLUSH keeps racing the reload (each one ran nothing).
 NOSCRIPT_ATTEMPTS = 5
@@ -314,7 +314,7 @@ class RedisBackend:
         client = self._sync().client
         loaded = []
         try:
-            for source in (self._evaluate_source, self._reset_source):
+            for source in all_scripts():
                 loaded.append((source.name, str(client.script_load(source.source))))
         except Exception as exc:
             raise classify(exc) from exc

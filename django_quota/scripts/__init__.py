@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from functools import cache
 from importlib import resources
 
-SCRIPT_NAMES = ("evaluate", "reset")
+SCRIPT_NAMES = ("evaluate", "reset", "refund")
 
 
 @dataclass(frozen=True, slots=True)

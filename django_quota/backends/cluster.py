@@ -1,0 +1,656 @@
+"""The Redis Cluster backend (``QUOTA["CLUSTER"] = True``, contract 2, 5.4, 8, 11).
+
+The scripts of the standalone backend run on the primary of each key's hash slot. A
+counter key and its evaluation-id record share the identity's ``{hash tag}``, so one
+policy is always one slot, and the policies selecting one subject share a slot; a group
+is split by slot and decided one slot at a time (:func:`plan`), with refunds when a later
+slot refuses (best effort, contract 5.4).
+
+Retries are off at both levels of redis-py's cluster client: ``retry=Retry(NoBackoff(),
+0)`` is the cluster client's own retry (what ``cluster_error_retry_attempts`` used to
+set; it re-sends a command after a timeout or a lost connection), and redis-py builds
+every node's connections with ``Retry(NoBackoff(), 0)`` itself. ``MOVED``/``ASK``
+redirections are still followed: a redirected command did not run.
+
+**Connect or write?** Contract 6 needs the two apart (:func:`classify_cluster`):
+
+* sync: every node of ``redis.cluster.RedisCluster`` has a redis-py connection pool, and
+  ``connection_pool_class`` picks its class (with ``from_url``), so each node gets the
+  standalone backend's :class:`MarkingConnectionPool`: a failure inside ``get_connection``
+  (connect, handshake, a pooled connection found closed, a full pool) is
+  :class:`ConnectFailed`, raised before ``EVALSHA`` is written;
+* asyncio: ``redis.asyncio.cluster.RedisCluster`` nodes keep bare connections (no pool
+  class to choose), so the client's ``connection_class`` is swapped for
+  :class:`AsyncMarkingClusterConnection`, which does what the pool does, right before a
+  command is written: a pooled connection the server closed is dropped, a new one is
+  connected with its handshake, and any failure there is :class:`ConnectFailed`. A full
+  node (``MaxConnectionsError``) is raised before the write too.
+
+Everything after that is ``indeterminate``, as on a standalone Redis. Cluster refusals
+(``CLUSTERDOWN``, ``TRYAGAIN``, redirections past redis-py's 16 hops, a slot no node
+serves) ran nothing: ``backend_unavailable``. When redis-py's topology refresh fails
+while it handles a command's error, the command's own error decides.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import socket
+import statistics
+import threading
+import time
+import weakref
+from collections.abc import Awaitable, Callable, Generator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+from redis import exceptions as redis_exceptions
+from redis.asyncio import cluster as async_cluster
+from redis.asyncio import connection as async_connection
+from redis.asyncio.retry import Retry as AsyncRetry
+from redis.backoff import NoBackoff
+from redis.cluster import RedisCluster
+from redis.crc import key_slot
+
+from django_quota.backends.redis import (
+    NOSCRIPT_ATTEMPTS,
+    ConnectFailed,
+    MarkingConnectionPool,
+    classify,
+    client_options,
+)
+from django_quota.core.errors import BackendError
+from django_quota.core.model import (
+    ALGORITHM_CODES,
+    ALLOWED,
+    ALLOWED_UNCHARGED,
+    DENIED,
+    PolicyCall,
+    PolicyResult,
+)
+from django_quota.core.outcome import (
+    BACKEND_ERROR,
+    BACKEND_MODE_REDIS,
+    BACKEND_TIMEOUT,
+    BACKEND_UNAVAILABLE,
+    INDETERMINATE,
+)
+from django_quota.core.policy import FIXED_WINDOW, TOKEN_BUCKET, Window
+from django_quota.core.protocol import GroupReply, GroupRequest, parse_reply
+from django_quota.scripts import all_scripts
+
+logger = logging.getLogger("django_quota")
+
+_CONNECT_ERRORS = (redis_exceptions.ConnectionError, redis_exceptions.TimeoutError, OSError)
+_TIMEOUTS = (redis_exceptions.TimeoutError, TimeoutError)
+
+#: Refusals of the cluster itself: the command did not run.
+_NOT_RUN = (
+    redis_exceptions.ClusterError,  # CLUSTERDOWN; "TTL exhausted" after 16 redirections
+    redis_exceptions.TryAgainError,
+    redis_exceptions.AskError,  # and MovedError
+    redis_exceptions.SlotNotCoveredError,
+    redis_exceptions.MaxConnectionsError,
+)
+
+#: URL query options that would undo contract 2 (timeouts, pool size, retries).
+PINNED_URL_OPTIONS = frozenset(
+    {
+        "socket_timeout",
+        "socket_connect_timeout",
+        "timeout",
+        "max_connections",
+        "retry_on_timeout",
+        "retry_on_error",
+    }
+)
+
+
+def classify_cluster(exc: BaseException) -> BackendError:
+    """Map a redis-py cluster client exception to the contract's failure reason.
+
+    Cluster refusals (``CLUSTERDOWN``, ``TRYAGAIN``, ``MOVED``/``ASK`` past the hop limit,
+    an uncovered slot, a full node) are ``backend_unavailable``: nothing ran. A
+    ``RedisClusterException`` raised by a topology refresh while redis-py handled a
+    command's failure is classified by that failure (its ``__context__``); one raised
+    while connecting the client (no command sent) is ``backend_timeout`` or
+    ``backend_unavailable`` by its cause, else ``backend_error`` (a configuration
+    mistake such as a standalone server behind ``CLUSTER``). The rest is :func:`classify`.
+    """
+    message = f"{type(exc).__name__}: {exc}"
+    if isinstance(exc, _NOT_RUN):
+        return BackendError(BACKEND_UNAVAILABLE, message)
+    if isinstance(exc, redis_exceptions.RedisClusterException):
+        context = exc.__context__
+        if isinstance(context, Exception) and context is not exc.__cause__:
+            return classify_cluster(context)
+        cause = exc.__cause__
+        if isinstance(cause, _CONNECT_ERRORS):
+            if isinstance(cause, ConnectFailed):
+                timed_out = cause.timed_out
+            else:
+                timed_out = isinstance(cause, _TIMEOUTS)
+            return BackendError(BACKEND_TIMEOUT if timed_out else BACKEND_UNAVAILABLE, message)
+        return BackendError(BACKEND_ERROR, message)
+    return classify(exc)
+
+
+class _AsyncMarkConnectFailures:
+    """asyncio connection mixin: what :class:`MarkingConnectionPool` does in
+    ``get_connection``, done right before a command is written (contract 6)."""
+
+    _quota_connecting = False
+
+    async def connect_check_health(self, *args: Any, **kwargs: Any) -> None:
+        if self.is_connected:  # type: ignore[attr-defined]
+            return
+        self._quota_connecting = True
+        try:
+            await super().connect_check_health(*args, **kwargs)  # type: ignore[misc]
+        except ConnectFailed:
+            raise
+        except _CONNECT_ERRORS as exc:
+            raise ConnectFailed(exc) from exc
+        finally:
+            self._quota_connecting = False
+
+    async def send_packed_command(self, command: Any, check_health: bool = True) -> None:
+        if self.is_connected and not self._quota_connecting:  # type: ignore[attr-defined]
+            # An idle connection with something to read was closed by the server (or is
+            # out of step): drop it, so super() connects afresh, marked.
+            try:
+                stale = await self.can_read() or self._peer_hung_up()  # type: ignore[attr-defined]
+            except _CONNECT_ERRORS:
+                stale = True
+            if stale:
+                await self.disconnect()  # type: ignore[attr-defined]
+        await super().send_packed_command(command, check_health)  # type: ignore[misc]
+
+    def _peer_hung_up(self) -> bool:
+        """Whether the socket holds an end of file (or unexpected bytes) that the event
+        loop has not read yet: ``can_read`` sees only what the loop already read, and a
+        loop that did not run since the server closed the connection has read nothing.
+        Peeks on a duplicate of the descriptor, consuming nothing."""
+        writer = getattr(self, "_writer", None)
+        transport = getattr(writer, "transport", None)
+        sock = transport.get_extra_info("socket") if transport is not None else None
+        if sock is None:
+            return False
+        flags = socket.MSG_PEEK | getattr(socket, "MSG_DONTWAIT", 0)
+        try:
+            with socket.fromfd(sock.fileno(), sock.family, sock.type) as probe:
+                probe.recv(1, flags)
+        except BlockingIOError:
+            return False  # nothing to read: the connection is idle and open
+        except OSError:
+            return True
+        return True
+
+
+class AsyncMarkingClusterConnection(_AsyncMarkConnectFailures, async_connection.Connection):
+    """redis-py's asyncio connection, telling connect failures apart (cluster nodes)."""
+
+
+class AsyncMarkingClusterSSLConnection(_AsyncMarkConnectFailures, async_connection.SSLConnection):
+    """The TLS twin of :class:`AsyncMarkingClusterConnection`."""
+
+
+def contract_url(url: str) -> str:
+    """``url`` without the query options that contract 2 pins (:data:`PINNED_URL_OPTIONS`):
+    redis-py lets a URL's query override keyword arguments."""
+    parts = urlsplit(url)
+    query = [(k, v) for k, v in parse_qsl(parts.query) if k not in PINNED_URL_OPTIONS]
+    return urlunsplit(parts._replace(query=urlencode(query)))
+
+
+# -- one group, slot by slot ----------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Call:
+    """One ``EVALSHA`` of a plan: the script's name, its KEYS and its ARGV."""
+
+    script: str
+    keys: list[str]
+    args: list[int]
+
+
+@dataclass(frozen=True, slots=True)
+class Slice:
+    """The policies of a group that share one hash slot (``indexes`` into the group, in
+    order) and the request deciding them atomically."""
+
+    indexes: tuple[int, ...]
+    request: GroupRequest
+
+
+def split_by_slot(request: GroupRequest, slot_of: Callable[[str], int]) -> list[Slice]:
+    """Group ``request``'s policies by the slot of their counter key, in the order of
+    each slot's first policy, keeping policy order inside each slice."""
+    by_slot: dict[int, list[int]] = {}
+    for index, counter in enumerate(request.counters):
+        by_slot.setdefault(slot_of(counter), []).append(index)
+    return [
+        Slice(
+            tuple(indexes),
+            dataclasses.replace(
+                request,
+                counters=tuple(request.counters[i] for i in indexes),
+                evaluation_keys=tuple(request.evaluation_keys[i] for i in indexes),
+                calls=tuple(request.calls[i] for i in indexes),
+            ),
+        )
+        for indexes in by_slot.values()
+    ]
+
+
+#: Always denies (cost 2 > limit 1, whatever its never-written counter holds), so the
+#: policies of a slice decided after a refusal are computed at their real cost and
+#: charged nothing: evaluate.lua charges nothing when an enforced policy denies.
+_VETO = PolicyCall(FIXED_WINDOW, (Window("veto", 1, 1000, 1),), cost=2, enforce=True)
+
+
+def dry_run(request: GroupRequest) -> GroupRequest:
+    """``request`` plus a veto: every policy's own decision, nothing charged.
+
+    The veto's counter and evaluation-id record carry the slice's hash tag and this
+    evaluation's id (they extend its first record's name); the counter is only read, the
+    record lives ``DEDUP_TTL`` like any other, so a retry of the evaluation replays it.
+    """
+    record = request.evaluation_keys[0]
+    return dataclasses.replace(
+        request,
+        counters=(*request.counters, f"{record}:veto"),
+        evaluation_keys=(*request.evaluation_keys, f"{record}:veto:e"),
+        calls=(*request.calls, _VETO),
+    )
+
+
+def evaluate_call(request: GroupRequest) -> Call:
+    """The ``evaluate.lua`` call deciding ``request``."""
+    return Call("evaluate", request.keys(), request.args())
+
+
+def refund_call(request: GroupRequest, results: Sequence[PolicyResult]) -> Call | None:
+    """The ``refund.lua`` call giving back what ``results`` charged (None: nothing)."""
+    keys: list[str] = []
+    args: list[int] = [0]
+    for counter, call, result in zip(request.counters, request.calls, results, strict=True):
+        if result.status != ALLOWED:
+            continue
+        keys.append(counter)
+        args += [ALGORITHM_CODES[call.algorithm], call.cost, result.now_ms, len(call.windows)]
+        args += [window.period_ms for window in call.windows]
+    if not keys:
+        return None
+    args[0] = len(keys)
+    return Call("refund", keys, args)
+
+
+def uncharged(call: PolicyCall, result: PolicyResult) -> PolicyResult:
+    """``result`` as reported after its charge was refunded: status
+    :data:`ALLOWED_UNCHARGED`, each window's ``remaining`` plus the cost, capped at the
+    window's limit (the token bucket's capacity). Best effort: the other numbers stay
+    those of the charged state."""
+    if result.status != ALLOWED:
+        return result
+    windows = tuple(
+        dataclasses.replace(
+            numbers,
+            remaining=min(
+                window.capacity if call.algorithm == TOKEN_BUCKET else window.limit,
+                numbers.remaining + call.cost,
+            ),
+        )
+        for window, numbers in zip(call.windows, result.windows, strict=True)
+    )
+    return PolicyResult(ALLOWED_UNCHARGED, result.now_ms, windows)
+
+
+Plan = Generator[Call, Any, GroupReply]
+
+
+def plan(request: GroupRequest, slices: Sequence[Slice]) -> Plan:
+    """Decide ``request`` slice by slice; yields each :class:`Call` and receives its raw
+    reply (a failure is thrown in as :class:`BackendError`). Returns the group's reply.
+
+    * Slices run in order, each one ``EVALSHA`` (atomic within its slot).
+    * Once an enforced policy denies, the later slices run as :func:`dry_run`s (their
+      outcomes at the real cost, nothing charged), and the charges of the earlier slices
+      are refunded (:func:`refund_call`); their results become :func:`uncharged`. A
+      refund that fails is logged, and its results keep their charge.
+    * A ``clock_unsafe`` slice refunds the earlier charges and makes the group
+      ``clock_unsafe``, as one script would.
+    * A failed call fails the group. ``indeterminate`` keeps the earlier charges: the
+      limiter's retry, with the same evaluation id, replays every slice that ran (its
+      evaluation-id records) and refunds at most once. Any other failure ran nothing in
+      its slot, so the earlier charges are refunded first.
+    """
+    if len(slices) == 1:
+        return _parse((yield evaluate_call(request)), request)
+    results: list[PolicyResult | None] = [None] * len(request.calls)
+    charged: list[tuple[Slice, tuple[PolicyResult, ...]]] = []
+    refused = False
+    replayed = True
+    for part in slices:
+        sub = dry_run(part.request) if refused and not request.peek else part.request
+        try:
+            reply = _parse((yield evaluate_call(sub)), sub)
+        except BackendError as error:
+            if error.reason != INDETERMINATE:
+                yield from _refund(charged)
+            raise error
+        if reply.clock_unsafe:
+            yield from _refund(charged)
+            return GroupReply(True, False, ())
+        own = reply.results[: len(part.indexes)]
+        replayed = replayed and reply.replayed
+        for index, result in zip(part.indexes, own, strict=True):
+            results[index] = result
+        if any(result.status == ALLOWED for result in own):
+            charged.append((part, own))
+        if any(
+            call.enforce and result.status == DENIED
+            for call, result in zip(part.request.calls, own, strict=True)
+        ):
+            refused = True
+    if refused:
+        for part, own in (yield from _refund(charged)):
+            for index, call, result in zip(part.indexes, part.request.calls, own, strict=True):
+                results[index] = uncharged(call, result)
+    assert all(result is not None for result in results)
+    return GroupReply(False, replayed, tuple(r for r in results if r is not None))
+
+
+def _refund(
+    charged: Sequence[tuple[Slice, tuple[PolicyResult, ...]]],
+) -> Generator[Call, Any, list[tuple[Slice, tuple[PolicyResult, ...]]]]:
+    """Refund each charged slice (one call each); return those refunded. Failures are
+    logged, never raised."""
+    done = []
+    for part, own in charged:
+        call = refund_call(part.request, own)
+        if call is None:
+            continue
+        try:
+            yield call
+        except BackendError as error:
+            logger.warning(
+                "quota cluster refund failed, the charge stays: reason=%s policies=%d",
+                error.reason,
+                len(call.keys),
+            )
+            continue
+        done.append((part, own))
+    return done
+
+
+def _parse(reply: Any, request: GroupRequest) -> GroupReply:
+    try:
+        return parse_reply(reply, request.window_counts)
+    except (TypeError, ValueError) as exc:
+        raise BackendError(BACKEND_ERROR, f"unexpected script reply: {exc}") from exc
+
+
+def drive(steps: Plan, run: Callable[[Call], Any]) -> GroupReply:
+    """Run a :func:`plan` with ``run`` doing each call (raising :class:`BackendError`)."""
+    try:
+        call = next(steps)
+        while True:
+            try:
+                raw = run(call)
+            except BackendError as error:
+                call = steps.throw(error)
+            else:
+                call = steps.send(raw)
+    except StopIteration as stop:
+        reply: GroupReply = stop.value
+        return reply
+
+
+async def adrive(steps: Plan, run: Callable[[Call], Awaitable[Any]]) -> GroupReply:
+    """Async twin of :func:`drive`."""
+    try:
+        call = next(steps)
+        while True:
+            try:
+                raw = await run(call)
+            except BackendError as error:
+                call = steps.throw(error)
+            else:
+                call = steps.send(raw)
+    except StopIteration as stop:
+        reply: GroupReply = stop.value
+        return reply
+
+
+def slot_of(key: str) -> int:
+    """The Redis Cluster hash slot of ``key`` (CRC16 of its ``{hash tag}``)."""
+    return int(key_slot(key.encode()))
+
+
+# -- the backend ------------------------------------------------------------------------------
+class RedisClusterBackend:
+    """Counters in a Redis Cluster (``QUOTA["CLUSTER"]``), same interface as
+    :class:`~django_quota.backends.redis.RedisBackend`.
+
+    ``url`` names any node (``redis://`` or ``rediss://``; the client discovers the
+    others). Clients are created lazily and shared per process; the sync client connects
+    when created, so a cluster that cannot be reached is a failure of that call, and the
+    next call tries again. The async client is kept per event loop.
+    """
+
+    mode = BACKEND_MODE_REDIS
+
+    def __init__(
+        self,
+        *,
+        url: str,
+        timeout: float,
+        max_inflight: int,
+        url_options: Mapping[str, Any] | None = None,
+    ) -> None:
+        self.url = contract_url(url)
+        self.timeout = timeout
+        self.max_inflight = max_inflight
+        self.url_options = dict(url_options or {})
+        self._lock = threading.Lock()
+        self._client: Any = None
+        self._async_clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Any] = (
+            weakref.WeakKeyDictionary()
+        )
+        self._sources = {source.name: source for source in all_scripts()}
+
+    # -- clients -----------------------------------------------------------------------
+    def _options(self) -> dict[str, Any]:
+        return {**client_options(self.timeout, self.max_inflight), **self.url_options}
+
+    @property
+    def client(self) -> Any:
+        """The shared ``redis.cluster.RedisCluster`` (created, and connected, on first use)."""
+        client = self._client
+        if client is None:
+            with self._lock:
+                if self._client is None:
+                    self._client = RedisCluster.from_url(
+                        self.url, connection_pool_class=MarkingConnectionPool, **self._options()
+                    )
+                client = self._client
+        return client
+
+    def _async(self) -> Any:
+        loop = asyncio.get_running_loop()
+        client = self._async_clients.get(loop)
+        if client is None:
+            options = {**self._options(), "retry": AsyncRetry(NoBackoff(), 0)}
+            client = async_cluster.RedisCluster.from_url(self.url, **options)
+            marking = (
+                AsyncMarkingClusterSSLConnection
+                if issubclass(
+                    client.connection_kwargs["connection_class"], async_connection.SSLConnection
+                )
+                else AsyncMarkingClusterConnection
+            )
+            client.connection_kwargs["connection_class"] = marking
+            for node in client.nodes_manager.startup_nodes.values():
+                node.connection_class = marking
+            self._async_clients[loop] = client
+        return client
+
+    # -- script calls ------------------------------------------------------------------
+    def _run(self, call: Call) -> Any:
+        """``EVALSHA`` on the primary of the call's slot. ``NOSCRIPT`` loads the script on
+        that primary only (redis-py's ``Script`` would load it on every primary, tying
+        this call to the health of the whole cluster) and runs it again: a script that
+        did not run charged nothing."""
+        source = self._sources[call.script]
+        try:
+            client = self.client
+            for attempt in range(NOSCRIPT_ATTEMPTS):
+                try:
+                    return client.evalsha(source.sha1, len(call.keys), *call.keys, *call.args)
+                except redis_exceptions.NoScriptError:
+                    if attempt == NOSCRIPT_ATTEMPTS - 1:
+                        raise
+                    node = client.get_node_from_key(call.keys[0])
+                    client.execute_command("SCRIPT LOAD", source.source, target_nodes=node)
+        except Exception as exc:
+            raise classify_cluster(exc) from exc
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def _arun(self, call: Call) -> Any:
+        """Async twin of :meth:`_run`."""
+        source = self._sources[call.script]
+        try:
+            client = self._async()
+            for attempt in range(NOSCRIPT_ATTEMPTS):
+                try:
+                    return await client.evalsha(source.sha1, len(call.keys), *call.keys, *call.args)
+                except redis_exceptions.NoScriptError:
+                    if attempt == NOSCRIPT_ATTEMPTS - 1:
+                        raise
+                    node = client.get_node_from_key(call.keys[0])
+                    await client.execute_command("SCRIPT LOAD", source.source, target_nodes=node)
+        except Exception as exc:
+            raise classify_cluster(exc) from exc
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def evaluate(self, request: GroupRequest) -> GroupReply:
+        """Decide ``request``: one ``EVALSHA`` per hash slot, in order (:func:`plan`)."""
+        return drive(plan(request, split_by_slot(request, slot_of)), self._run)
+
+    async def aevaluate(self, request: GroupRequest) -> GroupReply:
+        """Async twin of :meth:`evaluate`."""
+        return await adrive(plan(request, split_by_slot(request, slot_of)), self._arun)
+
+    def reset(self, counter: str, window_count: int) -> int:
+        """Run ``reset.lua`` for one counter."""
+        return int(self._run(Call("reset", [counter], [window_count])))
+
+    async def areset(self, counter: str, window_count: int) -> int:
+        """Async twin of :meth:`reset`."""
+        return int(await self._arun(Call("reset", [counter], [window_count])))
+
+    def ttl_ms(self, counter: str) -> int:
+        """``PTTL`` of ``counter`` (-2: no such key). Not on the hot path."""
+        try:
+            return int(self.client.pttl(counter))
+        except Exception as exc:
+            raise classify_cluster(exc) from exc
+
+    def preload(self) -> list[tuple[str, str]]:
+        """``SCRIPT LOAD`` every script on every primary; return (name, SHA1) pairs."""
+        loaded = []
+        try:
+            client = self.client
+            primaries = client.get_primaries()
+            for source in all_scripts():
+                for node in primaries:
+                    sha = client.execute_command("SCRIPT LOAD", source.source, target_nodes=node)
+                    if _text(sha) != source.sha1:
+                        raise BackendError(
+                            BACKEND_ERROR, f"{node.name} loaded {source.name} as {_text(sha)}"
+                        )
+                loaded.append((source.name, source.sha1))
+        except BackendError:
+            raise
+        except Exception as exc:
+            raise classify_cluster(exc) from exc
+        return loaded
+
+    def diagnose(self, probe_key: str) -> list[tuple[str, str, str]]:
+        """(check, status, detail) rows for ``quota check``, over every primary:
+        connectivity, latency, script load, permissions (on ``probe_key``'s primary),
+        clock offset (the worst) and ``maxmemory-policy`` (any that can evict)."""
+        rows: list[tuple[str, str, str]] = []
+        try:
+            client = self.client
+            primaries = client.get_primaries()
+            for node in primaries:
+                client.execute_command("PING", target_nodes=node)
+        except Exception as exc:
+            return [("connectivity", "error", str(classify_cluster(exc)))]
+        rows.append(("connectivity", "ok", f"PING answered by {len(primaries)} primaries"))
+        samples = []
+        for _ in range(5):
+            started = time.perf_counter()
+            client.execute_command("PING", target_nodes=primaries[0])
+            samples.append((time.perf_counter() - started) * 1000)
+        rows.append(("latency", "ok", f"{statistics.median(samples):.2f} ms median of 5 PINGs"))
+        try:
+            loaded = self.preload()
+            detail = ", ".join(f"{name} {sha}" for name, sha in loaded)
+            rows.append(("scripts", "ok", f"{detail} (on {len(primaries)} primaries)"))
+        except BackendError as exc:
+            rows.append(("scripts", "error", str(exc)))
+        try:
+            self.reset(probe_key, 1)
+            rows.append(("permissions", "ok", "EVALSHA, HGETALL/HSET/DEL allowed"))
+        except BackendError as exc:
+            rows.append(("permissions", "error", str(exc)))
+        try:
+            offsets = []
+            for node in primaries:
+                seconds, micros = client.execute_command("TIME", target_nodes=node)
+                offsets.append((int(seconds) + int(micros) / 1e6 - time.time()) * 1000)
+            worst = max(offsets, key=abs)
+            status = "ok" if abs(worst) < 1000 else "warning"
+            rows.append(("clock offset", status, f"{worst:+.1f} ms (worst primary - this host)"))
+        except Exception as exc:
+            rows.append(("clock offset", "warning", f"TIME failed: {exc}"))
+        try:
+            evicting = []
+            for node in primaries:
+                config = client.execute_command("CONFIG GET", "maxmemory*", target_nodes=node)
+                policy = _text(config.get("maxmemory-policy", "unknown"))
+                limit = int(_text(config.get("maxmemory", "0")))
+                if policy != "noeviction" and limit != 0:
+                    evicting.append(f"{node.name}: {policy} with maxmemory {limit}")
+            if evicting:
+                rows.append(
+                    (
+                        "maxmemory-policy",
+                        "warning",
+                        "; ".join(evicting) + " can evict live counters, which resets limits; "
+                        "use noeviction for the rate-limit database",
+                    )
+                )
+            else:
+                rows.append(("maxmemory-policy", "ok", "no primary can evict counters"))
+        except Exception as exc:
+            rows.append(("maxmemory-policy", "warning", f"CONFIG GET not allowed: {exc}"))
+        return rows
+
+    def close(self) -> None:
+        """Disconnect the synchronous client; async clients die with their loops."""
+        client, self._client = self._client, None
+        if client is not None:
+            with contextlib.suppress(Exception):  # closing never raises into setting_changed
+                client.close()
+        self._async_clients = weakref.WeakKeyDictionary()
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)

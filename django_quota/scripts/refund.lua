@@ -1,0 +1,83 @@
+--[[ refund.lua: give back charges evaluate.lua made for one request (django-quota, contract 5.4).
+
+Redis Cluster only. A group whose policies live in several hash slots is evaluated one slot
+at a time; when a later slot refuses the request, the charges already made in earlier
+slots are given back with this script, one call per slot. Best effort: it restores the
+count of the window that was charged, and leaves alone a window that has moved on.
+
+Integer arithmetic only; every division goes through floor_div. No number is formatted
+into a string; no key name is built here.
+
+KEYS (1 per policy i = 1..n, all in one hash slot):
+  KEYS[i]  the counter hash evaluate.lua charged for policy i
+ARGV:
+  1  n, the number of policies
+  then per policy: algorithm (1 fixed_window, 2 sliding_window, 3 token_bucket),
+       cost (integer >= 1, the units charged),
+       charged now (ms: the effective now evaluate.lua returned for the charge, which it
+                    stored as t),
+       window count m,
+       then per window: period (ms)
+Reply (integer): how many windows were refunded.
+
+Per window i of period P:
+  fixed_window    c<i> -= cost (never below 0) only while t's window is the charged one
+                  (t - t mod P == charged now - charged now mod P);
+  sliding_window  the same; and when t has moved into the next window, where the charged
+                  window's count is now p<i>, p<i> -= cost (never below 0);
+  token_bucket    the deficit c<i>·P + p<i> -= cost·P (never below 0), split again into
+                  c<i> = floor(deficit / P), p<i> = deficit mod P.
+A missing hash (expired, reset) is left alone. Neither t nor the TTL changes; evaluation-id
+records are never touched (they are not passed).
+]]
+
+local function floor_div(a, b)
+  local q = math.floor(a / b)
+  if q * b > a then
+    q = q - 1
+  elseif (q + 1) * b <= a then
+    q = q + 1
+  end
+  return q
+end
+
+local function mod(a, b)
+  return a - floor_div(a, b) * b
+end
+
+local n = tonumber(ARGV[1])
+local position = 2
+local refunded = 0
+for i = 1, n do
+  local algorithm = tonumber(ARGV[position])
+  local cost = tonumber(ARGV[position + 1])
+  local charged_now = tonumber(ARGV[position + 2])
+  local m = tonumber(ARGV[position + 3])
+  position = position + 4
+  local last = tonumber(redis.call('HGET', KEYS[i], 't'))
+  for w = 1, m do
+    local period = tonumber(ARGV[position + w - 1])
+    if last ~= nil then
+      local count = tonumber(redis.call('HGET', KEYS[i], 'c' .. w)) or 0
+      local extra = tonumber(redis.call('HGET', KEYS[i], 'p' .. w)) or 0
+      if algorithm == 3 then
+        local deficit = math.max(0, count * period + extra - cost * period)
+        local whole = floor_div(deficit, period)
+        redis.call('HSET', KEYS[i], 'c' .. w, whole, 'p' .. w, deficit - whole * period)
+        refunded = refunded + 1
+      else
+        local stored_start = last - mod(last, period)
+        local charged_start = charged_now - mod(charged_now, period)
+        if stored_start == charged_start then
+          redis.call('HSET', KEYS[i], 'c' .. w, math.max(0, count - cost))
+          refunded = refunded + 1
+        elseif algorithm == 2 and stored_start == charged_start + period then
+          redis.call('HSET', KEYS[i], 'p' .. w, math.max(0, extra - cost))
+          refunded = refunded + 1
+        end
+      end
+    end
+  end
+  position = position + m
+end
+return refunded

@@ -1,0 +1,130 @@
+"""A real Redis Cluster for the tests: three ``redis-server --cluster-enabled yes``
+primaries on free loopback ports (client and cluster-bus ports both chosen free), joined
+by ``redis-cli --cluster create``; nodes can be stopped and restarted on their port."""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator
+
+import pytest
+import redis
+
+from tests.conftest import IN_CI, require_redis_server
+from tests.faults import RedisProcess, free_port
+
+#: ms before the cluster marks a silent node as failing; longer than any test's outage,
+#: so a stopped node never turns the whole cluster to ``cluster_state:fail``.
+NODE_TIMEOUT_MS = 30_000
+
+
+class Cluster:
+    """``size`` primaries (no replicas) covering all 16384 slots."""
+
+    def __init__(self, size: int = 3) -> None:
+        self.nodes: list[RedisProcess] = []
+        for _ in range(size):
+            node = RedisProcess()
+            node.extra_args = (
+                "--cluster-enabled",
+                "yes",
+                "--cluster-config-file",
+                f"{node.directory}/nodes-{node.port}.conf",
+                "--cluster-port",
+                str(free_port()),
+                "--cluster-node-timeout",
+                str(NODE_TIMEOUT_MS),
+            )
+            self.nodes.append(node)
+
+    @property
+    def url(self) -> str:
+        """A URL naming one node (the client discovers the others)."""
+        return f"redis://127.0.0.1:{self.nodes[0].port}/0"
+
+    def start(self) -> None:
+        for node in self.nodes:
+            node.start()
+        subprocess.run(
+            [
+                "redis-cli",
+                "--cluster",
+                "create",
+                *(f"127.0.0.1:{node.port}" for node in self.nodes),
+                "--cluster-replicas",
+                "0",
+                "--cluster-yes",
+            ],
+            check=True,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            timeout=30,
+        )
+        self.wait_ok()
+
+    def wait_ok(self, timeout: float = 20.0) -> None:
+        """Until every running node reports ``cluster_state:ok`` and knows every node."""
+        deadline = time.monotonic() + timeout
+        for node in self.nodes:
+            if node.process is None:
+                continue
+            with contextlib.closing(node.client(socket_timeout=1.0)) as client:
+                while True:
+                    fields = {str(k): str(v) for k, v in client.cluster("INFO").items()}
+                    if (
+                        fields.get("cluster_state") == "ok"
+                        and int(fields.get("cluster_known_nodes", 0)) == len(self.nodes)
+                        and int(fields.get("cluster_slots_ok", 0)) == 16384
+                    ):
+                        break
+                    if time.monotonic() > deadline:
+                        raise RuntimeError(f"cluster not ok on {node.port}: {fields}")
+                    time.sleep(0.05)
+
+    def client(self, port: int) -> redis.Redis:
+        """A plain client on one node (for reading keys back, SCRIPT EXISTS, INFO)."""
+        node = next(node for node in self.nodes if node.port == port)
+        return node.client(socket_timeout=5.0)
+
+    def node_of(self, key: str) -> int:
+        """The port of the primary serving ``key`` (asked of the cluster itself)."""
+        with contextlib.closing(self.nodes[0].client()) as client:
+            slot = int(client.cluster("KEYSLOT", key))
+            for start, end, primary, *_ in client.cluster("SLOTS"):
+                if int(start) <= slot <= int(end):
+                    return int(primary[1])
+        raise LookupError(f"no node serves slot {slot}")
+
+    def flushall(self) -> None:
+        for node in self.nodes:
+            if node.process is not None:
+                with contextlib.closing(node.client()) as client:
+                    client.flushall()
+
+    def close(self) -> None:
+        for node in self.nodes:
+            node.close()
+
+
+@contextlib.contextmanager
+def redis_cluster(size: int = 3) -> Iterator[Cluster]:
+    """A started :class:`Cluster`, every node killed at the end whatever happens.
+
+    Skips locally and fails in CI (``CI=true``) without the ``redis-server`` or
+    ``redis-cli`` binary.
+    """
+    require_redis_server()
+    if shutil.which("redis-cli") is None:
+        message = "redis-cli not found (Debian's redis-tools, installed with redis-server)"
+        if IN_CI:
+            pytest.fail(message + "; in CI a missing Redis is a failure")
+        pytest.skip(message)
+    cluster = Cluster(size)
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.close()
