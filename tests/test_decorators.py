@@ -10,7 +10,7 @@ import json
 from typing import Any
 
 import pytest
-from asgiref.sync import async_to_sync
+from asgiref.sync import async_to_sync, sync_to_async
 from django.core.exceptions import ImproperlyConfigured
 from django.http import HttpRequest, HttpResponse
 from django.test import AsyncClient, Client, RequestFactory
@@ -460,7 +460,7 @@ def test_async_view_reads_the_session_user_off_the_event_loop(
 
     async def scenario() -> list[int]:
         client = AsyncClient()
-        await client.aforce_login(user)
+        await sync_to_async(client.force_login)(user)  # aforce_login is Django 5.0+
         return await astatuses(client, "/aauto/", 4)
 
     # "auto" reads request.user (a database query) for an async view: no

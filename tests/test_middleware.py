@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from asgiref.sync import async_to_sync
+from asgiref.sync import async_to_sync, sync_to_async
 from django.http import HttpResponse
 from django.test import AsyncClient, Client
 
@@ -825,7 +825,7 @@ def test_async_path_counts_a_session_user(quota: Any, django_user_model: Any) ->
 
     async def scenario() -> list[int]:
         client = AsyncClient()
-        await client.aforce_login(user)
+        await sync_to_async(client.force_login)(user)  # aforce_login is Django 5.0+
         return [(await client.get("/api/async/")).status_code for _ in range(3)]
 
     assert async_to_sync(scenario)() == [200, 200, 429]
