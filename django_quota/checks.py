@@ -65,7 +65,11 @@ def _named_policies(callback: Any) -> list[str]:
     drf_view = getattr(callback, "cls", None)
     if drf_view is not None:
         try:
-            from django_quota.throttling import QuotaThrottle, SimpleRateThrottle
+            from django_quota.throttling import (
+                QuotaThrottle,
+                SimpleRateThrottle,
+                named_policy_ids,
+            )
         except ImportError:  # DRF not installed
             return names
         for throttle in getattr(drf_view, "throttle_classes", ()):
@@ -73,13 +77,7 @@ def _named_policies(callback: Any) -> list[str]:
                 continue
             if issubclass(throttle, SimpleRateThrottle):
                 continue
-            ids = getattr(drf_view, "quota_policies", None)
-            if ids is None:
-                ids = throttle.quota_policies
-            if ids is None:
-                scope = getattr(drf_view, "throttle_scope", None)
-                ids = [scope] if scope else []
-            names.extend([ids] if isinstance(ids, str) else ids)
+            names.extend(named_policy_ids(drf_view, throttle.quota_policies))
     return names
 
 

@@ -65,6 +65,18 @@ Subject = Mapping[str, object]
 SubjectSource = Callable[[Policy], Subject]
 
 
+def named_policy_ids(view: Any, default: Sequence[str] | str | None = None) -> list[str]:
+    """The policy ids a ``QuotaThrottle`` applies to ``view`` (a view or view class): its
+    ``quota_policies``, else the throttle's ``default``, else its ``throttle_scope``."""
+    names = getattr(view, "quota_policies", None)
+    if names is None:
+        names = default
+    if names is None:
+        scope = getattr(view, "throttle_scope", None)
+        names = [scope] if scope else []
+    return [names] if isinstance(names, str) else list(names)
+
+
 class QuotaUnavailable(APIException):
     """The rate limiter could not decide and a policy fails closed: 503.
 
@@ -240,14 +252,7 @@ class QuotaThrottle(BaseThrottle):
 
         Raises :class:`~django_quota.policies.UnknownPolicy` for an unknown id.
         """
-        names = getattr(view, "quota_policies", None)
-        if names is None:
-            names = self.quota_policies
-        if names is None:
-            scope = getattr(view, "throttle_scope", None)
-            names = [scope] if scope else []
-        if isinstance(names, str):
-            names = [names]
+        names = named_policy_ids(view, self.quota_policies)
         return [policies.get_policy(name) for name in dict.fromkeys(names)]
 
     def allow_request(self, request: Any, view: Any) -> bool:
