@@ -38,7 +38,6 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
-import socket
 import statistics
 import threading
 import time
@@ -62,6 +61,7 @@ from django_quota.backends.redis import (
     MarkingConnectionPool,
     classify,
     client_options,
+    peer_hung_up,
 )
 from django_quota.core.errors import BackendError
 from django_quota.core.model import (
@@ -163,32 +163,12 @@ class _AsyncMarkConnectFailures:
             # An idle connection with something to read was closed by the server (or is
             # out of step): drop it, so super() connects afresh, marked.
             try:
-                stale = await self.can_read() or self._peer_hung_up()  # type: ignore[attr-defined]
+                stale = await self.can_read() or peer_hung_up(self)  # type: ignore[attr-defined]
             except _CONNECT_ERRORS:
                 stale = True
             if stale:
                 await self.disconnect()  # type: ignore[attr-defined]
         await super().send_packed_command(command, check_health)  # type: ignore[misc]
-
-    def _peer_hung_up(self) -> bool:
-        """Whether the socket holds an end of file (or unexpected bytes) that the event
-        loop has not read yet: ``can_read`` sees only what the loop already read, and a
-        loop that did not run since the server closed the connection has read nothing.
-        Peeks on a duplicate of the descriptor, consuming nothing."""
-        writer = getattr(self, "_writer", None)
-        transport = getattr(writer, "transport", None)
-        sock = transport.get_extra_info("socket") if transport is not None else None
-        if sock is None:
-            return False
-        flags = socket.MSG_PEEK | getattr(socket, "MSG_DONTWAIT", 0)
-        try:
-            with socket.fromfd(sock.fileno(), sock.family, sock.type) as probe:
-                probe.recv(1, flags)
-        except BlockingIOError:
-            return False  # nothing to read: the connection is idle and open
-        except OSError:
-            return True
-        return True
 
 
 class AsyncMarkingClusterConnection(_AsyncMarkConnectFailures, async_connection.Connection):

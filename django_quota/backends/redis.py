@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 import threading
 import weakref
 from collections.abc import Callable, Mapping
@@ -73,16 +74,49 @@ class _MarkConnectFailures:
             raise ConnectFailed(exc) from exc
 
 
+def peer_hung_up(connection: Any) -> bool:
+    """Whether an asyncio connection's socket holds an end of file (or stray bytes) that
+    the event loop has not read yet: redis-py's ``can_read`` sees only what the loop
+    already read, and a loop that did not run since the server closed the connection has
+    read nothing. Peeks on a duplicate of the descriptor, consuming nothing."""
+    writer = getattr(connection, "_writer", None)
+    transport = getattr(writer, "transport", None)
+    sock = transport.get_extra_info("socket") if transport is not None else None
+    if sock is None:
+        return False
+    flags = socket.MSG_PEEK | getattr(socket, "MSG_DONTWAIT", 0)
+    try:
+        with socket.fromfd(sock.fileno(), sock.family, sock.type) as probe:
+            probe.recv(1, flags)
+    except BlockingIOError:
+        return False  # nothing to read: idle and open
+    except OSError:
+        return True
+    return True
+
+
 class _AsyncMarkConnectFailures:
-    """Async twin of :class:`_MarkConnectFailures`."""
+    """Async twin of :class:`_MarkConnectFailures`; also replaces a pooled connection the
+    server closed while the event loop was idle (:func:`peer_hung_up`), so that a stopped
+    server is ``backend_unavailable`` rather than ``indeterminate``."""
 
     async def get_connection(self, *args: Any, **kwargs: Any) -> Any:
         try:
-            return await super().get_connection(*args, **kwargs)  # type: ignore[misc]
+            connection = await super().get_connection(*args, **kwargs)  # type: ignore[misc]
         except ConnectFailed:
             raise
         except _CONNECT_ERRORS as exc:
             raise ConnectFailed(exc) from exc
+        if peer_hung_up(connection):
+            try:
+                await connection.disconnect()
+                await connection.connect()
+            except BaseException as exc:
+                await self.release(connection)  # type: ignore[attr-defined]
+                if isinstance(exc, _CONNECT_ERRORS):
+                    raise ConnectFailed(exc) from exc
+                raise
+        return connection
 
 
 class MarkingConnectionPool(_MarkConnectFailures, redis.ConnectionPool):
