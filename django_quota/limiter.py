@@ -1,8 +1,13 @@
 """The Python API: evaluate, peek and reset (and their async twins), HTTP-free.
 
-Every call is a pure *prepare* (identities, costs, keys, script arguments), one backend
-call, and a pure *interpret* (outcomes, failure modes, fallback), so the sync and async
-paths differ by one ``await``.
+One evaluation is a plan driven once: :meth:`Limiter.prepare` (identities, costs, keys,
+script arguments, with everything that depends only on the policy compiled once per
+policy and revision), one backend call (one per hash slot on a Redis Cluster), and
+:meth:`Limiter.interpret` (outcomes). Retries, the local fallback and the failure modes
+live in one generator, :meth:`Limiter.steps`; :func:`evaluate_policies` and
+:func:`aevaluate_policies` drive it and differ by one ``await``. Each backend node has
+its own in-flight bound and circuit breaker, owned by the :class:`Limiter` built for the
+current settings (``docs/failures.md``).
 """
 
 from __future__ import annotations
@@ -12,8 +17,9 @@ import logging
 import secrets
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections import deque
+from collections.abc import Callable, Generator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from django.utils.module_loading import import_string
@@ -21,11 +27,13 @@ from django.utils.module_loading import import_string
 from django_quota import conf, metrics, policies
 from django_quota.backends import Backend
 from django_quota.backends.memory import MemoryBackend
-from django_quota.core.breaker import CircuitBreaker
+from django_quota.core.admission import NodeGuard
+from django_quota.core.breaker import BreakerError, CircuitBreaker
 from django_quota.core.errors import BackendError
 from django_quota.core.identity import Identity, IdentityError, build_identity
 from django_quota.core.model import PolicyCall
 from django_quota.core.outcome import (
+    BACKEND_ERROR,
     BACKEND_MODE_FALLBACK,
     BACKEND_TIMEOUT,
     BACKEND_UNAVAILABLE,
@@ -43,12 +51,7 @@ from django_quota.core.outcome import (
     outcome_from_result,
 )
 from django_quota.core.policy import TOKEN_BUCKET, Policy
-from django_quota.core.protocol import (
-    GroupReply,
-    GroupRequest,
-    counter_key,
-    evaluation_key,
-)
+from django_quota.core.protocol import GroupReply, GroupRequest, counter_key, fingerprint
 
 logger = logging.getLogger("django_quota")
 
@@ -58,19 +61,516 @@ Subject = Mapping[str, object]
 SubjectSource = Subject | Callable[[Policy], Subject]
 Clock = Callable[[], float]
 FALLBACK_REASONS = frozenset({BACKEND_TIMEOUT, BACKEND_UNAVAILABLE})
-
-
-# -- backends ----------------------------------------------------------------------------
-_backend_lock = threading.Lock()
-_backend: Backend | None = None
-_fallback: MemoryBackend | None = None
-_breaker: CircuitBreaker | None = None
-_inflight = 0
-_inflight_lock = threading.Lock()
-#: Consecutive failures that open the circuit breaker.
+#: Consecutive failures that open a node's circuit breaker.
 BREAKER_THRESHOLD = 5
-#: Failures that count for the breaker: the backend could not be reached or did not answer.
+#: Failures that count for the breaker: the node could not be reached or did not answer.
 BREAKER_REASONS = frozenset({BACKEND_TIMEOUT, BACKEND_UNAVAILABLE, INDETERMINATE})
+#: Identities remembered per process (subject values -> pseudonym), per settings.
+IDENTITY_CACHE_SIZE = 4096
+#: Compiled policies remembered per process, per settings.
+COMPILED_CACHE_SIZE = 1024
+
+
+class Refused(BackendError):
+    """The limiter itself did not call a node: its in-flight bound stayed full for the
+    rest of ``DEADLINE``, or its circuit breaker is open. Not a failure of the node."""
+
+
+def new_evaluation_id() -> str:
+    """A fresh 128-bit random evaluation id (22 base64url characters)."""
+    return secrets.token_urlsafe(16)
+
+
+def _validate_cost(cost: object) -> int:
+    if isinstance(cost, bool) or not isinstance(cost, int):
+        raise TypeError(f"cost must be an int, not {type(cost).__name__}")
+    if cost < 0:
+        raise ValueError(f"cost must be >= 0, not {cost}")
+    return cost
+
+
+# -- compiled policies ---------------------------------------------------------------------
+class Compiled:
+    """What one policy (at one revision) needs on every evaluation, computed once: the
+    counter key's tail, the largest cost its windows can ever admit, its script
+    arguments per cost, and its failure mode under the current settings."""
+
+    __slots__ = ("calls", "cost_bound", "fail_open", "key_tail", "policy")
+
+    def __init__(self, policy: Policy, settings: conf.QuotaSettings) -> None:
+        self.policy = policy
+        self.key_tail = f"}}:{len(policy.id)}:{policy.id}:{policy.revision}"
+        bounds = [
+            window.capacity if policy.algorithm == TOKEN_BUCKET else window.limit
+            for window in policy.windows
+        ]
+        if policy.max_cost is not None:
+            bounds.append(policy.max_cost)
+        self.cost_bound = min(bounds) if bounds else 0
+        self.fail_open = policy.shadow or settings.failure_mode_of(policy) == "open"
+        self.calls: dict[int, PolicyCall] = {}
+
+    def call(self, cost: int) -> PolicyCall:
+        """The policy's :class:`PolicyCall` at ``cost`` (script arguments encoded once)."""
+        call = self.calls.get(cost)
+        if call is None:
+            policy = self.policy
+            call = PolicyCall(policy.algorithm, policy.windows, cost, not policy.shadow)
+            if len(self.calls) < 16:
+                self.calls[cost] = call
+        return call
+
+    def counter(self, prefix: str, identity: Identity) -> str:
+        """The counter key of ``identity`` (as :func:`~django_quota.core.protocol.counter_key`)."""
+        key = f"{prefix}:{{{identity.hash_tag}{self.key_tail}"
+        if identity.route is not None and identity.pseudonym is not None:
+            key += f":{identity.route}"
+        return key
+
+
+@dataclass(slots=True)
+class Prepared:
+    """A group ready for one backend call: early outcomes, and the request if any."""
+
+    compiled: list[Compiled]
+    outcomes: list[Outcome | None]
+    request: GroupRequest | None
+    sent: list[int]
+    evaluation_id: str
+    started: float
+    peek: bool
+    backend_mode: str
+
+    @property
+    def policies(self) -> tuple[Policy, ...]:
+        """The group's policies, in order."""
+        return tuple(compiled.policy for compiled in self.compiled)
+
+
+Steps = Generator[Any, Any, list[Outcome]]
+
+
+# -- the limiter ---------------------------------------------------------------------------
+class Limiter:
+    """Everything one settings generation decides with: the backend, the local fallback,
+    one :class:`~django_quota.core.admission.NodeGuard` per backend node, compiled
+    policies and remembered identities. Built by :func:`get_limiter`, dropped when a
+    watched setting changes."""
+
+    def __init__(self, settings: conf.QuotaSettings, backend: Backend) -> None:
+        self.settings = settings
+        self.backend = backend
+        self.backend_mode = backend.mode
+        self.local = isinstance(backend, MemoryBackend)
+        self.fallback = (
+            MemoryBackend(settings.local_fallback_max_entries, mode=BACKEND_MODE_FALLBACK)
+            if settings.local_fallback_enabled
+            else None
+        )
+        self.recent_errors: deque[BreakerError] = deque(maxlen=20)
+        self._guards: dict[str, NodeGuard] = {}
+        self._lock = threading.Lock()
+        self._compiled: dict[int, Compiled] = {}
+        self._identities: dict[tuple[object, ...], Identity] = {}
+        self.prefix = settings.key_prefix
+        self.dedup_ttl_ms = round(settings.dedup_ttl * 1000)
+        self.cleanup_grace_ms = round(settings.cleanup_grace * 1000)
+        self.max_regression_ms = round(settings.max_clock_regression * 1000)
+        self.clock: Clock | None = None
+        if settings.clock == "client":
+            self.clock = time.time
+        elif settings.clock != "redis":
+            self.clock = import_string(settings.clock)
+
+    def close(self) -> None:
+        """Release the backend's connections."""
+        self.backend.close()
+
+    # -- nodes --------------------------------------------------------------------------
+    def guard(self, name: str = "default") -> NodeGuard:
+        """The guard of node ``name`` (created on first use)."""
+        guard = self._guards.get(name)
+        if guard is None:
+            with self._lock:
+                guard = self._guards.get(name)
+                if guard is None:
+                    guard = NodeGuard(
+                        name,
+                        max_inflight=self.settings.max_inflight,
+                        threshold=BREAKER_THRESHOLD,
+                        cool_down=self.settings.failure_retry_after,
+                        recent_errors=self.recent_errors,
+                    )
+                    self._guards[name] = guard
+        return guard
+
+    def guards(self) -> dict[str, NodeGuard]:
+        """Every node guard created so far, by node name."""
+        return dict(self._guards)
+
+    def _admit(self, guard: NodeGuard, acquired: bool) -> None:
+        if not acquired:
+            raise Refused(BACKEND_UNAVAILABLE, f"MAX_INFLIGHT reached on {guard.name}")
+        if not guard.breaker.allow():
+            guard.slots.release()
+            raise Refused(BACKEND_UNAVAILABLE, f"circuit breaker open for {guard.name}")
+
+    def _account(self, guard: NodeGuard, error: BackendError | None) -> None:
+        breaker = guard.breaker
+        if error is None:
+            state = breaker.success()
+        elif error.reason in BREAKER_REASONS:
+            state = breaker.failure(error.reason, str(error))
+        else:  # the node answered: it is reachable
+            state = breaker.success()
+            breaker.note(error.reason, str(error))
+        if state is not None:
+            logger.warning("quota circuit breaker %s for node %s", state, guard.name)
+
+    def _remaining(self, started: float) -> float:
+        return self.settings.deadline - (time.monotonic() - started)
+
+    def execute(self, call: Any, started: float) -> Any:
+        """Run one backend call on its node, inside that node's in-flight bound and
+        breaker (raises :class:`BackendError`)."""
+        backend: Any = self.backend
+        guard = self.guard(backend.node_of(call))
+        self._admit(guard, guard.slots.acquire(self._remaining(started)))
+        try:
+            raw = backend.run(call)
+        except BackendError as error:
+            self._account(guard, error)
+            raise
+        finally:
+            guard.slots.release()
+        self._account(guard, None)
+        return raw
+
+    async def aexecute(self, call: Any, started: float) -> Any:
+        """Async twin of :meth:`execute`."""
+        backend: Any = self.backend
+        guard = self.guard(backend.node_of(call))
+        self._admit(guard, await guard.slots.aacquire(self._remaining(started)))
+        try:
+            raw = await backend.arun(call)
+        except BackendError as error:
+            self._account(guard, error)
+            raise
+        finally:
+            guard.slots.release()
+        self._account(guard, None)
+        return raw
+
+    # -- prepare ------------------------------------------------------------------------
+    def compiled(self, policy: Policy) -> Compiled:
+        """``policy`` compiled for these settings (cached per policy object)."""
+        found = self._compiled.get(id(policy))
+        if found is None or found.policy is not policy:
+            if len(self._compiled) >= COMPILED_CACHE_SIZE:
+                self._compiled.clear()
+            found = Compiled(policy, self.settings)
+            self._compiled[id(policy)] = found
+        return found
+
+    def identity(self, policy: Policy, subject: Subject) -> Identity:
+        """``subject``'s identity for ``policy``'s selector (raises
+        :class:`~django_quota.core.identity.IdentityError`). Identities of plain string and
+        integer values are remembered (bounded), so a subject's pseudonym is computed
+        once, not once per policy and request."""
+        selector = policy.selector
+        items = tuple(subject.items())
+        cacheable = True
+        for _, value in items:
+            kind = type(value)
+            if kind is not str and kind is not int and value is not None:
+                cacheable = False
+                break
+        key = (selector, items)
+        if cacheable:
+            found = self._identities.get(key)
+            if found is not None:
+                return found
+        settings = self.settings
+        identity = build_identity(
+            selector,
+            subject,
+            hmac_key=settings.hmac_key,
+            hmac_key_version=settings.hmac_key_version,
+            ipv6_prefix=settings.ipv6_prefix,
+        )
+        if cacheable:
+            if len(self._identities) >= IDENTITY_CACHE_SIZE:
+                self._identities.clear()
+            self._identities[key] = identity
+        return identity
+
+    def now(self, clock: Clock | None) -> int | None:
+        """The ``now`` (ms) to pass, or None for the backend's clock (Redis ``TIME``)."""
+        clock = clock or self.clock
+        return None if clock is None else round(float(clock()) * 1000)
+
+    def prepare(
+        self,
+        group: Sequence[Policy],
+        subject: SubjectSource,
+        cost: int,
+        *,
+        peek: bool = False,
+        evaluation_id: str | None = None,
+        clock: Clock | None = None,
+    ) -> Prepared:
+        """Resolve identities and costs; build the one backend request for what remains.
+
+        An enforced policy refused before the backend (identity error, cost above its
+        limit) refuses the group: nothing is sent and the other policies get no outcome.
+        A caller's ``evaluation_id`` may repeat an earlier one: the backend searches its
+        ledgers for it first (``docs/failures.md``).
+        """
+        cost = _validate_cost(cost)
+        if cost == 0:
+            peek = True
+        caller_id = evaluation_id is not None
+        if evaluation_id is None:
+            evaluation_id = new_evaluation_id()
+        backend_mode = self.backend_mode
+        compiled_group: list[Compiled] = []
+        outcomes: list[Outcome | None] = []
+        counters: list[str] = []
+        calls: list[PolicyCall] = []
+        sent: list[int] = []
+        refused = False
+        for index, policy in enumerate(group):
+            compiled = self.compiled(policy)
+            compiled_group.append(compiled)
+            if not policy.enabled:
+                outcomes.append(bare_outcome(policy, SKIPPED, None, backend_mode=backend_mode))
+                continue
+            try:
+                identity = self.identity(policy, subject(policy) if callable(subject) else subject)
+            except IdentityError as exc:
+                if exc.reason == SELECTOR_IDENTITY_MISSING and policy.on_missing == "skip":
+                    decision = SKIPPED
+                else:
+                    decision = SHADOW_DENIED if policy.shadow else DENIED_DECISION
+                refused = refused or decision == DENIED_DECISION
+                outcomes.append(
+                    bare_outcome(policy, decision, exc.reason, backend_mode=backend_mode)
+                )
+                continue
+            if not peek and cost > compiled.cost_bound:
+                refused = refused or not policy.shadow
+                decision = SHADOW_DENIED if policy.shadow else DENIED_DECISION
+                outcomes.append(
+                    bare_outcome(policy, decision, COST_EXCEEDS_LIMIT, backend_mode=backend_mode)
+                )
+                continue
+            outcomes.append(None)
+            sent.append(index)
+            counters.append(compiled.counter(self.prefix, identity))
+            calls.append(compiled.call(cost))
+        request = None
+        if sent and not refused:
+            now_ms = self.now(clock)
+            request = GroupRequest(
+                counters=tuple(counters),
+                calls=tuple(calls),
+                now_ms=now_ms,
+                peek=peek,
+                max_regression_ms=-1 if now_ms is None else self.max_regression_ms,
+                dedup_ttl_ms=self.dedup_ttl_ms,
+                cleanup_grace_ms=self.cleanup_grace_ms,
+                fingerprint="" if peek else fingerprint(evaluation_id),
+                may_repeat=caller_id,
+            )
+        elif refused:
+            sent = []
+        return Prepared(
+            compiled_group,
+            outcomes,
+            request,
+            sent,
+            evaluation_id,
+            time.monotonic(),
+            peek,
+            backend_mode,
+        )
+
+    # -- interpret ----------------------------------------------------------------------
+    def interpret(self, prepared: Prepared, reply: GroupReply, backend_mode: str) -> list[Outcome]:
+        """Turn a backend reply into outcomes (failure modes for a refused decision)."""
+        if reply.clock_unsafe:
+            return self.failed(prepared, CLOCK_UNSAFE, backend_mode)
+        if reply.indeterminate:
+            return self.failed(prepared, INDETERMINATE, backend_mode)
+        outcomes = prepared.outcomes
+        compiled = prepared.compiled
+        for index, result in zip(prepared.sent, reply.results, strict=True):
+            outcomes[index] = outcome_from_result(
+                compiled[index].policy,
+                result,
+                backend_mode=backend_mode,
+                evaluation_id=prepared.evaluation_id,
+            )
+        return [outcome for outcome in outcomes if outcome is not None]
+
+    def failed(self, prepared: Prepared, reason: str, backend_mode: str) -> list[Outcome]:
+        """Apply each sent policy's failure mode for ``reason``."""
+        logger.warning(
+            "quota backend failure: reason=%s policies=%s",
+            reason,
+            ",".join(prepared.compiled[i].policy.id for i in prepared.sent),
+        )
+        retry_after = float(self.settings.failure_retry_after)
+        for index in prepared.sent:
+            compiled = prepared.compiled[index]
+            if compiled.fail_open:
+                outcome = bare_outcome(
+                    compiled.policy,
+                    FAILED_OPEN,
+                    reason,
+                    backend_mode=backend_mode,
+                    evaluation_id=prepared.evaluation_id,
+                )
+            else:
+                outcome = bare_outcome(
+                    compiled.policy,
+                    FAILED_CLOSED,
+                    reason,
+                    backend_mode=backend_mode,
+                    evaluation_id=prepared.evaluation_id,
+                    retry_after=retry_after,
+                )
+            prepared.outcomes[index] = outcome
+        return [outcome for outcome in prepared.outcomes if outcome is not None]
+
+    def degraded(self, prepared: Prepared, error: BackendError) -> list[Outcome]:
+        """Decide with the local fallback when the failure allows, else apply the failure
+        modes."""
+        request = prepared.request
+        if self.fallback is not None and error.reason in FALLBACK_REASONS and request:
+            logger.warning("quota backend failure, deciding locally: reason=%s", error.reason)
+            try:
+                reply = self.fallback.evaluate(dataclasses.replace(request, may_repeat=False))
+            except BackendError as fallback_error:
+                return self.failed(prepared, fallback_error.reason, BACKEND_MODE_FALLBACK)
+            return self.interpret(prepared, reply, BACKEND_MODE_FALLBACK)
+        return self.failed(prepared, error.reason, self.backend_mode)
+
+    # -- the plan -----------------------------------------------------------------------
+    def steps(self, prepared: Prepared) -> Steps:
+        """The whole evaluation as a plan: yields each backend call, receives its raw
+        reply (failures are thrown in as :class:`BackendError`), returns the outcomes.
+
+        One retry, with the same evaluation id (so the backend's ledgers make sure it
+        never charges twice), follows an ``indeterminate`` call when the rest of
+        ``DEADLINE`` covers a ``TIMEOUT``. A retry that fails otherwise stays
+        ``indeterminate``: the first call may have consumed.
+        """
+        request = prepared.request
+        assert request is not None
+        backend: Any = self.backend
+        attempt = 0
+        while True:
+            try:
+                reply: GroupReply = yield from backend.plan(request)
+            except BackendError as error:
+                if (
+                    error.reason == INDETERMINATE
+                    and attempt == 0
+                    and self._remaining(prepared.started) >= self.settings.timeout
+                ):
+                    attempt = 1
+                    request = dataclasses.replace(request, may_repeat=True)
+                    continue
+                if attempt and error.reason != INDETERMINATE:
+                    error = BackendError(
+                        INDETERMINATE, f"retry of an indeterminate call failed: {error}"
+                    )
+                self._observe_failure(prepared, error)
+                return self.degraded(prepared, error)
+            self._observe_reply(prepared, reply)
+            return self.interpret(prepared, reply, self.backend_mode)
+
+    def _observe_failure(self, prepared: Prepared, error: BackendError) -> None:
+        if isinstance(error, Refused):
+            self.recent_errors.append(BreakerError(time.time(), error.reason, str(error)))
+        metrics.record_backend(
+            self.backend_mode, error.reason, time.monotonic() - prepared.started
+        )
+
+    def _observe_reply(self, prepared: Prepared, reply: GroupReply) -> None:
+        reason = metrics.OK
+        if reply.clock_unsafe or reply.indeterminate:
+            reason = CLOCK_UNSAFE if reply.clock_unsafe else INDETERMINATE
+            self.recent_errors.append(
+                BreakerError(time.time(), reason, "the script refused to decide")
+            )
+        metrics.record_backend(self.backend_mode, reason, time.monotonic() - prepared.started)
+
+    def decide_locally(self, prepared: Prepared) -> list[Outcome]:
+        """The memory backend's evaluation: the model, no I/O, no admission."""
+        assert prepared.request is not None
+        try:
+            reply = self.backend.evaluate(prepared.request)
+        except BackendError as error:
+            self._observe_failure(prepared, error)
+            self.recent_errors.append(BreakerError(time.time(), error.reason, str(error)))
+            return self.failed(prepared, error.reason, self.backend_mode)
+        self._observe_reply(prepared, reply)
+        return self.interpret(prepared, reply, self.backend_mode)
+
+    def run(self, prepared: Prepared) -> list[Outcome]:
+        """Drive a prepared group to its outcomes (sync)."""
+        if prepared.request is None:
+            outcomes = [outcome for outcome in prepared.outcomes if outcome is not None]
+        elif self.local:
+            outcomes = self.decide_locally(prepared)
+        else:
+            started = prepared.started
+            steps = self.steps(prepared)
+            try:
+                call = next(steps)
+                while True:
+                    try:
+                        raw = self.execute(call, started)
+                    except BackendError as error:
+                        call = steps.throw(error)
+                    else:
+                        call = steps.send(raw)
+            except StopIteration as stop:
+                outcomes = stop.value
+        if not prepared.peek:
+            metrics.record_outcomes(prepared.compiled, outcomes)
+        return outcomes
+
+    async def arun(self, prepared: Prepared) -> list[Outcome]:
+        """Async twin of :meth:`run`."""
+        if prepared.request is None:
+            outcomes = [outcome for outcome in prepared.outcomes if outcome is not None]
+        elif self.local:
+            outcomes = self.decide_locally(prepared)
+        else:
+            started = prepared.started
+            steps = self.steps(prepared)
+            try:
+                call = next(steps)
+                while True:
+                    try:
+                        raw = await self.aexecute(call, started)
+                    except BackendError as error:
+                        call = steps.throw(error)
+                    else:
+                        call = steps.send(raw)
+            except StopIteration as stop:
+                outcomes = stop.value
+        if not prepared.peek:
+            metrics.record_outcomes(prepared.compiled, outcomes)
+        return outcomes
+
+
+# -- the current limiter -------------------------------------------------------------------
+_lock = threading.Lock()
+_limiter: Limiter | None = None
 
 
 def _build_backend(settings: conf.QuotaSettings) -> Backend:
@@ -114,56 +614,55 @@ def _cache_connection(alias: str) -> tuple[str, dict[str, object]]:
     return url, extra
 
 
+def get_limiter() -> Limiter:
+    """The limiter of the current settings, built on first use."""
+    global _limiter
+    found = _limiter
+    if found is None:
+        with _lock:
+            if _limiter is None:
+                settings = conf.get_settings()
+                _limiter = Limiter(settings, _build_backend(settings))
+            found = _limiter
+    return found
+
+
 def get_backend() -> Backend:
-    """The process's backend, built from settings on first use."""
-    global _backend
-    backend = _backend
-    if backend is None:
-        with _backend_lock:
-            if _backend is None:
-                _backend = _build_backend(conf.get_settings())
-            backend = _backend
-    return backend
+    """The current backend."""
+    return get_limiter().backend
 
 
 def get_fallback() -> MemoryBackend | None:
     """The local fallback, when ``LOCAL_FALLBACK["ENABLED"]``."""
-    global _fallback
-    settings = conf.get_settings()
-    if not settings.local_fallback_enabled:
-        return None
-    if _fallback is None:
-        with _backend_lock:
-            if _fallback is None:
-                _fallback = MemoryBackend(
-                    settings.local_fallback_max_entries, mode=BACKEND_MODE_FALLBACK
-                )
-    return _fallback
+    return get_limiter().fallback
+
+
+def get_breaker(node: str = "default") -> CircuitBreaker:
+    """The circuit breaker of ``node`` (a standalone Redis is the one node ``default``;
+    a cluster primary is named ``host:port``)."""
+    return get_limiter().guard(node).breaker
+
+
+def recent_errors() -> list[BreakerError]:
+    """The current limiter's recent backend failures, of every kind, newest last."""
+    return list(get_limiter().recent_errors)
 
 
 def _drop_backends() -> None:
-    global _backend, _fallback, _breaker
-    with _backend_lock:
-        backend, _backend, _fallback, _breaker = _backend, None, None, None
-    if backend is not None:
-        backend.close()
+    global _limiter
+    with _lock:
+        found, _limiter = _limiter, None
+    if found is not None:
+        found.close()
 
 
 conf.on_change(_drop_backends)
 
 
-# -- prepare -------------------------------------------------------------------------------
 def identity_of(policy: Policy, subject: Subject) -> Identity:
     """``subject``'s identity for ``policy``'s selector, with the current HMAC settings
     (raises :class:`~django_quota.core.identity.IdentityError`)."""
-    settings = conf.get_settings()
-    return build_identity(
-        policy.selector,
-        subject,
-        hmac_key=settings.hmac_key,
-        hmac_key_version=settings.hmac_key_version,
-        ipv6_prefix=settings.ipv6_prefix,
-    )
+    return get_limiter().identity(policy, subject)
 
 
 def _identity_or_value_error(policy: Policy, subject: Subject, action: str) -> Identity:
@@ -171,52 +670,6 @@ def _identity_or_value_error(policy: Policy, subject: Subject, action: str) -> I
         return identity_of(policy, subject)
     except IdentityError as exc:
         raise ValueError(f"cannot {action} {policy.id!r}: {exc.reason} ({exc.dimension})") from exc
-
-
-def _validate_cost(cost: object) -> int:
-    if isinstance(cost, bool) or not isinstance(cost, int):
-        raise TypeError(f"cost must be an int, not {type(cost).__name__}")
-    if cost < 0:
-        raise ValueError(f"cost must be >= 0, not {cost}")
-    return cost
-
-
-def _exceeds(policy: Policy, cost: int) -> bool:
-    if policy.max_cost is not None and cost > policy.max_cost:
-        return True
-    for window in policy.windows:
-        bound = window.capacity if policy.algorithm == TOKEN_BUCKET else window.limit
-        if cost > bound:
-            return True
-    return False
-
-
-def new_evaluation_id() -> str:
-    """A fresh 128-bit random evaluation id (22 base64url characters)."""
-    return secrets.token_urlsafe(16)
-
-
-@dataclass(slots=True)
-class Prepared:
-    """A group ready for one backend call: early outcomes and the request, if any."""
-
-    policies: tuple[Policy, ...]
-    outcomes: list[Outcome | None]
-    request: GroupRequest | None
-    sent: list[int] = field(default_factory=list)
-    evaluation_id: str = ""
-    started: float = 0.0
-    peek: bool = False
-
-
-def _now(settings: conf.QuotaSettings, clock: Clock | None) -> tuple[int | None, int]:
-    """The ``now`` to pass (None: backend clock) and the allowed regression (ms, -1: none)."""
-    if clock is None and settings.clock == "redis":
-        return None, -1
-    if clock is None:
-        clock = time.time if settings.clock == "client" else import_string(settings.clock)
-    assert clock is not None
-    return round(float(clock()) * 1000), round(settings.max_clock_regression * 1000)
 
 
 def prepare(
@@ -228,262 +681,10 @@ def prepare(
     evaluation_id: str | None = None,
     clock: Clock | None = None,
 ) -> Prepared:
-    """Resolve identities and costs; build the one backend request for what remains.
-
-    An enforced policy refused before the backend (identity error, cost above its
-    limit) refuses the group: nothing is sent and the other policies get no outcome.
-    """
-    settings = conf.get_settings()
-    cost = _validate_cost(cost)
-    if cost == 0:
-        peek = True
-    evaluation_id = evaluation_id or new_evaluation_id()
-    backend_mode = get_backend().mode
-    outcomes: list[Outcome | None] = []
-    counters: list[str] = []
-    calls: list[PolicyCall] = []
-    sent: list[int] = []
-    refused = False
-    for index, policy in enumerate(group):
-        if not policy.enabled:
-            outcomes.append(bare_outcome(policy, SKIPPED, None, backend_mode=backend_mode))
-            continue
-        denied = SHADOW_DENIED if policy.shadow else DENIED_DECISION
-        try:
-            identity = identity_of(policy, subject(policy) if callable(subject) else subject)
-        except IdentityError as exc:
-            if exc.reason == SELECTOR_IDENTITY_MISSING and policy.on_missing == "skip":
-                decision = SKIPPED
-            else:
-                decision = denied
-            refused = refused or decision == DENIED_DECISION
-            outcomes.append(bare_outcome(policy, decision, exc.reason, backend_mode=backend_mode))
-            continue
-        if not peek and _exceeds(policy, cost):
-            refused = refused or not policy.shadow
-            outcomes.append(
-                bare_outcome(policy, denied, COST_EXCEEDS_LIMIT, backend_mode=backend_mode)
-            )
-            continue
-        outcomes.append(None)
-        sent.append(index)
-        counters.append(counter_key(settings.key_prefix, policy, identity))
-        calls.append(PolicyCall(policy.algorithm, policy.windows, cost, not policy.shadow))
-    request = None
-    if sent and not refused:
-        now_ms, max_regression_ms = _now(settings, clock)
-        request = GroupRequest(
-            counters=tuple(counters),
-            evaluation_keys=tuple(evaluation_key(counter, evaluation_id) for counter in counters),
-            calls=tuple(calls),
-            now_ms=now_ms,
-            peek=peek,
-            max_regression_ms=max_regression_ms,
-            dedup_ttl_ms=round(settings.dedup_ttl * 1000),
-            cleanup_grace_ms=round(settings.cleanup_grace * 1000),
-        )
-    elif refused:
-        sent = []
-    return Prepared(
-        tuple(group), outcomes, request, sent, evaluation_id, time.monotonic(), peek
+    """:meth:`Limiter.prepare` on the current limiter."""
+    return get_limiter().prepare(
+        group, subject, cost, peek=peek, evaluation_id=evaluation_id, clock=clock
     )
-
-
-# -- interpret ---------------------------------------------------------------------------
-def _failed(prepared: Prepared, reason: str, backend_mode: str) -> list[Outcome]:
-    settings = conf.get_settings()
-    logger.warning(
-        "quota backend failure: reason=%s policies=%s",
-        reason,
-        ",".join(prepared.policies[i].id for i in prepared.sent),
-    )
-    for index in prepared.sent:
-        policy = prepared.policies[index]
-        if policy.shadow or settings.failure_mode_of(policy) == "open":
-            outcome = bare_outcome(
-                policy,
-                FAILED_OPEN,
-                reason,
-                backend_mode=backend_mode,
-                evaluation_id=prepared.evaluation_id,
-            )
-        else:
-            outcome = bare_outcome(
-                policy,
-                FAILED_CLOSED,
-                reason,
-                backend_mode=backend_mode,
-                evaluation_id=prepared.evaluation_id,
-                retry_after=float(settings.failure_retry_after),
-            )
-        prepared.outcomes[index] = outcome
-    return _finish(prepared)
-
-
-def _finish(prepared: Prepared) -> list[Outcome]:
-    return [outcome for outcome in prepared.outcomes if outcome is not None]
-
-
-def interpret(prepared: Prepared, reply: GroupReply, backend_mode: str) -> list[Outcome]:
-    """Turn a backend reply into outcomes (failure modes applied for ``clock_unsafe``)."""
-    if reply.clock_unsafe:
-        return _failed(prepared, CLOCK_UNSAFE, backend_mode)
-    for index, result in zip(prepared.sent, reply.results, strict=True):
-        prepared.outcomes[index] = outcome_from_result(
-            prepared.policies[index],
-            result,
-            backend_mode=backend_mode,
-            evaluation_id=prepared.evaluation_id,
-        )
-    return _finish(prepared)
-
-
-def _acquire_slot(settings: conf.QuotaSettings) -> bool:
-    global _inflight
-    with _inflight_lock:
-        if _inflight >= settings.max_inflight:
-            return False
-        _inflight += 1
-        return True
-
-
-def _release_slot() -> None:
-    global _inflight
-    with _inflight_lock:
-        _inflight -= 1
-
-
-def get_breaker() -> CircuitBreaker:
-    """The process's circuit breaker (cool-down: ``FAILURE_RETRY_AFTER`` seconds)."""
-    global _breaker
-    if _breaker is None:
-        with _backend_lock:
-            if _breaker is None:
-                settings = conf.get_settings()
-                _breaker = CircuitBreaker(BREAKER_THRESHOLD, settings.failure_retry_after)
-    return _breaker
-
-
-def _enter(prepared: Prepared) -> list[Outcome] | None:
-    """Admission before the I/O: outcomes when the backend must not be called now."""
-    if not _acquire_slot(conf.get_settings()):
-        return _degraded(prepared, BackendError(BACKEND_UNAVAILABLE, "MAX_INFLIGHT reached"))
-    if not get_breaker().allow():
-        _release_slot()
-        return _degraded(prepared, BackendError(BACKEND_UNAVAILABLE, "circuit breaker open"))
-    return None
-
-
-def _retry_allowed(prepared: Prepared, error: BackendError, attempt: int) -> bool:
-    """One retry, same evaluation id, for ``indeterminate``, when the rest of DEADLINE
-    covers a TIMEOUT."""
-    settings = conf.get_settings()
-    if error.reason != INDETERMINATE or attempt > 0:
-        return False
-    elapsed = time.monotonic() - prepared.started
-    return elapsed + settings.timeout <= settings.deadline
-
-
-def _verdict(error: BackendError, attempt: int) -> BackendError:
-    """The failure of the whole evaluation. A retry only follows an ``indeterminate``
-    attempt, which may have consumed: whatever stops the retry (a connect timeout, a
-    refusal, an error reply) cannot undo that, so the evaluation stays ``indeterminate``
-    (never ``backend_timeout``/``backend_unavailable``, which claim nothing was consumed
-    and would let the local fallback decide it)."""
-    if attempt == 0 or error.reason == INDETERMINATE:
-        return error
-    return BackendError(INDETERMINATE, f"retry of an indeterminate call failed: {error}")
-
-
-def _succeeded(prepared: Prepared, reply: GroupReply, backend_mode: str) -> list[Outcome]:
-    metrics.record_backend(backend_mode, metrics.OK, time.monotonic() - prepared.started)
-    _log_transition(get_breaker().success())
-    return interpret(prepared, reply, backend_mode)
-
-
-def _failed_call(prepared: Prepared, error: BackendError) -> list[Outcome]:
-    metrics.record_backend(get_backend().mode, error.reason, time.monotonic() - prepared.started)
-    breaker = get_breaker()
-    if error.reason in BREAKER_REASONS:
-        _log_transition(breaker.failure(error.reason, str(error)))
-    else:
-        _log_transition(breaker.success())  # Redis answered: it is reachable
-    return _degraded(prepared, error)
-
-
-def _log_transition(state: str | None) -> None:
-    if state is not None:
-        logger.warning("quota circuit breaker %s", state)
-
-
-def _observed(prepared: Prepared, outcomes: list[Outcome]) -> list[Outcome]:
-    if not prepared.peek:
-        metrics.record_outcomes(prepared.policies, outcomes)
-    return outcomes
-
-
-def run(prepared: Prepared) -> list[Outcome]:
-    """Send a prepared group to the backend (one call; one retry for ``indeterminate``)."""
-    return _observed(prepared, _run(prepared))
-
-
-async def arun(prepared: Prepared) -> list[Outcome]:
-    """Async twin of :func:`run`."""
-    return _observed(prepared, await _arun(prepared))
-
-
-def _run(prepared: Prepared) -> list[Outcome]:
-    request = prepared.request
-    if request is None:
-        return _finish(prepared)
-    refused = _enter(prepared)
-    if refused is not None:
-        return refused
-    backend = get_backend()
-    try:
-        for attempt in range(2):
-            try:
-                return _succeeded(prepared, backend.evaluate(request), backend.mode)
-            except BackendError as error:
-                if not _retry_allowed(prepared, error, attempt):
-                    return _failed_call(prepared, _verdict(error, attempt))
-        raise AssertionError("unreachable")  # pragma: no cover
-    finally:
-        _release_slot()
-
-
-async def _arun(prepared: Prepared) -> list[Outcome]:
-    request = prepared.request
-    if request is None:
-        return _finish(prepared)
-    refused = _enter(prepared)
-    if refused is not None:
-        return refused
-    backend = get_backend()
-    try:
-        for attempt in range(2):
-            try:
-                return _succeeded(prepared, await backend.aevaluate(request), backend.mode)
-            except BackendError as error:
-                if not _retry_allowed(prepared, error, attempt):
-                    return _failed_call(prepared, _verdict(error, attempt))
-        raise AssertionError("unreachable")  # pragma: no cover
-    finally:
-        _release_slot()
-
-
-def _degraded(prepared: Prepared, error: BackendError) -> list[Outcome]:
-    """Decide with the local fallback when allowed, else apply the failure modes."""
-    backend_mode = get_backend().mode
-    fallback = get_fallback()
-    if fallback is not None and error.reason in FALLBACK_REASONS and prepared.request:
-        logger.warning("quota backend failure, deciding locally: reason=%s", error.reason)
-        try:
-            reply = fallback.evaluate(prepared.request)
-        except BackendError as fallback_error:
-            return _failed(prepared, fallback_error.reason, BACKEND_MODE_FALLBACK)
-        return interpret(prepared, reply, BACKEND_MODE_FALLBACK)
-    return _failed(prepared, error.reason, backend_mode)
 
 
 # -- public API ----------------------------------------------------------------------------
@@ -495,8 +696,12 @@ def evaluate_policies(
     evaluation_id: str | None = None,
     clock: Clock | None = None,
 ) -> list[Outcome]:
-    """Decide several policies together (one layer, contract 5.4): one backend call."""
-    return run(prepare(group, subject, cost, evaluation_id=evaluation_id, clock=clock))
+    """Decide several policies together (one layer, ``docs/arithmetic.md``): one backend
+    call (one per hash slot on a cluster). Never raises for backend trouble."""
+    limiter = get_limiter()
+    return limiter.run(
+        limiter.prepare(group, subject, cost, evaluation_id=evaluation_id, clock=clock)
+    )
 
 
 async def aevaluate_policies(
@@ -508,7 +713,10 @@ async def aevaluate_policies(
     clock: Clock | None = None,
 ) -> list[Outcome]:
     """Async twin of :func:`evaluate_policies`."""
-    return await arun(prepare(group, subject, cost, evaluation_id=evaluation_id, clock=clock))
+    limiter = get_limiter()
+    return await limiter.arun(
+        limiter.prepare(group, subject, cost, evaluation_id=evaluation_id, clock=clock)
+    )
 
 
 def evaluate(
@@ -520,11 +728,12 @@ def evaluate(
     ``{"ip": "203.0.113.9"}``), normalised as the middleware normalises them. Never
     raises for backend trouble: failures come back as outcomes. Raises
     :class:`~django_quota.policies.UnknownPolicy`, ``TypeError`` or ``ValueError`` for a
-    bad cost.
+    bad cost. ``evaluation_id``, when given, makes a repeat of a charged evaluation
+    charge nothing (``docs/failures.md``).
     """
-    return evaluate_policies(
-        [policies.get_policy(policy_id)], subject, cost, evaluation_id=evaluation_id
-    )[0]
+    limiter = get_limiter()
+    policy = policies.get_policy(policy_id)
+    return limiter.run(limiter.prepare([policy], subject, cost, evaluation_id=evaluation_id))[0]
 
 
 async def aevaluate(
@@ -532,10 +741,10 @@ async def aevaluate(
 ) -> Outcome:
     """Async twin of :func:`evaluate`."""
     await policies.aget_registry()
-    outcomes = await aevaluate_policies(
-        [policies.get_policy(policy_id)], subject, cost, evaluation_id=evaluation_id
-    )
-    return outcomes[0]
+    limiter = get_limiter()
+    policy = policies.get_policy(policy_id)
+    prepared = limiter.prepare([policy], subject, cost, evaluation_id=evaluation_id)
+    return (await limiter.arun(prepared))[0]
 
 
 def peek(policy_id: str, subject: Subject) -> Outcome:
@@ -543,15 +752,17 @@ def peek(policy_id: str, subject: Subject) -> Outcome:
 
     Writes nothing: no key, no TTL, no evaluation-id record.
     """
+    limiter = get_limiter()
     policy = policies.get_policy(policy_id)
-    return run(prepare([policy], subject, 1, peek=True))[0]
+    return limiter.run(limiter.prepare([policy], subject, 1, peek=True))[0]
 
 
 async def apeek(policy_id: str, subject: Subject) -> Outcome:
     """Async twin of :func:`peek`."""
     await policies.aget_registry()
+    limiter = get_limiter()
     policy = policies.get_policy(policy_id)
-    return (await arun(prepare([policy], subject, 1, peek=True)))[0]
+    return (await limiter.arun(limiter.prepare([policy], subject, 1, peek=True)))[0]
 
 
 def _reset_target(policy_id: str, subject: Subject) -> tuple[str, int]:
@@ -596,7 +807,7 @@ class Inspection:
     windows: tuple[dict[str, object], ...]
 
     def as_dict(self) -> dict[str, object]:
-        """The ``--json`` shape of contract 8."""
+        """The ``--json`` shape (``docs/operations.md``)."""
         return {
             "policy": self.policy.id,
             "revision": self.policy.revision,
@@ -615,11 +826,12 @@ def inspect(policy_id: str, subject: Subject) -> Inspection:
     # A disabled policy keeps its counters: inspect them as if it were enabled.
     policy = dataclasses.replace(policies.get_policy(policy_id), enabled=True)
     identity = _identity_or_value_error(policy, subject, "inspect")
-    prepared = prepare([policy], subject, 1, peek=True)
+    limiter = get_limiter()
+    prepared = limiter.prepare([policy], subject, 1, peek=True)
     assert prepared.request is not None
-    backend = get_backend()
+    backend = limiter.backend
     reply = backend.evaluate(prepared.request)
-    outcome = interpret(prepared, reply, backend.mode)[0]
+    outcome = limiter.interpret(prepared, reply, backend.mode)[0]
     ttl_ms = backend.ttl_ms(prepared.request.counters[0])
     windows = []
     for window in outcome.windows:
@@ -647,3 +859,25 @@ def diagnose() -> list[tuple[str, str, str]]:
     settings = conf.get_settings()
     backend: Any = get_backend()
     return list(backend.diagnose(f"{settings.key_prefix}:{{check}}:quota-check"))
+
+
+__all__ = [
+    "BACKEND_ERROR",
+    "Compiled",
+    "Inspection",
+    "Limiter",
+    "Prepared",
+    "aevaluate",
+    "aevaluate_policies",
+    "apeek",
+    "areset",
+    "evaluate",
+    "evaluate_policies",
+    "get_backend",
+    "get_breaker",
+    "get_fallback",
+    "get_limiter",
+    "inspect",
+    "peek",
+    "reset",
+]

@@ -20,8 +20,8 @@ import logging
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Iterable, Sequence
+from typing import Any, Protocol
 
 from django_quota.core.outcome import (
     DENIED_DECISION,
@@ -47,6 +47,18 @@ _families: dict[str, Any] = {}
 _families_lock = threading.Lock()
 _counts: Counter[tuple[str, str, str]] = Counter()
 _counts_lock = threading.Lock()
+#: prometheus_client children by (policy, decision, reason, backend_mode): labels() is
+#: resolved once per combination, not once per decision.
+_outcome_children: dict[tuple[str, str, str, str], Any] = {}
+_backend_children: dict[tuple[str, str], tuple[Any, Any]] = {}
+_LOGGED = frozenset({DENIED_DECISION, SHADOW_DENIED, FAILED_CLOSED, FAILED_OPEN})
+
+
+class Evaluated(Protocol):
+    """Anything that names the policy it evaluated (the limiter's compiled policies)."""
+
+    @property
+    def policy(self) -> Policy: ...
 started_at = time.time()
 
 
@@ -86,39 +98,59 @@ def _create(name: str) -> Any:
     )
 
 
-def record_outcomes(policies: Iterable[Policy], outcomes: Iterable[Outcome]) -> None:
-    """Count decided outcomes (never peeks); log denials, shadow denials and failures
-    (never an identity)."""
-    selectors = {policy.id: "+".join(policy.selector) for policy in policies}
+def record_outcomes(evaluated: Sequence[Evaluated | Policy], outcomes: Iterable[Outcome]) -> None:
+    """Count decided outcomes (never peeks) of one evaluation; log denials, shadow
+    denials and failures (never an identity). ``evaluated`` holds the group's policies
+    (or objects naming them), in any order."""
     family = _family("outcomes")
     for outcome in outcomes:
         reason = outcome.reason or ""
+        decision = outcome.decision
         with _counts_lock:
-            _counts[(outcome.policy, outcome.decision, reason)] += 1
+            _counts[(outcome.policy, decision, reason)] += 1
         if family is not None:
-            family.labels(
-                outcome.policy,
-                outcome.decision,
-                reason,
-                selectors.get(outcome.policy, ""),
-                outcome.backend_mode,
-            ).inc()
-        if outcome.decision in (DENIED_DECISION, SHADOW_DENIED, FAILED_CLOSED, FAILED_OPEN):
+            key = (outcome.policy, decision, reason, outcome.backend_mode)
+            child = _outcome_children.get(key)
+            if child is None:
+                child = family.labels(
+                    outcome.policy,
+                    decision,
+                    reason,
+                    _selector_label(evaluated, outcome.policy),
+                    outcome.backend_mode,
+                )
+                _outcome_children[key] = child
+            child.inc()
+        if decision in _LOGGED and logger.isEnabledFor(logging.INFO):
             logger.info(
                 "quota %s: policy=%s reason=%s backend_mode=%s",
-                outcome.decision,
+                decision,
                 outcome.policy,
                 reason,
                 outcome.backend_mode,
             )
 
 
+def _selector_label(evaluated: Sequence[Evaluated | Policy], policy_id: str) -> str:
+    for item in evaluated:
+        policy = item if isinstance(item, Policy) else item.policy
+        if policy.id == policy_id:
+            return "+".join(policy.selector)
+    return ""
+
+
 def record_backend(backend_mode: str, reason: str, seconds: float) -> None:
-    """Count one backend call (``reason`` ``ok`` or a failure reason) and its latency."""
-    health = _family("health")
-    if health is not None:
-        health.labels(backend_mode, reason).inc()
-        _family("latency").labels(backend_mode).observe(seconds)
+    """Count one evaluation's backend result (``reason`` ``ok`` or a failure reason) and
+    its latency (seconds, the whole evaluation with its retry)."""
+    children = _backend_children.get((backend_mode, reason))
+    if children is None:
+        health = _family("health")
+        if health is None:
+            return
+        children = (health.labels(backend_mode, reason), _family("latency").labels(backend_mode))
+        _backend_children[(backend_mode, reason)] = children
+    children[0].inc()
+    children[1].observe(seconds)
 
 
 def outcome_counts() -> dict[tuple[str, str, str], int]:

@@ -33,8 +33,8 @@ class ModelEngine:
         except BackendError as exc:
             return exc.reason
 
-    def state(self, key: str) -> State | None:
-        return self.backend.peek_state(key)
+    def state(self, key: str) -> tuple[State | None, str]:
+        return self.backend.peek_state(key), self.backend.peek_records(key)
 
 
 class RedisEngine:
@@ -54,11 +54,12 @@ class RedisEngine:
         except BackendError as exc:
             return exc.reason
 
-    def state(self, key: str) -> State | None:
-        raw = self.client.hgetall(key)
+    def state(self, key: str) -> tuple[State | None, str]:
+        raw = {field.decode(): value for field, value in self.client.hgetall(key).items()}
         if not raw:
-            return None
-        return {field.decode(): int(value) for field, value in raw.items()}
+            return None, ""
+        records = raw.pop("e", b"").decode()
+        return {field: int(value) for field, value in raw.items()}, records
 
 
 @dataclass

@@ -388,73 +388,55 @@ def proxy_to(server: RedisProcess) -> Iterator[Proxy]:
 
 # -- what Redis really did ---------------------------------------------------------------
 @dataclass(frozen=True, slots=True)
-class Record:
-    """One evaluation Redis ran: its id, status (0 denied, 1 allowed and charged, 2 allowed
-    without a charge) and the ``now`` (ms) it was decided at."""
-
-    evaluation_id: str
-    status: int
-    now_ms: int
-
-
-@dataclass(frozen=True, slots=True)
 class Ledger:
-    """Per counter key: the count Redis holds (``c1`` of the window of its last update),
-    the start (ms) of that window, and the evaluations Redis really ran for the key (from
-    the evaluation-id records), for single-window fixed-window policies."""
+    """Per counter key: the count Redis holds (``c1``), the fingerprints of the charged
+    evaluations its evaluation-id ledger holds (field ``e``, 8 characters each), and
+    whether that ledger ever dropped one (field ``d``), for single-window policies.
+
+    While nothing was dropped, the ledger lists every evaluation that charged the
+    counter: ``counts == charged`` then says no charge happened without an evaluation
+    that Redis ran and recorded, and none was recorded twice."""
 
     counts: dict[str, int]
     starts: dict[str, int]
-    runs: dict[str, list[Record]]
-    period_ms: int
+    fingerprints: dict[str, list[str]]
+    dropped: set[str]
 
     @property
     def charged(self) -> dict[str, int]:
-        """Per counter: the charging evaluations that fall in the window Redis holds."""
-        return {
-            key: sum(
-                1
-                for record in self.runs.get(key, ())
-                if record.status == 1 and self.window_of(record.now_ms) == start
-            )
-            for key, start in self.starts.items()
-        }
+        """Per counter: the charging evaluations its ledger holds (distinct)."""
+        return {key: len(set(self.fingerprints.get(key, ()))) for key in self.counts}
 
     @property
     def records(self) -> int:
-        return sum(len(runs) for runs in self.runs.values())
-
-    def window_of(self, now_ms: int) -> int:
-        return now_ms - now_ms % self.period_ms
+        """Fingerprints held over every counter."""
+        return sum(len(prints) for prints in self.fingerprints.values())
 
 
 def read_ledger(client: redis.Redis, period_ms: int) -> Ledger:
-    """Read every counter hash and evaluation-id record back (pipelined). Needs
-    ``DEDUP_TTL`` longer than the test, and cost-1 evaluations of one policy per call."""
+    """Read every counter hash back (pipelined). Needs ``DEDUP_TTL`` longer than the
+    test, and cost-1 evaluations of one policy per call (windows of ``period_ms``)."""
     keys = [raw.decode() for raw in client.scan_iter(count=1000)]
     counts: dict[str, int] = {}
     starts: dict[str, int] = {}
-    runs: dict[str, list[Record]] = {}
+    fingerprints: dict[str, list[str]] = {}
+    dropped: set[str] = set()
     for offset in range(0, len(keys), 1000):
         batch = keys[offset : offset + 1000]
         pipe = client.pipeline(transaction=False)
         for key in batch:
-            if ":e:" in key:
-                pipe.lrange(key, 0, 1)
-            else:
-                pipe.hgetall(key)
+            pipe.hgetall(key)
         for key, value in zip(batch, pipe.execute(), strict=True):
-            if ":e:" in key:
-                counter, evaluation_id = key.split(":e:")
-                if value:
-                    runs.setdefault(counter, []).append(
-                        Record(evaluation_id, int(value[0]), int(value[1]))
-                    )
-            elif value:
-                state = {k.decode(): int(v) for k, v in value.items()}
-                counts[key] = state.get("c1", 0)
-                starts[key] = state["t"] - state["t"] % period_ms
-    return Ledger(counts, starts, runs, period_ms)
+            fields = {k.decode(): v.decode() for k, v in value.items()}
+            if "t" not in fields:
+                continue
+            counts[key] = int(fields.get("c1", "0"))
+            starts[key] = int(fields["t"]) - int(fields["t"]) % period_ms
+            ledger = fields.get("e", "")
+            fingerprints[key] = [ledger[i : i + 8] for i in range(0, len(ledger), 8)]
+            if "d" in fields:
+                dropped.add(key)
+    return Ledger(counts, starts, fingerprints, dropped)
 
 
 def raw_command(port: int, *parts: bytes) -> socket.socket:

@@ -31,7 +31,7 @@ from django_quota.backends.cluster import (
     split_by_slot,
 )
 from django_quota.core.errors import BackendError
-from django_quota.core.model import PolicyResult, WindowResult
+from django_quota.core.model import GROUP_CLOCK_UNSAFE, PolicyResult, WindowResult
 from django_quota.core.outcome import Outcome
 from django_quota.core.protocol import GroupReply, encode_reply
 from django_quota.scripts import all_scripts
@@ -81,7 +81,8 @@ def counter_of(policy_id: str, subject: dict[str, str]) -> str:
 def state(cluster: Cluster, key: str) -> dict[str, int]:
     """A counter hash read back from the node that serves it."""
     with contextlib.closing(cluster.client(cluster.node_of(key))) as client:
-        return {k.decode(): int(v) for k, v in client.hgetall(key).items()}
+        fields = client.hgetall(key)
+        return {k.decode(): int(v) for k, v in fields.items() if k != b"e"}  # e: the ledger
 
 
 def evalsha_calls(cluster: Cluster, port: int | None = None) -> int:
@@ -304,7 +305,7 @@ def test_keys_of_several_subjects_land_on_different_nodes(
         holders.add(port)
         with contextlib.closing(cluster.client(port)) as client:
             assert client.exists(key, other) == 2
-            assert len(client.keys(key + ":e:*")) == 1  # the evaluation-id record, same node
+            assert len(client.hget(key, "e")) == 8  # one evaluation id in the counter's ledger
         for node in cluster.nodes:
             if node.port != port:
                 with contextlib.closing(cluster.client(node.port)) as client:
@@ -743,7 +744,7 @@ def _two_slot_request(quota: Any, order: str = "ab") -> Any:
 def _reply(status: int) -> list[int]:
     remaining, retry = (4, -1) if status else (0, 60_000)
     result = PolicyResult(status, 1_000, (WindowResult(remaining, 60_000, retry, 60_000),))
-    return encode_reply(GroupReply(False, False, (result,)))
+    return encode_reply(GroupReply(0, (result,)))
 
 
 def _scripted(request: Any, answers: list[Any]) -> tuple[Any, list[Call]]:
@@ -770,15 +771,16 @@ def test_a_failed_refund_is_logged_and_keeps_the_charge(
     reply, calls = _scripted(request, [_reply(1), _reply(0), failure])
     assert [c.script for c in calls] == ["evaluate", "evaluate", "refund"]
     assert calls[2].keys == [request.counters[0]]
-    assert calls[2].args == [1, 1, 1, 1_000, 1, 3_600_000]  # n; fixed, cost, now, m; P
+    # n, the evaluation's fingerprint; per policy: fixed, cost, now, m; P
+    assert calls[2].args == [1, request.fingerprint, 1, 1, 1_000, 1, 3_600_000]
     assert [r.status for r in reply.results] == [1, 0]  # the charge stays, and says so
     assert "quota cluster refund failed, the charge stays: reason=indeterminate" in caplog.text
 
 
 def test_clock_unsafe_in_a_later_slot_refunds_and_fails_the_group(quota: Any) -> None:
     request = _two_slot_request(quota)
-    reply, calls = _scripted(request, [_reply(1), [1, 0], 1])
-    assert reply == GroupReply(True, False, ())
+    reply, calls = _scripted(request, [_reply(1), [1], 1])
+    assert reply == GroupReply(GROUP_CLOCK_UNSAFE, ())
     assert [c.script for c in calls] == ["evaluate", "evaluate", "refund"]
 
 
@@ -804,7 +806,7 @@ def test_slots_after_a_denial_run_dry_and_charge_nothing(quota: Any) -> None:
     veto = [0, 1_000, 0, 1, 1, 1]  # denied: status, now, then remaining, reset, retry, next
     reply, calls = _scripted(request, [_reply(0), [*_reply(2), *veto]])
     assert [c.script for c in calls] == ["evaluate", "evaluate"]
-    veto_counter, veto_record = calls[1].keys[-2:]
-    assert veto_counter.startswith(request.evaluation_keys[1]) and veto_counter.endswith(":veto")
-    assert slot_of(veto_counter) == slot_of(veto_record) == slot_of(request.counters[1])
+    veto_counter = calls[1].keys[-1]
+    assert veto_counter == f"{request.counters[1]}:veto"
+    assert slot_of(veto_counter) == slot_of(request.counters[1])
     assert [r.status for r in reply.results] == [0, 2]

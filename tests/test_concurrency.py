@@ -65,10 +65,8 @@ def _configure(quota: Any, redis_url: str, definitions: dict[str, Any]) -> None:
 def _counter_values(redis_client: Any) -> list[int]:
     counts = []
     for key in redis_client.keys("*"):
-        if b":e:" in key:
-            continue
-        state = {k.decode(): int(v) for k, v in redis_client.hgetall(key).items()}
-        counts += [v for k, v in state.items() if k.startswith("c")]
+        state = {k.decode(): v for k, v in redis_client.hgetall(key).items()}
+        counts += [int(v) for k, v in state.items() if k.startswith("c")]
     return counts
 
 

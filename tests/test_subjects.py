@@ -710,11 +710,11 @@ def test_no_redis_key_value_or_log_line_contains_a_raw_identity(
     send_traffic(responses)
     python_api_traffic()
     statuses_seen = {response.status_code for response in responses}
-    assert statuses_seen == {200, 404, 429}  # tight refused: denials write records too
+    assert statuses_seen == {200, 404, 429}  # tight refused some
 
     stored = dump_redis(redis_client)
     assert any(b"{v1." in item for item in stored)
-    assert any(b":e:" in item for item in stored)  # evaluation-id records were scanned
+    assert b"e" in stored  # the counters' evaluation-id ledgers were scanned too
     assert any(b"api:items" in item for item in stored)  # route values may appear
     # `quota inspect` names the counters the middleware wrote from the same raw input.
     inspected: list[bytes] = []

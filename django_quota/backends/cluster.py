@@ -41,8 +41,7 @@ import logging
 import statistics
 import threading
 import time
-import weakref
-from collections.abc import Awaitable, Callable, Generator, Mapping, Sequence
+from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
@@ -56,12 +55,25 @@ from redis.cluster import RedisCluster
 from redis.crc import key_slot
 
 from django_quota.backends.redis import (
-    NOSCRIPT_ATTEMPTS,
-    ConnectFailed,
     MarkingConnectionPool,
-    classify,
+    abandon,
+    async_connections,
     client_options,
     peer_hung_up,
+)
+from django_quota.backends.scripting import (
+    Call,
+    ConnectFailed,
+    Plan,
+    adrive,
+    arun_script,
+    classify,
+    drive,
+    evaluate_call,
+    is_connect_failure,
+    parse,
+    run_script,
+    sources,
 )
 from django_quota.core.errors import BackendError
 from django_quota.core.model import (
@@ -69,6 +81,9 @@ from django_quota.core.model import (
     ALLOWED,
     ALLOWED_UNCHARGED,
     DENIED,
+    GROUP_CLOCK_UNSAFE,
+    GROUP_INDETERMINATE,
+    GROUP_REPLAYED,
     PolicyCall,
     PolicyResult,
 )
@@ -80,8 +95,7 @@ from django_quota.core.outcome import (
     INDETERMINATE,
 )
 from django_quota.core.policy import FIXED_WINDOW, TOKEN_BUCKET, Window
-from django_quota.core.protocol import GroupReply, GroupRequest, parse_reply
-from django_quota.scripts import all_scripts
+from django_quota.core.protocol import GroupReply, GroupRequest
 
 logger = logging.getLogger("django_quota")
 
@@ -151,10 +165,10 @@ class _AsyncMarkConnectFailures:
         self._quota_connecting = True
         try:
             await super().connect_check_health(*args, **kwargs)  # type: ignore[misc]
-        except ConnectFailed:
+        except Exception as exc:
+            if is_connect_failure(exc) and not isinstance(exc, ConnectFailed):
+                raise ConnectFailed(exc) from exc
             raise
-        except _CONNECT_ERRORS as exc:
-            raise ConnectFailed(exc) from exc
         finally:
             self._quota_connecting = False
 
@@ -189,15 +203,6 @@ def contract_url(url: str) -> str:
 
 # -- one group, slot by slot ----------------------------------------------------------------
 @dataclass(frozen=True, slots=True)
-class Call:
-    """One ``EVALSHA`` of a plan: the script's name, its KEYS and its ARGV."""
-
-    script: str
-    keys: list[str]
-    args: list[int]
-
-
-@dataclass(frozen=True, slots=True)
 class Slice:
     """The policies of a group that share one hash slot (``indexes`` into the group, in
     order) and the request deciding them atomically."""
@@ -218,7 +223,6 @@ def split_by_slot(request: GroupRequest, slot_of: Callable[[str], int]) -> list[
             dataclasses.replace(
                 request,
                 counters=tuple(request.counters[i] for i in indexes),
-                evaluation_keys=tuple(request.evaluation_keys[i] for i in indexes),
                 calls=tuple(request.calls[i] for i in indexes),
             ),
         )
@@ -235,28 +239,21 @@ _VETO = PolicyCall(FIXED_WINDOW, (Window("veto", 1, 1000, 1),), cost=2, enforce=
 def dry_run(request: GroupRequest) -> GroupRequest:
     """``request`` plus a veto: every policy's own decision, nothing charged.
 
-    The veto's counter and evaluation-id record carry the slice's hash tag and this
-    evaluation's id (they extend its first record's name); the counter is only read, the
-    record lives ``DEDUP_TTL`` like any other, so a retry of the evaluation replays it.
+    The veto's counter carries the slice's hash tag (it extends the slice's first
+    counter's name); it is only ever read, never written: a denial writes nothing.
     """
-    record = request.evaluation_keys[0]
     return dataclasses.replace(
         request,
-        counters=(*request.counters, f"{record}:veto"),
-        evaluation_keys=(*request.evaluation_keys, f"{record}:veto:e"),
+        counters=(*request.counters, f"{request.counters[0]}:veto"),
         calls=(*request.calls, _VETO),
     )
 
 
-def evaluate_call(request: GroupRequest) -> Call:
-    """The ``evaluate.lua`` call deciding ``request``."""
-    return Call("evaluate", request.keys(), request.args())
-
-
 def refund_call(request: GroupRequest, results: Sequence[PolicyResult]) -> Call | None:
-    """The ``refund.lua`` call giving back what ``results`` charged (None: nothing)."""
+    """The ``refund.lua`` call giving back what ``results`` charged (None: nothing), and
+    removing the evaluation's fingerprint from those counters' ledgers."""
     keys: list[str] = []
-    args: list[int] = [0]
+    args: list[int | str] = [0, request.fingerprint]
     for counter, call, result in zip(request.counters, request.calls, results, strict=True):
         if result.status != ALLOWED:
             continue
@@ -289,9 +286,6 @@ def uncharged(call: PolicyCall, result: PolicyResult) -> PolicyResult:
     return PolicyResult(ALLOWED_UNCHARGED, result.now_ms, windows)
 
 
-Plan = Generator[Call, Any, GroupReply]
-
-
 def plan(request: GroupRequest, slices: Sequence[Slice]) -> Plan:
     """Decide ``request`` slice by slice; yields each :class:`Call` and receives its raw
     reply (a failure is thrown in as :class:`BackendError`). Returns the group's reply.
@@ -302,14 +296,18 @@ def plan(request: GroupRequest, slices: Sequence[Slice]) -> Plan:
       are refunded (:func:`refund_call`); their results become :func:`uncharged`. A
       refund that fails is logged, and its results keep their charge.
     * A ``clock_unsafe`` slice refunds the earlier charges and makes the group
-      ``clock_unsafe``, as one script would.
+      ``clock_unsafe``, as one script would. An ``indeterminate`` slice (a retry whose
+      ledger entry may have been dropped) makes the group ``indeterminate``, keeping the
+      earlier charges: it may have consumed.
+    * A slice replaying an earlier attempt of the same evaluation reports the policies
+      that attempt charged as charged, so that a later refusal refunds them once.
     * A failed call fails the group. ``indeterminate`` keeps the earlier charges: the
       limiter's retry, with the same evaluation id, replays every slice that ran (its
       evaluation-id records) and refunds at most once. Any other failure ran nothing in
       its slot, so the earlier charges are refunded first.
     """
     if len(slices) == 1:
-        return _parse((yield evaluate_call(request)), request)
+        return parse((yield evaluate_call(request)), request)
     results: list[PolicyResult | None] = [None] * len(request.calls)
     charged: list[tuple[Slice, tuple[PolicyResult, ...]]] = []
     refused = False
@@ -317,14 +315,16 @@ def plan(request: GroupRequest, slices: Sequence[Slice]) -> Plan:
     for part in slices:
         sub = dry_run(part.request) if refused and not request.peek else part.request
         try:
-            reply = _parse((yield evaluate_call(sub)), sub)
+            reply = parse((yield evaluate_call(sub)), sub)
         except BackendError as error:
             if error.reason != INDETERMINATE:
                 yield from _refund(charged)
             raise error
         if reply.clock_unsafe:
             yield from _refund(charged)
-            return GroupReply(True, False, ())
+            return GroupReply(GROUP_CLOCK_UNSAFE, ())
+        if reply.indeterminate:
+            return GroupReply(GROUP_INDETERMINATE, ())
         own = reply.results[: len(part.indexes)]
         replayed = replayed and reply.replayed
         for index, result in zip(part.indexes, own, strict=True):
@@ -341,7 +341,8 @@ def plan(request: GroupRequest, slices: Sequence[Slice]) -> Plan:
             for index, call, result in zip(part.indexes, part.request.calls, own, strict=True):
                 results[index] = uncharged(call, result)
     assert all(result is not None for result in results)
-    return GroupReply(False, replayed, tuple(r for r in results if r is not None))
+    status = GROUP_REPLAYED if replayed else 0
+    return GroupReply(status, tuple(r for r in results if r is not None))
 
 
 def _refund(
@@ -365,45 +366,6 @@ def _refund(
             continue
         done.append((part, own))
     return done
-
-
-def _parse(reply: Any, request: GroupRequest) -> GroupReply:
-    try:
-        return parse_reply(reply, request.window_counts)
-    except (TypeError, ValueError) as exc:
-        raise BackendError(BACKEND_ERROR, f"unexpected script reply: {exc}") from exc
-
-
-def drive(steps: Plan, run: Callable[[Call], Any]) -> GroupReply:
-    """Run a :func:`plan` with ``run`` doing each call (raising :class:`BackendError`)."""
-    try:
-        call = next(steps)
-        while True:
-            try:
-                raw = run(call)
-            except BackendError as error:
-                call = steps.throw(error)
-            else:
-                call = steps.send(raw)
-    except StopIteration as stop:
-        reply: GroupReply = stop.value
-        return reply
-
-
-async def adrive(steps: Plan, run: Callable[[Call], Awaitable[Any]]) -> GroupReply:
-    """Async twin of :func:`drive`."""
-    try:
-        call = next(steps)
-        while True:
-            try:
-                raw = await run(call)
-            except BackendError as error:
-                call = steps.throw(error)
-            else:
-                call = steps.send(raw)
-    except StopIteration as stop:
-        reply: GroupReply = stop.value
-        return reply
 
 
 def slot_of(key: str) -> int:
@@ -438,10 +400,8 @@ class RedisClusterBackend:
         self.url_options = dict(url_options or {})
         self._lock = threading.Lock()
         self._client: Any = None
-        self._async_clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Any] = (
-            weakref.WeakKeyDictionary()
-        )
-        self._sources = {source.name: source for source in all_scripts()}
+        self._async_clients: dict[asyncio.AbstractEventLoop, Any] = {}
+        self._sources = sources()
 
     # -- clients -----------------------------------------------------------------------
     def _options(self) -> dict[str, Any]:
@@ -464,74 +424,101 @@ class RedisClusterBackend:
         loop = asyncio.get_running_loop()
         client = self._async_clients.get(loop)
         if client is None:
-            options = {**self._options(), "retry": AsyncRetry(NoBackoff(), 0)}
-            client = async_cluster.RedisCluster.from_url(self.url, **options)
-            marking = (
-                AsyncMarkingClusterSSLConnection
-                if issubclass(
-                    client.connection_kwargs["connection_class"], async_connection.SSLConnection
+            with self._lock:
+                for closed in [item for item in self._async_clients if item.is_closed()]:
+                    abandon(async_connections(self._async_clients.pop(closed)))
+                options = {**self._options(), "retry": AsyncRetry(NoBackoff(), 0)}
+                client = async_cluster.RedisCluster.from_url(self.url, **options)
+                marking = (
+                    AsyncMarkingClusterSSLConnection
+                    if issubclass(
+                        client.connection_kwargs["connection_class"],
+                        async_connection.SSLConnection,
+                    )
+                    else AsyncMarkingClusterConnection
                 )
-                else AsyncMarkingClusterConnection
-            )
-            client.connection_kwargs["connection_class"] = marking
-            for node in client.nodes_manager.startup_nodes.values():
-                node.connection_class = marking
-            self._async_clients[loop] = client
+                client.connection_kwargs["connection_class"] = marking
+                for node in client.nodes_manager.startup_nodes.values():
+                    node.connection_class = marking
+                self._async_clients[loop] = client
         return client
 
+    @property
+    def async_client_count(self) -> int:
+        """Async clients held now (one per live event loop that used this backend)."""
+        return len(self._async_clients)
+
     # -- script calls ------------------------------------------------------------------
-    def _run(self, call: Call) -> Any:
-        """``EVALSHA`` on the primary of the call's slot. ``NOSCRIPT`` loads the script on
-        that primary only (redis-py's ``Script`` would load it on every primary, tying
-        this call to the health of the whole cluster) and runs it again: a script that
-        did not run charged nothing."""
+    def node_of(self, call: Call) -> str:
+        """The primary (``host:port``) serving the slot of the call's keys, as the clients'
+        slot tables know it (no I/O); ``"cluster"`` before any client has learnt them.
+        The limiter keeps one circuit breaker and in-flight bound per name, so a dead
+        primary fails only its own slots."""
+        slot = slot_of(call.keys[0])
+        for client in (self._client, *self._async_clients.values()):
+            if client is None:
+                continue
+            owners = client.nodes_manager.slots_cache.get(slot)
+            if owners:
+                return str(owners[0].name)
+        return "cluster"
+
+    def plan(self, request: GroupRequest) -> Plan:
+        """One ``EVALSHA`` per hash slot, in order, with refunds (:func:`plan`)."""
+        return plan(request, split_by_slot(request, slot_of))
+
+    def run(self, call: Call) -> Any:
+        """Run one script call on the primary of its slot. ``NOSCRIPT`` loads the script
+        on that primary only (redis-py's ``Script`` would load it on every primary, tying
+        this call to the health of the whole cluster) and runs it again."""
         source = self._sources[call.script]
         try:
             client = self.client
-            for attempt in range(NOSCRIPT_ATTEMPTS):
-                try:
-                    return client.evalsha(source.sha1, len(call.keys), *call.keys, *call.args)
-                except redis_exceptions.NoScriptError:
-                    if attempt == NOSCRIPT_ATTEMPTS - 1:
-                        raise
-                    node = client.get_node_from_key(call.keys[0])
-                    client.execute_command("SCRIPT LOAD", source.source, target_nodes=node)
+
+            def execute(command: tuple[Any, ...]) -> Any:
+                if command[0] == "EVALSHA":
+                    return client.execute_command(*command)
+                node = client.get_node_from_key(call.keys[0])
+                name = " ".join(command[:2])
+                return client.execute_command(name, *command[2:], target_nodes=node)
+
+            return run_script(source, call, execute)
         except Exception as exc:
             raise classify_cluster(exc) from exc
-        raise AssertionError("unreachable")  # pragma: no cover
 
-    async def _arun(self, call: Call) -> Any:
-        """Async twin of :meth:`_run`."""
+    async def arun(self, call: Call) -> Any:
+        """Async twin of :meth:`run`."""
         source = self._sources[call.script]
         try:
             client = self._async()
-            for attempt in range(NOSCRIPT_ATTEMPTS):
-                try:
-                    return await client.evalsha(source.sha1, len(call.keys), *call.keys, *call.args)
-                except redis_exceptions.NoScriptError:
-                    if attempt == NOSCRIPT_ATTEMPTS - 1:
-                        raise
-                    node = client.get_node_from_key(call.keys[0])
-                    await client.execute_command("SCRIPT LOAD", source.source, target_nodes=node)
+
+            async def execute(command: tuple[Any, ...]) -> Any:
+                if command[0] == "EVALSHA":
+                    return await client.execute_command(*command)
+                node = client.get_node_from_key(call.keys[0])
+                return await client.execute_command(
+                    " ".join(command[:2]), *command[2:], target_nodes=node
+                )
+
+            return await arun_script(source, call, execute)
         except Exception as exc:
             raise classify_cluster(exc) from exc
-        raise AssertionError("unreachable")  # pragma: no cover
 
     def evaluate(self, request: GroupRequest) -> GroupReply:
-        """Decide ``request``: one ``EVALSHA`` per hash slot, in order (:func:`plan`)."""
-        return drive(plan(request, split_by_slot(request, slot_of)), self._run)
+        """Decide ``request`` (no admission control: the limiter's)."""
+        return drive(self.plan(request), self.run)
 
     async def aevaluate(self, request: GroupRequest) -> GroupReply:
         """Async twin of :meth:`evaluate`."""
-        return await adrive(plan(request, split_by_slot(request, slot_of)), self._arun)
+        return await adrive(self.plan(request), self.arun)
 
     def reset(self, counter: str, window_count: int) -> int:
         """Run ``reset.lua`` for one counter."""
-        return int(self._run(Call("reset", [counter], [window_count])))
+        return int(self.run(Call("reset", [counter], [window_count])))
 
     async def areset(self, counter: str, window_count: int) -> int:
         """Async twin of :meth:`reset`."""
-        return int(await self._arun(Call("reset", [counter], [window_count])))
+        return int(await self.arun(Call("reset", [counter], [window_count])))
 
     def ttl_ms(self, counter: str) -> int:
         """``PTTL`` of ``counter`` (-2: no such key). Not on the hot path."""
@@ -546,7 +533,7 @@ class RedisClusterBackend:
         try:
             client = self.client
             primaries = client.get_primaries()
-            for source in all_scripts():
+            for source in self._sources.values():
                 for node in primaries:
                     sha = client.execute_command("SCRIPT LOAD", source.source, target_nodes=node)
                     if _text(sha) != source.sha1:
@@ -629,7 +616,10 @@ class RedisClusterBackend:
         if client is not None:
             with contextlib.suppress(Exception):  # closing never raises into setting_changed
                 client.close()
-        self._async_clients = weakref.WeakKeyDictionary()
+        with self._lock:
+            clients, self._async_clients = self._async_clients, {}
+        for async_client in clients.values():
+            abandon(async_connections(async_client))
 
 
 def _text(value: Any) -> str:

@@ -1,6 +1,6 @@
-"""The Redis backend: redis-py clients built as contract section 2 says, the Lua scripts
-run with ``EVALSHA`` through redis-py's ``Script`` (which reloads on ``NOSCRIPT``), and
-every driver error turned into one :class:`BackendError` here and nowhere else."""
+"""The Redis backend: redis-py clients built as ``docs/settings.md`` says, the Lua scripts
+run with ``EVALSHA`` (``NOSCRIPT`` recovered in :mod:`django_quota.backends.scripting`),
+and every driver error turned into one :class:`BackendError` there and nowhere else."""
 
 from __future__ import annotations
 
@@ -8,9 +8,7 @@ import asyncio
 import contextlib
 import socket
 import threading
-import weakref
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import redis
@@ -22,43 +20,37 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 from redis.sentinel import SentinelConnectionPool
 
-from django_quota.core.errors import BackendError
-from django_quota.core.outcome import (
-    BACKEND_ERROR,
-    BACKEND_MODE_REDIS,
-    BACKEND_TIMEOUT,
-    BACKEND_UNAVAILABLE,
-    INDETERMINATE,
+from django_quota.backends.scripting import (
+    NOSCRIPT_ATTEMPTS,
+    Call,
+    ConnectFailed,
+    Plan,
+    adrive,
+    arun_script,
+    classify,
+    drive,
+    is_connect_failure,
+    run_script,
+    single_plan,
+    sources,
 )
-from django_quota.core.protocol import GroupReply, GroupRequest, parse_reply
-from django_quota.scripts import all_scripts, load
+from django_quota.core.errors import BackendError
+from django_quota.core.outcome import BACKEND_MODE_REDIS
+from django_quota.core.protocol import GroupReply, GroupRequest
 
-#: EVALSHA attempts when SCRIPT FLUSH keeps racing the reload (each one ran nothing).
-NOSCRIPT_ATTEMPTS = 5
+__all__ = [
+    "NOSCRIPT_ATTEMPTS",
+    "ConnectFailed",
+    "MarkingConnectionPool",
+    "RedisBackend",
+    "classify",
+    "client_options",
+    "peer_hung_up",
+]
 
-
-@dataclass(frozen=True, slots=True)
-class _Bound:
-    """A client with its scripts (redis-py ``Script`` objects, called with ``client=``)."""
-
-    client: Any
-    evaluate: Any
-    reset: Any
-
-
-class ConnectFailed(redis_exceptions.ConnectionError):
-    """Raised by our pools when no connection could be had: nothing was written.
-
-    ``timed_out`` tells a connect timeout from a refusal (or a full pool).
-    """
-
-    def __init__(self, cause: BaseException) -> None:
-        super().__init__(f"{type(cause).__name__}: {cause}")
-        self.timed_out = isinstance(cause, redis_exceptions.TimeoutError | TimeoutError)
-
-
-_CONNECT_ERRORS = (redis_exceptions.ConnectionError, redis_exceptions.TimeoutError, OSError)
-
+#: Async clients kept at once (one per live event loop); clients of closed loops are
+#: closed and forgotten whenever a new loop needs one.
+MAX_ASYNC_CLIENTS = 64
 
 class _MarkConnectFailures:
     """Pool mixin: failures inside ``get_connection`` (connect, pool exhausted) happen
@@ -68,10 +60,10 @@ class _MarkConnectFailures:
     def get_connection(self, *args: Any, **kwargs: Any) -> Any:
         try:
             return super().get_connection(*args, **kwargs)  # type: ignore[misc]
-        except ConnectFailed:
+        except Exception as exc:
+            if is_connect_failure(exc) and not isinstance(exc, ConnectFailed):
+                raise ConnectFailed(exc) from exc
             raise
-        except _CONNECT_ERRORS as exc:
-            raise ConnectFailed(exc) from exc
 
 
 def peer_hung_up(connection: Any) -> bool:
@@ -103,17 +95,17 @@ class _AsyncMarkConnectFailures:
     async def get_connection(self, *args: Any, **kwargs: Any) -> Any:
         try:
             connection = await super().get_connection(*args, **kwargs)  # type: ignore[misc]
-        except ConnectFailed:
+        except Exception as exc:
+            if is_connect_failure(exc) and not isinstance(exc, ConnectFailed):
+                raise ConnectFailed(exc) from exc
             raise
-        except _CONNECT_ERRORS as exc:
-            raise ConnectFailed(exc) from exc
         if peer_hung_up(connection):
             try:
                 await connection.disconnect()
                 await connection.connect()
             except BaseException as exc:
                 await self.release(connection)  # type: ignore[attr-defined]
-                if isinstance(exc, _CONNECT_ERRORS):
+                if is_connect_failure(exc):
                     raise ConnectFailed(exc) from exc
                 raise
         return connection
@@ -133,27 +125,6 @@ class AsyncMarkingConnectionPool(_AsyncMarkConnectFailures, redis_asyncio.Connec
 
 class AsyncMarkingSentinelConnectionPool(_AsyncMarkConnectFailures, AsyncSentinelConnectionPool):
     """redis-py's asyncio Sentinel pool, telling connect failures apart."""
-
-
-def classify(exc: BaseException) -> BackendError:
-    """Map a redis-py exception to the contract's failure reason (contract 6).
-
-    A failure to get a connection (refused, unreachable, pool exhausted) is
-    ``backend_unavailable``, a connect timeout ``backend_timeout``: nothing was written.
-    A ``LOADING`` reply is ``backend_unavailable`` (the command did not run). A timeout or
-    a lost connection once a connection was had is ``indeterminate``: the command may
-    have run. Any other error reply (``BUSY``, ``OOM``, ``READONLY``…) is
-    ``backend_error``.
-    """
-    if isinstance(exc, ConnectFailed):
-        reason = BACKEND_TIMEOUT if exc.timed_out else BACKEND_UNAVAILABLE
-    elif isinstance(exc, redis_exceptions.BusyLoadingError):
-        reason = BACKEND_UNAVAILABLE
-    elif isinstance(exc, _CONNECT_ERRORS):  # the built-in TimeoutError is an OSError
-        reason = INDETERMINATE
-    else:
-        reason = BACKEND_ERROR
-    return BackendError(reason, f"{type(exc).__name__}: {exc}")
 
 
 #: Connection options a URL may not override (contract 2).
@@ -184,8 +155,11 @@ class RedisBackend:
     """Counters in Redis (standalone or Sentinel-managed primary).
 
     ``url`` is a ``redis://``, ``rediss://`` or ``unix://`` URL; ``sentinel`` a dict with
-    ``SENTINELS`` and ``SERVICE``. Clients are created lazily and shared per process; the
-    async client is kept per event loop (pools belong to one loop).
+    ``SENTINELS`` and ``SENTINEL``'s ``SERVICE``. Clients are created lazily and shared
+    per process; an async client is kept per running event loop (pools belong to one
+    loop), and those of loops that have closed are closed and forgotten, so connections
+    stay bounded whatever the number of loops (async views under WSGI each run in a new
+    one).
     """
 
     mode = BACKEND_MODE_REDIS
@@ -208,12 +182,9 @@ class RedisBackend:
         #: Builds a client (argument: asynchronous?) instead of the URL; tests pass fakeredis.
         self.client_factory = client_factory
         self._lock = threading.Lock()
-        self._bound: _Bound | None = None
-        self._async_clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Bound] = (
-            weakref.WeakKeyDictionary()
-        )
-        self._evaluate_source = load("evaluate")
-        self._reset_source = load("reset")
+        self._client: Any = None
+        self._async_clients: dict[asyncio.AbstractEventLoop, Any] = {}
+        self._sources = sources()
 
     # -- clients -----------------------------------------------------------------------
     def _build(self, asynchronous: bool) -> Any:
@@ -241,114 +212,111 @@ class RedisBackend:
         pool_class = AsyncMarkingConnectionPool if asynchronous else MarkingConnectionPool
         pool = pool_class.from_url(self.url, **options)
         # redis-py lets URL query options (?socket_timeout=, ?max_connections=) override
-        # keyword arguments; contract 2's retries, timeouts and pool size must hold anyway.
+        # keyword arguments; our retries, timeouts and pool size must hold anyway.
         for name in CONTRACT_OPTIONS:
             pool.connection_kwargs[name] = options[name]
         pool.max_connections = options["max_connections"]
         client_class = redis_asyncio.Redis if asynchronous else redis.Redis
         return client_class(connection_pool=pool)
 
-    def _bind(self, client: Any) -> _Bound:
-        return _Bound(
-            client,
-            client.register_script(self._evaluate_source.source),
-            client.register_script(self._reset_source.source),
-        )
-
     @property
     def client(self) -> Any:
         """The shared synchronous client (created on first use)."""
-        return self._sync().client
-
-    def _sync(self) -> _Bound:
-        bound = self._bound
-        if bound is None:
+        client = self._client
+        if client is None:
             with self._lock:
-                if self._bound is None:
-                    self._bound = self._bind(self._build(asynchronous=False))
-                bound = self._bound
-        return bound
+                if self._client is None:
+                    self._client = self._build(asynchronous=False)
+                client = self._client
+        return client
 
-    def _async(self) -> _Bound:
+    def _async(self) -> Any:
         loop = asyncio.get_running_loop()
-        bound = self._async_clients.get(loop)
-        if bound is None:
-            bound = self._bind(self._build(asynchronous=True))
-            self._async_clients[loop] = bound
-        return bound
+        client = self._async_clients.get(loop)
+        if client is None:
+            with self._lock:
+                self._forget_closed_loops()
+                client = self._build(asynchronous=True)
+                self._async_clients[loop] = client
+        return client
+
+    def _forget_closed_loops(self) -> None:
+        """Close the connections of async clients whose loop has closed, and forget them;
+        past :data:`MAX_ASYNC_CLIENTS` live ones, forget the oldest too (their
+        connections close with their loop's transports)."""
+        for loop in [loop for loop in self._async_clients if loop.is_closed()]:
+            abandon(async_connections(self._async_clients.pop(loop)))
+        while len(self._async_clients) >= MAX_ASYNC_CLIENTS:
+            self._async_clients.pop(next(iter(self._async_clients)))
+
+    @property
+    def async_client_count(self) -> int:
+        """Async clients held now (one per live event loop that used this backend)."""
+        return len(self._async_clients)
 
     # -- script calls ------------------------------------------------------------------
-    @staticmethod
-    def _call(script: Any, client: Any, keys: list[str], args: list[int]) -> Any:
-        """``EVALSHA``; redis-py's ``Script`` reloads once on ``NOSCRIPT``, and a flush
-        racing that reload is retried here: a script that did not run charged nothing."""
-        from redis.exceptions import NoScriptError
+    def node_of(self, call: Call) -> str:
+        """The node a call runs on: a standalone or Sentinel primary is one node."""
+        return "default"
 
-        for _ in range(NOSCRIPT_ATTEMPTS - 1):
-            try:
-                return script(keys=keys, args=args, client=client)
-            except NoScriptError:
-                continue
-        return script(keys=keys, args=args, client=client)
+    def plan(self, request: GroupRequest) -> Plan:
+        """One ``EVALSHA`` deciding the whole group atomically."""
+        return single_plan(request)
 
-    @staticmethod
-    async def _acall(script: Any, client: Any, keys: list[str], args: list[int]) -> Any:
-        from redis.exceptions import NoScriptError
-
-        for _ in range(NOSCRIPT_ATTEMPTS - 1):
-            try:
-                return await script(keys=keys, args=args, client=client)
-            except NoScriptError:
-                continue
-        return await script(keys=keys, args=args, client=client)
-
-    def evaluate(self, request: GroupRequest) -> GroupReply:
-        """Run ``evaluate.lua`` once (``EVALSHA``; ``NOSCRIPT`` reloads and retries)."""
-        bound = self._sync()
+    def run(self, call: Call) -> Any:
+        """Run one script call (``EVALSHA``; ``NOSCRIPT`` loads the script and retries)."""
+        client = self.client
+        source = self._sources[call.script]
         try:
-            reply = self._call(bound.evaluate, bound.client, request.keys(), request.args())
+            try:
+                return client.execute_command(
+                    "EVALSHA", source.sha1, len(call.keys), *call.keys, *call.args
+                )
+            except redis_exceptions.NoScriptError:
+                return run_script(source, call, lambda command: client.execute_command(*command))
         except Exception as exc:
             raise classify(exc) from exc
-        return _parse(reply, request)
+
+    async def arun(self, call: Call) -> Any:
+        """Async twin of :meth:`run`."""
+        try:
+            client = self._async()
+            source = self._sources[call.script]
+            return await arun_script(
+                source, call, lambda command: client.execute_command(*command)
+            )
+        except Exception as exc:
+            raise classify(exc) from exc
+
+    def evaluate(self, request: GroupRequest) -> GroupReply:
+        """Decide ``request`` with one ``EVALSHA`` (no admission control: the limiter's)."""
+        return drive(self.plan(request), self.run)
 
     async def aevaluate(self, request: GroupRequest) -> GroupReply:
         """Async twin of :meth:`evaluate`."""
-        bound = self._async()
-        try:
-            reply = await self._acall(bound.evaluate, bound.client, request.keys(), request.args())
-        except Exception as exc:
-            raise classify(exc) from exc
-        return _parse(reply, request)
+        return await adrive(self.plan(request), self.arun)
 
     def reset(self, counter: str, window_count: int) -> int:
         """Run ``reset.lua`` for one counter."""
-        bound = self._sync()
-        try:
-            return int(self._call(bound.reset, bound.client, [counter], [window_count]))
-        except Exception as exc:
-            raise classify(exc) from exc
+        return int(self.run(Call("reset", [counter], [window_count])))
 
     async def areset(self, counter: str, window_count: int) -> int:
         """Async twin of :meth:`reset`."""
-        bound = self._async()
-        try:
-            return int(await self._acall(bound.reset, bound.client, [counter], [window_count]))
-        except Exception as exc:
-            raise classify(exc) from exc
+        return int(await self.arun(Call("reset", [counter], [window_count])))
 
     def ttl_ms(self, counter: str) -> int:
         """``PTTL`` of ``counter`` (-2: no such key). Not on the hot path."""
         try:
-            return int(self._sync().client.pttl(counter))
+            return int(self.client.pttl(counter))
         except Exception as exc:
             raise classify(exc) from exc
 
     def preload(self) -> list[tuple[str, str]]:
         """``SCRIPT LOAD`` every script; return (name, SHA1) pairs."""
-        client = self._sync().client
+        client = self.client
         loaded = []
         try:
-            for source in all_scripts():
+            for source in self._sources.values():
                 loaded.append((source.name, str(client.script_load(source.source))))
         except Exception as exc:
             raise classify(exc) from exc
@@ -361,7 +329,7 @@ class RedisBackend:
         import statistics
         import time
 
-        client = self._sync().client
+        client = self.client
         rows: list[tuple[str, str, str]] = []
         try:
             client.ping()
@@ -410,19 +378,42 @@ class RedisBackend:
 
     def close(self) -> None:
         """Disconnect the synchronous pool; async pools die with their loops."""
-        bound, self._bound = self._bound, None
-        if bound is not None:
+        client, self._client = self._client, None
+        if client is not None:
             with contextlib.suppress(Exception):  # closing never raises into setting_changed
-                bound.client.close()
-        self._async_clients = weakref.WeakKeyDictionary()
+                client.close()
+        with self._lock:
+            clients, self._async_clients = self._async_clients, {}
+        for async_client in clients.values():
+            abandon(async_connections(async_client))
 
 
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-def _parse(reply: Any, request: GroupRequest) -> GroupReply:
-    try:
-        return parse_reply(reply, request.window_counts)
-    except (TypeError, ValueError) as exc:
-        raise BackendError(BACKEND_ERROR, f"unexpected script reply: {exc}") from exc
+def async_connections(client: Any) -> list[Any]:
+    """Every connection an asyncio client holds (a ``redis.asyncio.Redis`` pool's, or each
+    node's of a ``redis.asyncio.cluster.RedisCluster``)."""
+    pool = getattr(client, "connection_pool", None)
+    if pool is not None:
+        return [
+            *getattr(pool, "_available_connections", ()),
+            *getattr(pool, "_in_use_connections", ()),
+        ]
+    nodes = getattr(getattr(client, "nodes_manager", None), "nodes_cache", {})
+    return [connection for node in nodes.values() for connection in node._connections]
+
+
+def abandon(connections: Iterable[Any]) -> None:
+    """Close the sockets of asyncio connections whose event loop has closed: their
+    ``disconnect()`` needs that loop, so the socket under the transport is closed
+    directly (else it stays open until garbage collection, one per finished loop)."""
+    for connection in connections:
+        writer = getattr(connection, "_writer", None)
+        if writer is None:
+            continue
+        wrapped = writer.get_extra_info("socket")
+        raw = getattr(wrapped, "_sock", wrapped)
+        with contextlib.suppress(Exception):
+            raw.close()

@@ -41,6 +41,7 @@ class CircuitBreaker:
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
         keep_errors: int = 20,
+        recent_errors: deque[BreakerError] | None = None,
     ) -> None:
         self.threshold = threshold
         self.cool_down = cool_down
@@ -52,7 +53,11 @@ class CircuitBreaker:
         self._opened_at = 0.0
         self._probing = False
         self._probe_started = 0.0
-        self.recent_errors: deque[BreakerError] = deque(maxlen=keep_errors)
+        #: Recent failures, of every kind (:meth:`failure` and :meth:`note`), newest last;
+        #: possibly shared with other breakers of the same limiter.
+        self.recent_errors: deque[BreakerError] = (
+            recent_errors if recent_errors is not None else deque(maxlen=keep_errors)
+        )
 
     @property
     def state(self) -> str:
@@ -93,6 +98,12 @@ class CircuitBreaker:
                 self._state = CLOSED
                 return CLOSED
             return None
+
+    def note(self, reason: str, detail: str = "") -> None:
+        """Record a failure that does not count against the node (the server answered:
+        an error reply, a clock refusal), for the status page."""
+        with self._lock:
+            self.recent_errors.append(BreakerError(self._wall_clock(), reason, detail))
 
     def failure(self, reason: str, detail: str = "") -> str | None:
         """Record a failed call; return the new state when it changed."""

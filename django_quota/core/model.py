@@ -1,10 +1,10 @@
-"""The pure-Python model of the arithmetic of contract section 5.
+"""The pure-Python model of the arithmetic of every algorithm (``docs/arithmetic.md``).
 
 This is the memory backend's engine, the local fallback's engine and the oracle of the
 differential tests: ``django_quota/scripts/evaluate.lua`` mirrors it function by function
-and must return identical results for identical inputs.
+and must return identical results, and store identical state, for identical inputs.
 
-State layout (one hash per (policy, revision, identity), section 5.5), all integers:
+State layout (one hash per (policy, revision, identity)), all integers but ``e``:
 
 * ``t``: the last ``now`` (ms) the counter accepted; fixed and sliding windows derive
   their stored window start from it, the token bucket its last refill.
@@ -12,6 +12,9 @@ State layout (one hash per (policy, revision, identity), section 5.5), all integ
   contains ``t``; token bucket, the whole part of the deficit ``D`` (see below).
 * ``p<i>``: sliding window, the count of the window before ``t``'s; token bucket, the
   remainder of the deficit (``D = c * P + p``, ``0 <= p < P``).
+* ``e``: the evaluation-id ledger, the fingerprints of the last :data:`LEDGER_SIZE`
+  charged evaluations, each :data:`FINGERPRINT_LENGTH` characters, oldest first.
+* ``d``: the ``now`` (ms) at which the ledger last dropped a fingerprint to make room.
 
 The token bucket stores the deficit ``D = C*P - T`` where ``T`` is the token level
 scaled by the period ``P`` (tokens * P), so refilling ``L`` tokens per ``P`` ms adds
@@ -19,12 +22,20 @@ exactly ``L`` scaled units per millisecond: integer arithmetic only, never a flo
 A missing hash therefore reads as a full bucket and as empty windows alike. The deficit
 is split into two fields so that every stored number stays below 10**14 (exact in any
 Lua number formatting).
+
+Evaluation ids (``docs/failures.md``): a charged evaluation appends its fingerprint to
+the ledger of every counter it charged. An evaluation that may repeat an earlier one (a
+retry, or an id the caller chose) first looks for its fingerprint: found in any counter
+of the group, nothing is charged and every policy is allowed with its current numbers;
+not found while some counter dropped a fingerprint less than ``DEDUP_TTL`` ago, the
+evaluation is *indeterminate* (the dropped one may have been this id); otherwise it is
+decided afresh. So a repeated id never charges twice, and the ledger stays bounded.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from django_quota.core.policy import FIXED_WINDOW, SLIDING_WINDOW, TOKEN_BUCKET, Window
 
@@ -33,19 +44,51 @@ DENIED = 0
 ALLOWED = 1  # allowed and charged
 ALLOWED_UNCHARGED = 2  # allowed by its windows, charged nothing (peek, cost 0, group denied)
 
+#: Group statuses, the first integer of the script's reply.
+GROUP_DECIDED = 0
+GROUP_CLOCK_UNSAFE = 1
+GROUP_INDETERMINATE = 2  # a possible repeat whose ledger entry may have been dropped
+GROUP_REPLAYED = 3  # a repeat of a charged evaluation: nothing charged
+
+#: Evaluation modes (the script's third argument).
+MODE_FRESH = 0  # a new evaluation id: the ledger is not searched
+MODE_MAY_REPEAT = 1  # a retry or a caller's id: the ledger is searched first
+MODE_PEEK = 2  # decide as cost 1 would, write nothing
+
+#: How many charged evaluation ids each counter remembers.
+LEDGER_SIZE = 8
+#: Characters of one ledger fingerprint (48 bits of base64url).
+FINGERPRINT_LENGTH = 8
+
 ALGORITHM_CODES = {FIXED_WINDOW: 1, SLIDING_WINDOW: 2, TOKEN_BUCKET: 3}
 
 State = dict[str, int]
 
+#: ``c<i>``/``p<i>`` field names, 1-based (index 0 unused).
+COUNT_FIELDS = tuple(f"c{i}" for i in range(64))
+EXTRA_FIELDS = tuple(f"p{i}" for i in range(64))
+
 
 @dataclass(frozen=True, slots=True)
 class PolicyCall:
-    """One policy of a group call: its algorithm, windows, cost and enforcement."""
+    """One policy of a group call: its algorithm, windows, cost and enforcement.
+
+    ``argv`` is this call's part of the script's ARGV (cost, algorithm, enforce, window
+    count, then limit, period in ms and capacity per window), encoded once.
+    """
 
     algorithm: str
     windows: tuple[Window, ...]
     cost: int
     enforce: bool = True
+    argv: tuple[bytes, ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        values = [self.cost, ALGORITHM_CODES[self.algorithm], 1 if self.enforce else 0]
+        values.append(len(self.windows))
+        for window in self.windows:
+            values += (window.limit, window.period_ms, window.capacity)
+        object.__setattr__(self, "argv", tuple(str(value).encode() for value in values))
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,7 +130,12 @@ class PolicyResult:
     def decode(cls, values: Sequence[int], window_count: int) -> PolicyResult:
         """Inverse of :meth:`encode` for ``window_count`` windows."""
         windows = tuple(
-            WindowResult(*(int(v) for v in values[2 + 4 * i : 6 + 4 * i]))
+            WindowResult(
+                int(values[2 + 4 * i]),
+                int(values[3 + 4 * i]),
+                int(values[4 + 4 * i]),
+                int(values[5 + 4 * i]),
+            )
             for i in range(window_count)
         )
         return cls(int(values[0]), int(values[1]), windows)
@@ -95,24 +143,28 @@ class PolicyResult:
 
 @dataclass(frozen=True, slots=True)
 class Write:
-    """A state to store for policy ``index`` with a time to live in milliseconds."""
+    """The new state of policy ``index``'s counter (numbers, and the ledger ``records``),
+    with a time to live in milliseconds."""
 
     index: int
     state: State
     ttl_ms: int
+    records: str = ""
 
 
 @dataclass(frozen=True, slots=True)
 class GroupResult:
-    """What a group call decided: per policy results and the writes to apply.
+    """What a group call decided: the group status (:data:`GROUP_DECIDED`…), per policy
+    results and the writes to apply (none unless decided)."""
 
-    ``clock_unsafe`` is True when a client clock ran backwards past the bound; then
-    ``results`` is empty and nothing is written.
-    """
-
-    clock_unsafe: bool
+    status: int
     results: tuple[PolicyResult, ...]
     writes: tuple[Write, ...]
+
+    @property
+    def clock_unsafe(self) -> bool:
+        """True when a client clock ran backwards past the bound: nothing decided."""
+        return self.status == GROUP_CLOCK_UNSAFE
 
 
 def floor_div(a: int, b: int) -> int:
@@ -125,36 +177,33 @@ def ceil_div(a: int, b: int) -> int:
     return -((-a) // b)
 
 
-@dataclass(slots=True)
-class _View:
-    """A window's state seen at ``now`` (after roll-over or refill), before this call."""
-
-    used: int  # fixed: count; sliding: cur; token bucket: deficit D (scaled)
-    prev: int  # sliding: previous window's count; otherwise 0
-
-
-def _view(algorithm: str, window: Window, index: int, state: Mapping[str, int], now: int) -> _View:
-    period = window.period_ms
+def _view(
+    algorithm: str, window: Window, index: int, state: Mapping[str, int], now: int
+) -> tuple[int, int]:
+    """A window's state seen at ``now`` (after roll-over or refill), before this call:
+    (used, prev). ``used`` is the fixed count, the sliding ``cur`` or the bucket's scaled
+    deficit; ``prev`` the sliding window's previous count, else 0."""
     last = state.get("t")
-    count = state.get(f"c{index}", 0)
-    extra = state.get(f"p{index}", 0)
     if last is None:
-        return _View(0, 0)
+        return 0, 0
+    period = window.period_ms
+    count = state.get(COUNT_FIELDS[index], 0)
+    if algorithm == FIXED_WINDOW:
+        return (count if now - now % period == last - last % period else 0), 0
+    extra = state.get(EXTRA_FIELDS[index], 0)
     if algorithm == TOKEN_BUCKET:
         deficit = count * period + extra
         elapsed = now - last
         if elapsed >= ceil_div(deficit, window.limit):
-            return _View(0, 0)
-        return _View(deficit - elapsed * window.limit, 0)
+            return 0, 0
+        return deficit - elapsed * window.limit, 0
     start = now - now % period
     stored_start = last - last % period
-    if algorithm == FIXED_WINDOW:
-        return _View(count if start == stored_start else 0, 0)
     if start == stored_start:
-        return _View(count, extra)
+        return count, extra
     if start == stored_start + period:
-        return _View(0, count)
-    return _View(0, 0)
+        return 0, count
+    return 0, 0
 
 
 def _sliding_estimate(prev: int, cur: int, elapsed: int, period: int) -> int:
@@ -185,69 +234,84 @@ def sliding_wait(prev: int, cur: int, elapsed: int, period: int, target: int) ->
     return max(1, period - elapsed + offset)
 
 
+def _allows(algorithm: str, window: Window, used: int, prev: int, now: int, cost: int) -> bool:
+    if algorithm == FIXED_WINDOW:
+        return used + cost <= window.limit
+    period = window.period_ms
+    if algorithm == TOKEN_BUCKET:
+        return used + cost * period <= window.capacity * period
+    return _sliding_estimate(prev, used, now % period, period) + cost <= window.limit
+
+
 def _window_result(
-    algorithm: str, window: Window, view: _View, now: int, cost: int, charged: bool
+    algorithm: str, window: Window, used: int, prev: int, now: int, cost: int, charged: bool
 ) -> tuple[WindowResult, int]:
     """The reported numbers of one window and its time to live (ms) after the call."""
     period = window.period_ms
     limit = window.limit
+    if algorithm == FIXED_WINDOW:
+        reset_after = period - now % period
+        count = used + cost if charged else used
+        retry_after = -1 if used + cost <= limit else reset_after
+        remaining = limit - count if count < limit else 0
+        return WindowResult(remaining, reset_after, retry_after, reset_after), reset_after
     if algorithm == TOKEN_BUCKET:
         capacity_scaled = window.capacity * period
-        deficit = view.used + cost * period if charged else view.used
-        allows = view.used + cost * period <= capacity_scaled
+        deficit = used + cost * period if charged else used
         remaining = floor_div(capacity_scaled - deficit, period)
         reset_after = ceil_div(deficit, limit)
-        retry_after = -1 if allows else ceil_div(view.used + cost * period - capacity_scaled, limit)
+        wanted = used + cost * period
+        retry_after = -1 if wanted <= capacity_scaled else ceil_div(wanted - capacity_scaled, limit)
         if remaining >= window.capacity:
             replenish = 0
         else:
             replenish = ceil_div(deficit - (capacity_scaled - (remaining + 1) * period), limit)
         return WindowResult(remaining, reset_after, retry_after, replenish), reset_after
-    start = now - now % period
-    elapsed = now - start
-    reset_after = start + period - now
-    if algorithm == FIXED_WINDOW:
-        used = view.used + cost if charged else view.used
-        allows = view.used + cost <= limit
-        result = WindowResult(
-            max(0, limit - used), reset_after, -1 if allows else reset_after, reset_after
-        )
-        return result, reset_after
-    cur = view.used + cost if charged else view.used
-    estimate = _sliding_estimate(view.prev, view.used, elapsed, period)
-    allows = estimate + cost <= limit
-    used = estimate + cost if charged else estimate
-    retry_after = (
-        -1 if allows else sliding_wait(view.prev, view.used, elapsed, period, limit - cost)
-    )
-    replenish = 0 if used == 0 else sliding_wait(view.prev, cur, elapsed, period, used - 1)
-    return WindowResult(
-        max(0, limit - used), reset_after, retry_after, replenish
-    ), reset_after + period
-
-
-def _allows(algorithm: str, window: Window, view: _View, now: int, cost: int) -> bool:
-    period = window.period_ms
-    if algorithm == TOKEN_BUCKET:
-        return view.used + cost * period <= window.capacity * period
-    if algorithm == FIXED_WINDOW:
-        return view.used + cost <= window.limit
     elapsed = now % period
-    return _sliding_estimate(view.prev, view.used, elapsed, period) + cost <= window.limit
+    reset_after = period - elapsed
+    cur = used + cost if charged else used
+    estimate = _sliding_estimate(prev, used, elapsed, period)
+    counted = estimate + cost if charged else estimate
+    retry_after = (
+        -1 if estimate + cost <= limit else sliding_wait(prev, used, elapsed, period, limit - cost)
+    )
+    replenish = 0 if counted == 0 else sliding_wait(prev, cur, elapsed, period, counted - 1)
+    remaining = limit - counted if counted < limit else 0
+    return WindowResult(remaining, reset_after, retry_after, replenish), reset_after + period
 
 
-def _charged_state(call: PolicyCall, views: Sequence[_View], now: int) -> State:
-    state: State = {"t": now}
-    for index, (window, view) in enumerate(zip(call.windows, views, strict=True), start=1):
+def _charged_state(
+    call: PolicyCall, views: Sequence[tuple[int, int]], now: int, old: Mapping[str, int]
+) -> State:
+    """The counter's numbers after charging ``call.cost``: the fields the script's
+    ``HSET`` writes over the stored ones (``d`` and other fields stay)."""
+    state: State = dict(old)
+    state["t"] = now
+    for index, (window, (used, prev)) in enumerate(zip(call.windows, views, strict=True), 1):
         if call.algorithm == TOKEN_BUCKET:
-            deficit = view.used + call.cost * window.period_ms
-            state[f"c{index}"] = floor_div(deficit, window.period_ms)
-            state[f"p{index}"] = deficit - state[f"c{index}"] * window.period_ms
+            deficit = used + call.cost * window.period_ms
+            whole = floor_div(deficit, window.period_ms)
+            state[COUNT_FIELDS[index]] = whole
+            state[EXTRA_FIELDS[index]] = deficit - whole * window.period_ms
         else:
-            state[f"c{index}"] = view.used + call.cost
+            state[COUNT_FIELDS[index]] = used + call.cost
             if call.algorithm == SLIDING_WINDOW:
-                state[f"p{index}"] = view.prev
+                state[EXTRA_FIELDS[index]] = prev
     return state
+
+
+def remembers(records: str, fingerprint: str) -> bool:
+    """Whether the ledger ``records`` holds ``fingerprint`` at one of its aligned places."""
+    size = FINGERPRINT_LENGTH
+    return any(records[i : i + size] == fingerprint for i in range(0, len(records), size))
+
+
+def appended(records: str, fingerprint: str) -> tuple[str, bool]:
+    """The ledger with ``fingerprint`` appended, the oldest dropped when full; and whether
+    one was dropped."""
+    if len(records) >= LEDGER_SIZE * FINGERPRINT_LENGTH:
+        return records[FINGERPRINT_LENGTH:] + fingerprint, True
+    return records + fingerprint, False
 
 
 def evaluate_group(
@@ -258,42 +322,66 @@ def evaluate_group(
     peek: bool = False,
     max_regression_ms: int = -1,
     cleanup_grace_ms: int = 1000,
+    records: Sequence[str] | None = None,
+    fingerprint: str = "",
+    may_repeat: bool = False,
+    dedup_ttl_ms: int = 5000,
 ) -> GroupResult:
-    """Decide a group of policies at ``now_ms`` (contract 5.4), atomically.
+    """Decide a group of policies at ``now_ms``, atomically.
 
-    ``states[i]`` is policy ``i``'s stored hash (``None`` when absent). ``peek`` decides as
+    ``states[i]`` is policy ``i``'s stored numbers (``None`` when absent) and
+    ``records[i]`` its evaluation-id ledger (``""`` when absent). ``peek`` decides as
     ``cost=1`` would and writes nothing. ``max_regression_ms >= 0`` (client clocks only)
-    makes a ``now`` more than that behind a stored ``t`` unsafe. The group is allowed
-    iff every enforced policy's every window allows; then every policy whose own windows
-    allow is charged (shadow ones included). A denial charges nothing anywhere.
+    makes a ``now`` more than that behind a stored ``t`` unsafe. The group is allowed iff
+    every enforced policy's every window allows; then every policy whose own windows
+    allow is charged (shadow ones included), and ``fingerprint`` is appended to each
+    charged counter's ledger. A denial charges nothing anywhere. ``may_repeat`` searches
+    the ledgers first (module docstring). A charged counter lives ``max(its windows'
+    time to live + cleanup_grace_ms, dedup_ttl_ms)``.
     """
+    count = len(calls)
+    ledgers = records if records is not None else [""] * count
+    seen = [state if state is not None else {} for state in states]
     nows = []
-    for state in states:
-        last = (state or {}).get("t")
+    for state in seen:
+        last = state.get("t")
         if last is not None and now_ms < last:
             if max_regression_ms >= 0 and last - now_ms > max_regression_ms:
-                return GroupResult(True, (), ())
+                return GroupResult(GROUP_CLOCK_UNSAFE, (), ())
             nows.append(last)
         else:
             nows.append(now_ms)
 
-    views: list[list[_View]] = []
+    replay = False
+    if may_repeat and not peek:
+        if any(remembers(ledger, fingerprint) for ledger in ledgers):
+            replay = True
+        elif any(
+            "d" in state and now - state["d"] < dedup_ttl_ms
+            for state, now in zip(seen, nows, strict=True)
+        ):
+            return GroupResult(GROUP_INDETERMINATE, (), ())
+
+    views: list[list[tuple[int, int]]] = []
     own_allows: list[bool] = []
-    for call, state, now in zip(calls, states, nows, strict=True):
+    for call, state, now in zip(calls, seen, nows, strict=True):
         cost = 1 if peek else call.cost
+        algorithm = call.algorithm
         policy_views = [
-            _view(call.algorithm, window, index, state or {}, now)
-            for index, window in enumerate(call.windows, start=1)
+            _view(algorithm, window, index, state, now)
+            for index, window in enumerate(call.windows, 1)
         ]
         views.append(policy_views)
         own_allows.append(
             all(
-                _allows(call.algorithm, window, view, now, cost)
-                for window, view in zip(call.windows, policy_views, strict=True)
+                _allows(algorithm, window, used, prev, now, cost)
+                for window, (used, prev) in zip(call.windows, policy_views, strict=True)
             )
         )
-    commit = not peek and all(
-        allows for call, allows in zip(calls, own_allows, strict=True) if call.enforce
+    commit = (
+        not peek
+        and not replay
+        and all(allows for call, allows in zip(calls, own_allows, strict=True) if call.enforce)
     )
 
     results = []
@@ -303,16 +391,33 @@ def evaluate_group(
         charged = commit and own_allows[index] and call.cost > 0
         window_results = []
         ttl = 0
-        for window, view in zip(call.windows, views[index], strict=True):
-            result, window_ttl = _window_result(call.algorithm, window, view, now, cost, charged)
+        for window, (used, prev) in zip(call.windows, views[index], strict=True):
+            result, window_ttl = _window_result(
+                call.algorithm, window, used, prev, now, cost, charged
+            )
+            if replay:
+                result = WindowResult(
+                    result.remaining, result.reset_after_ms, -1, result.replenish_after_ms
+                )
             window_results.append(result)
             ttl = max(ttl, window_ttl)
         if charged:
             status = ALLOWED
+            state = _charged_state(call, views[index], now, seen[index])
+            ledger, dropped = appended(ledgers[index], fingerprint)
+            if dropped:
+                state["d"] = now
             writes.append(
-                Write(index, _charged_state(call, views[index], now), ttl + cleanup_grace_ms)
+                Write(index, state, max(ttl + cleanup_grace_ms, dedup_ttl_ms), ledger)
             )
+        elif replay:
+            # Charged by the earlier evaluation when its ledger holds the id: the cluster
+            # backend's refunds count it as charged.
+            status = ALLOWED if remembers(ledgers[index], fingerprint) else ALLOWED_UNCHARGED
+        elif own_allows[index]:
+            status = ALLOWED_UNCHARGED
         else:
-            status = ALLOWED_UNCHARGED if own_allows[index] else DENIED
+            status = DENIED
         results.append(PolicyResult(status, now, tuple(window_results)))
-    return GroupResult(False, tuple(results), tuple(writes))
+    group_status = GROUP_REPLAYED if replay else GROUP_DECIDED
+    return GroupResult(group_status, tuple(results), tuple(writes))

@@ -4,11 +4,24 @@ prepare/interpret pair around one I/O call)."""
 
 from __future__ import annotations
 
+import base64
+import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from django_quota.core.identity import Identity
-from django_quota.core.model import ALGORITHM_CODES, PolicyCall, PolicyResult
+from django_quota.core.model import (
+    FINGERPRINT_LENGTH,
+    GROUP_CLOCK_UNSAFE,
+    GROUP_DECIDED,
+    GROUP_INDETERMINATE,
+    GROUP_REPLAYED,
+    MODE_FRESH,
+    MODE_MAY_REPEAT,
+    MODE_PEEK,
+    PolicyCall,
+    PolicyResult,
+)
 from django_quota.core.policy import Policy
 
 
@@ -17,9 +30,9 @@ def counter_key(prefix: str, policy: Policy, identity: Identity) -> str:
     when the selector has a route besides other dimensions.
 
     One hash per (policy, revision, identity), tagged so that the policies of one subject
-    share a Redis Cluster slot (contract 5.5). The policy id is length-prefixed and the
-    revision never contains ``:``, so a route or policy id containing ``:`` can never
-    make two counters share a name.
+    share a Redis Cluster slot. The policy id is length-prefixed and the revision never
+    contains ``:``, so a route or policy id containing ``:`` can never make two counters
+    share a name.
     """
     key = f"{prefix}:{{{identity.hash_tag}}}:{len(policy.id)}:{policy.id}:{policy.revision}"
     if identity.route is not None and identity.pseudonym is not None:
@@ -27,9 +40,12 @@ def counter_key(prefix: str, policy: Policy, identity: Identity) -> str:
     return key
 
 
-def evaluation_key(counter: str, evaluation_id: str) -> str:
-    """The evaluation-id record of one call for one counter (same hash tag)."""
-    return f"{counter}:e:{evaluation_id}"
+def fingerprint(evaluation_id: str) -> str:
+    """The 8-character ledger fingerprint of an evaluation id: 48 bits of BLAKE2b of its
+    UTF-8 bytes, base64url. Two ids share one with probability 2**-48."""
+    digest = hashlib.blake2b(evaluation_id.encode(), digest_size=FINGERPRINT_LENGTH * 3 // 4)
+    return base64.urlsafe_b64encode(digest.digest()).decode()
+
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,40 +53,45 @@ class GroupRequest:
     """Everything a backend needs to decide a group of policies in one call.
 
     ``now_ms`` is None to use the backend's clock (Redis ``TIME``); ``max_regression_ms``
-    is -1 to clamp silently; lifetimes are in milliseconds.
+    is -1 to clamp silently; lifetimes are in milliseconds. ``fingerprint`` is the
+    evaluation id's (:func:`fingerprint`); ``may_repeat`` asks the backend to search the
+    counters' ledgers for it first (a retry, or an id the caller chose).
     """
 
     counters: tuple[str, ...]
-    evaluation_keys: tuple[str, ...]
     calls: tuple[PolicyCall, ...]
     now_ms: int | None
     peek: bool
     max_regression_ms: int
     dedup_ttl_ms: int
     cleanup_grace_ms: int
+    fingerprint: str = ""
+    may_repeat: bool = False
+
+    @property
+    def mode(self) -> int:
+        """The script's evaluation mode (:data:`~django_quota.core.model.MODE_FRESH`…)."""
+        if self.peek:
+            return MODE_PEEK
+        return MODE_MAY_REPEAT if self.may_repeat else MODE_FRESH
 
     def keys(self) -> list[str]:
-        """KEYS for ``evaluate.lua``: counter, evaluation record, per policy."""
-        out: list[str] = []
-        for counter, record in zip(self.counters, self.evaluation_keys, strict=True):
-            out += [counter, record]
-        return out
+        """KEYS for ``evaluate.lua``: one counter hash per policy."""
+        return list(self.counters)
 
-    def args(self) -> list[int]:
+    def args(self) -> list[int | str | bytes]:
         """ARGV for ``evaluate.lua`` (see its header)."""
-        out = [
+        out: list[int | str | bytes] = [
             -1 if self.now_ms is None else self.now_ms,
             self.max_regression_ms,
-            1 if self.peek else 0,
+            self.mode,
+            "" if self.peek else self.fingerprint,
             self.dedup_ttl_ms,
             self.cleanup_grace_ms,
             len(self.calls),
         ]
         for call in self.calls:
-            out += [ALGORITHM_CODES[call.algorithm], 1 if call.enforce else 0, call.cost]
-            out.append(len(call.windows))
-            for window in call.windows:
-                out += [window.limit, window.period_ms, window.capacity]
+            out += call.argv
         return out
 
     @property
@@ -81,40 +102,57 @@ class GroupRequest:
 
 @dataclass(frozen=True, slots=True)
 class GroupReply:
-    """A backend's answer: ``clock_unsafe`` (nothing decided), ``replayed`` (a stored
-    evaluation id answered) and one :class:`PolicyResult` per call."""
+    """A backend's answer: ``status`` (decided, clock unsafe, indeterminate or replayed,
+    :data:`~django_quota.core.model.GROUP_DECIDED`…) and one :class:`PolicyResult` per
+    call (none unless decided or replayed)."""
 
-    clock_unsafe: bool
-    replayed: bool
+    status: int
     results: tuple[PolicyResult, ...]
+
+    @property
+    def clock_unsafe(self) -> bool:
+        """A client clock ran backwards past ``MAX_CLOCK_REGRESSION``: nothing decided."""
+        return self.status == GROUP_CLOCK_UNSAFE
+
+    @property
+    def indeterminate(self) -> bool:
+        """A possible repeat whose ledger entry may have been dropped: nothing decided."""
+        return self.status == GROUP_INDETERMINATE
+
+    @property
+    def replayed(self) -> bool:
+        """A repeat of a charged evaluation: allowed, nothing charged."""
+        return self.status == GROUP_REPLAYED
 
 
 def parse_reply(reply: Sequence[int], window_counts: Sequence[int]) -> GroupReply:
     """Parse ``evaluate.lua``'s flat integer reply (``ValueError`` when malformed)."""
-    values = [int(value) for value in reply]
-    if len(values) < 2:
-        raise ValueError(f"malformed script reply of length {len(values)}")
-    if values[0] == 1:
-        return GroupReply(True, False, ())
-    position = 2
+    if not reply:
+        raise ValueError("empty script reply")
+    status = int(reply[0])
+    if status in (GROUP_CLOCK_UNSAFE, GROUP_INDETERMINATE):
+        if len(reply) != 1:
+            raise ValueError("script reply longer than its status")
+        return GroupReply(status, ())
+    if status not in (GROUP_DECIDED, GROUP_REPLAYED):
+        raise ValueError(f"unknown script status {status}")
+    position = 1
     results = []
     for count in window_counts:
         size = 2 + 4 * count
-        chunk = values[position : position + size]
+        chunk = reply[position : position + size]
         if len(chunk) != size:
             raise ValueError("script reply shorter than its windows")
         results.append(PolicyResult.decode(chunk, count))
         position += size
-    if position != len(values):
+    if position != len(reply):
         raise ValueError("script reply longer than its windows")
-    return GroupReply(False, values[1] == 1, tuple(results))
+    return GroupReply(status, tuple(results))
 
 
 def encode_reply(reply: GroupReply) -> list[int]:
-    """Inverse of :func:`parse_reply` (the memory backend answers in the script's shape)."""
-    if reply.clock_unsafe:
-        return [1, 0]
-    out = [0, 1 if reply.replayed else 0]
+    """Inverse of :func:`parse_reply` (tests answer in the script's shape)."""
+    out = [reply.status]
     for result in reply.results:
         out += result.encode()
     return out

@@ -1,34 +1,44 @@
---[[ evaluate.lua: decide a group of policies atomically (django-quota, contract 5).
+--[[ evaluate.lua: decide a group of policies atomically (django-quota; docs/arithmetic.md).
 
 Mirrors django_quota/core/model.py function by function; the differential tests hold
-the two to identical replies. Integer arithmetic only: every product stays below 2^53
-(the policy bounds guarantee it), every division goes through floor_div, which corrects
-the rounding of the double quotient. No number is ever formatted into a string.
+the two to identical replies and identical stored state. Integer arithmetic only: every
+product stays below 2^53 (the policy bounds guarantee it), every division goes through
+floor_div, which corrects the rounding of the double quotient. No number is ever
+formatted into a string (field names are built from small loop indexes only).
 
-KEYS (2 per policy i = 1..n, in call order):
-  KEYS[2i-1]  the counter hash of (policy, revision, identity)
-  KEYS[2i]    the evaluation-id record of this call for that counter (a list)
+KEYS (1 per policy i = 1..n, in call order):
+  KEYS[i]  the counter hash of (policy, revision, identity)
 ARGV:
   1  now, integer ms since the epoch; -1 = read Redis TIME (µs floored to ms)
   2  max clock regression, ms; -1 = clamp silently (server clock)
-  3  peek: 1 = decide as cost 1 would and write nothing; 0 = evaluate
-  4  evaluation-id record lifetime (DEDUP_TTL), ms
-  5  cleanup grace (CLEANUP_GRACE), ms
-  6  n, the number of policies
-  then per policy: algorithm (1 fixed_window, 2 sliding_window, 3 token_bucket),
-       enforce (1 enforce, 0 shadow), cost (integer >= 0), window count m,
+  3  mode: 0 = a fresh evaluation id; 1 = it may repeat an earlier one (search the
+     ledgers first); 2 = peek (decide as cost 1 would and write nothing)
+  4  the evaluation id's fingerprint (8 characters; "" when peeking)
+  5  DEDUP_TTL, ms: a charged counter lives at least this long, and a ledger drop younger
+     than this makes a possible repeat indeterminate
+  6  cleanup grace (CLEANUP_GRACE), ms
+  7  n, the number of policies
+  then per policy: cost (integer >= 0), algorithm (1 fixed_window, 2 sliding_window,
+       3 token_bucket), enforce (1 enforce, 0 shadow), window count m,
        then per window: limit, period (ms), capacity
 Reply (integers only):
-  { clock_unsafe (0|1), replayed (0|1),
-    then per policy: status (0 denied, 1 allowed and charged, 2 allowed, not charged),
-                     effective now (ms),
+  { group status (0 decided, 1 clock unsafe, 2 indeterminate, 3 replayed),
+    then per policy (only when 0 or 3): status (0 denied, 1 allowed and charged, now
+                     or, when replayed, by the earlier evaluation; 2 allowed, not
+                     charged), effective now (ms),
                      then per window: remaining, reset_after (ms),
                                       retry_after (ms, -1 unless this window denied),
                                       replenish_after (ms until remaining next rises) }
-  clock_unsafe = 1 returns {1, 0} and writes nothing.
+Writes: for each charged policy, one HSET (t, c<i>, p<i>, e, and d when the ledger
+dropped a fingerprint) and one PEXPIRE. A denial, a peek and a replay write nothing.
 
-State hash fields: t = last accepted now (ms); c<i>, p<i> per window i (see model.py).
+State hash fields: t = last accepted now (ms); c<i>, p<i> per window i; e = ledger of
+the last 8 charged evaluation fingerprints, oldest first; d = now of the last ledger drop
+(see model.py).
 ]]
+
+local LEDGER_BYTES = 64  -- 8 fingerprints of 8 characters
+local FINGERPRINT = 8
 
 local function floor_div(a, b)
   local q = math.floor(a / b)
@@ -72,11 +82,14 @@ local function sliding_wait(prev, cur, elapsed, period, target)
 end
 
 -- The window's state seen at now: used (fixed count, sliding cur, bucket deficit), prev.
-local function view(algorithm, limit, period, index, state, now)
-  local last = state['t']
+local function view(algorithm, limit, period, last, count, extra, now)
   if last == nil then return 0, 0 end
-  local count = state['c' .. index] or 0
-  local extra = state['p' .. index] or 0
+  count = count or 0
+  if algorithm == 1 then
+    if now - mod(now, period) == last - mod(last, period) then return count, 0 end
+    return 0, 0
+  end
+  extra = extra or 0
   if algorithm == 3 then
     local deficit = count * period + extra
     local elapsed = now - last
@@ -85,81 +98,89 @@ local function view(algorithm, limit, period, index, state, now)
   end
   local start = now - mod(now, period)
   local stored_start = last - mod(last, period)
-  if algorithm == 1 then
-    if start == stored_start then return count, 0 end
-    return 0, 0
-  end
   if start == stored_start then return count, extra end
   if start == stored_start + period then return 0, count end
   return 0, 0
 end
 
 local function allows(algorithm, limit, period, capacity, used, prev, now, cost)
-  if algorithm == 3 then
-    return used + cost * period <= capacity * period
-  end
   if algorithm == 1 then
     return used + cost <= limit
+  end
+  if algorithm == 3 then
+    return used + cost * period <= capacity * period
   end
   return sliding_estimate(prev, used, mod(now, period), period) + cost <= limit
 end
 
 -- Appends remaining, reset_after, retry_after, replenish_after to out; returns the ttl.
-local function window_result(out, algorithm, limit, period, capacity, used, prev, now, cost, charged)
-  if algorithm == 3 then
+local function window_result(out, algorithm, limit, period, capacity, used, prev, now, cost,
+    charged, replay)
+  local remaining, reset_after, retry_after, replenish, ttl
+  if algorithm == 1 then
+    reset_after = period - mod(now, period)
+    local count = used
+    if charged then count = used + cost end
+    retry_after = -1
+    if used + cost > limit then retry_after = reset_after end
+    remaining = 0
+    if count < limit then remaining = limit - count end
+    replenish = reset_after
+    ttl = reset_after
+  elseif algorithm == 3 then
     local capacity_scaled = capacity * period
     local deficit = used
     if charged then deficit = used + cost * period end
-    local remaining = floor_div(capacity_scaled - deficit, period)
-    local reset_after = ceil_div(deficit, limit)
-    local retry_after = -1
+    remaining = floor_div(capacity_scaled - deficit, period)
+    reset_after = ceil_div(deficit, limit)
+    retry_after = -1
     if used + cost * period > capacity_scaled then
       retry_after = ceil_div(used + cost * period - capacity_scaled, limit)
     end
-    local replenish = 0
+    replenish = 0
     if remaining < capacity then
       replenish = ceil_div(deficit - (capacity_scaled - (remaining + 1) * period), limit)
     end
-    out[#out + 1] = remaining
-    out[#out + 1] = reset_after
-    out[#out + 1] = retry_after
-    out[#out + 1] = replenish
-    return reset_after
+    ttl = reset_after
+  else
+    local elapsed = mod(now, period)
+    reset_after = period - elapsed
+    local cur = used
+    local estimate = sliding_estimate(prev, used, elapsed, period)
+    local counted = estimate
+    if charged then
+      cur = used + cost
+      counted = estimate + cost
+    end
+    retry_after = -1
+    if estimate + cost > limit then
+      retry_after = sliding_wait(prev, used, elapsed, period, limit - cost)
+    end
+    replenish = 0
+    if counted ~= 0 then
+      replenish = sliding_wait(prev, cur, elapsed, period, counted - 1)
+    end
+    remaining = 0
+    if counted < limit then remaining = limit - counted end
+    ttl = reset_after + period
   end
-  local start = now - mod(now, period)
-  local elapsed = now - start
-  local reset_after = start + period - now
-  if algorithm == 1 then
-    local count = used
-    if charged then count = used + cost end
-    local retry_after = -1
-    if used + cost > limit then retry_after = reset_after end
-    out[#out + 1] = math.max(0, limit - count)
-    out[#out + 1] = reset_after
-    out[#out + 1] = retry_after
-    out[#out + 1] = reset_after
-    return reset_after
+  if replay then retry_after = -1 end
+  local size = #out
+  out[size + 1] = remaining
+  out[size + 2] = reset_after
+  out[size + 3] = retry_after
+  out[size + 4] = replenish
+  return ttl
+end
+
+local function remembers(records, fingerprint)
+  if not records then return false end
+  for start = 1, #records, FINGERPRINT do
+    if string.sub(records, start, start + FINGERPRINT - 1) == fingerprint then
+      return true
+    end
   end
-  local cur = used
-  local estimate = sliding_estimate(prev, used, elapsed, period)
-  local counted = estimate
-  if charged then
-    cur = used + cost
-    counted = estimate + cost
-  end
-  local retry_after = -1
-  if estimate + cost > limit then
-    retry_after = sliding_wait(prev, used, elapsed, period, limit - cost)
-  end
-  local replenish = 0
-  if counted ~= 0 then
-    replenish = sliding_wait(prev, cur, elapsed, period, counted - 1)
-  end
-  out[#out + 1] = math.max(0, limit - counted)
-  out[#out + 1] = reset_after
-  out[#out + 1] = retry_after
-  out[#out + 1] = replenish
-  return reset_after + period
+  return false
 end
 
 local now = tonumber(ARGV[1])
@@ -168,120 +189,139 @@ if now < 0 then
   now = tonumber(time[1]) * 1000 + floor_div(tonumber(time[2]), 1000)
 end
 local max_regression = tonumber(ARGV[2])
-local peek = tonumber(ARGV[3]) == 1
-local dedup_ttl = tonumber(ARGV[4])
-local grace = tonumber(ARGV[5])
-local n = tonumber(ARGV[6])
+local mode = tonumber(ARGV[3])
+local peek = mode == 2
+local fingerprint = ARGV[4]
+local dedup_ttl = tonumber(ARGV[5])
+local grace = tonumber(ARGV[6])
+local n = tonumber(ARGV[7])
 
--- A repeated evaluation id returns the stored replies and consumes nothing.
-if not peek then
-  local stored = {}
-  for i = 1, n do
-    local record = redis.call('LRANGE', KEYS[2 * i], 0, -1)
-    if #record == 0 then
-      stored = nil
-      break
-    end
-    stored[i] = record
-  end
-  if stored ~= nil then
-    local reply = {0, 1}
-    for i = 1, n do
-      for _, value in ipairs(stored[i]) do
-        reply[#reply + 1] = tonumber(value)
-      end
-    end
-    return reply
-  end
-end
-
+-- Read every counter: t, d, e, then c<w>, p<w> per window, in one HMGET each.
 local calls = {}
-local position = 7
+local position = 8
 for i = 1, n do
-  local call = {
-    algorithm = tonumber(ARGV[position]),
-    enforce = tonumber(ARGV[position + 1]) == 1,
-    cost = tonumber(ARGV[position + 2]),
-    windows = {},
-  }
   local m = tonumber(ARGV[position + 3])
-  position = position + 4
+  local call = {
+    cost = tonumber(ARGV[position]),
+    algorithm = tonumber(ARGV[position + 1]),
+    enforce = tonumber(ARGV[position + 2]) == 1,
+    m = m,
+    first = position + 4,
+  }
+  position = position + 4 + 3 * m
+  local names = {'t', 'd', 'e'}
   for w = 1, m do
-    call.windows[w] = {
-      limit = tonumber(ARGV[position]),
-      period = tonumber(ARGV[position + 1]),
-      capacity = tonumber(ARGV[position + 2]),
-    }
-    position = position + 3
+    names[2 * w + 2] = 'c' .. w
+    names[2 * w + 3] = 'p' .. w
   end
-  local flat = redis.call('HGETALL', KEYS[2 * i - 1])
-  local state = {}
-  for f = 1, #flat, 2 do
-    state[flat[f]] = tonumber(flat[f + 1])
-  end
-  call.state = state
+  local stored = redis.call('HMGET', KEYS[i], unpack(names))
+  call.last = tonumber(stored[1])
+  call.dropped = tonumber(stored[2])
+  call.records = stored[3]
+  call.stored = stored
   local effective = now
-  if state['t'] ~= nil and now < state['t'] then
-    if max_regression >= 0 and state['t'] - now > max_regression then
-      return {1, 0}
+  if call.last ~= nil and now < call.last then
+    if max_regression >= 0 and call.last - now > max_regression then
+      return {1}
     end
-    effective = state['t']
+    effective = call.last
   end
   call.now = effective
   calls[i] = call
 end
 
-local commit = not peek
+local replay = false
+if mode == 1 then
+  for i = 1, n do
+    if remembers(calls[i].records, fingerprint) then
+      replay = true
+      break
+    end
+  end
+  if not replay then
+    for i = 1, n do
+      local call = calls[i]
+      if call.dropped ~= nil and call.now - call.dropped < dedup_ttl then
+        return {2}
+      end
+    end
+  end
+end
+
+local commit = not peek and not replay
 for i = 1, n do
   local call = calls[i]
   local cost = call.cost
   if peek then cost = 1 end
   call.allows = true
   call.views = {}
-  for w, window in ipairs(call.windows) do
-    local used, prev = view(call.algorithm, window.limit, window.period, w, call.state, call.now)
+  local p = call.first
+  for w = 1, call.m do
+    local limit, period = tonumber(ARGV[p]), tonumber(ARGV[p + 1])
+    local used, prev = view(call.algorithm, limit, period, call.last,
+      tonumber(call.stored[2 * w + 2]), tonumber(call.stored[2 * w + 3]), call.now)
     call.views[w] = {used, prev}
-    if not allows(call.algorithm, window.limit, window.period, window.capacity, used, prev,
+    if not allows(call.algorithm, limit, period, tonumber(ARGV[p + 2]), used, prev,
         call.now, cost) then
       call.allows = false
     end
+    p = p + 3
   end
   if call.enforce and not call.allows then commit = false end
 end
 
-local reply = {0, 0}
+local reply = {0}
+if replay then reply[1] = 3 end
 for i = 1, n do
   local call = calls[i]
   local cost = call.cost
   if peek then cost = 1 end
   local charged = commit and call.allows and call.cost > 0
-  local out = {}
+  local status = 0
   if charged then
-    out[1] = 1
+    status = 1
+  elseif replay then
+    -- charged by the earlier evaluation when its ledger holds the id (cluster refunds)
+    status = 2
+    if remembers(call.records, fingerprint) then status = 1 end
   elseif call.allows then
-    out[1] = 2
-  else
-    out[1] = 0
+    status = 2
   end
-  out[2] = call.now
+  reply[#reply + 1] = status
+  reply[#reply + 1] = call.now
   local ttl = 0
-  for w, window in ipairs(call.windows) do
+  local p = call.first
+  for w = 1, call.m do
     local v = call.views[w]
-    local window_ttl = window_result(out, call.algorithm, window.limit, window.period,
-      window.capacity, v[1], v[2], call.now, cost, charged)
+    local window_ttl = window_result(reply, call.algorithm, tonumber(ARGV[p]),
+      tonumber(ARGV[p + 1]), tonumber(ARGV[p + 2]), v[1], v[2], call.now, cost, charged,
+      replay)
     if window_ttl > ttl then ttl = window_ttl end
+    p = p + 3
   end
   if charged then
+    local records = call.records or ''
     local fields = {'t', call.now}
-    for w, window in ipairs(call.windows) do
+    if #records >= LEDGER_BYTES then
+      records = string.sub(records, FINGERPRINT + 1) .. fingerprint
+      fields[3] = 'd'
+      fields[4] = call.now
+    else
+      records = records .. fingerprint
+    end
+    fields[#fields + 1] = 'e'
+    fields[#fields + 1] = records
+    p = call.first
+    for w = 1, call.m do
       local v = call.views[w]
+      local period = tonumber(ARGV[p + 1])
       if call.algorithm == 3 then
-        local deficit = v[1] + call.cost * window.period
-        local whole = floor_div(deficit, window.period)
+        local deficit = v[1] + call.cost * period
+        local whole = floor_div(deficit, period)
         fields[#fields + 1] = 'c' .. w
         fields[#fields + 1] = whole
         fields[#fields + 1] = 'p' .. w
-        fields[#fields + 1] = deficit - whole * window.period
+        fields[#fields + 1] = deficit - whole * period
       else
         fields[#fields + 1] = 'c' .. w
         fields[#fields + 1] = v[1] + call.cost
@@ -290,16 +330,12 @@ for i = 1, n do
           fields[#fields + 1] = v[2]
         end
       end
+      p = p + 3
     end
-    redis.call('HSET', KEYS[2 * i - 1], unpack(fields))
-    redis.call('PEXPIRE', KEYS[2 * i - 1], ttl + grace)
-  end
-  if not peek then
-    redis.call('RPUSH', KEYS[2 * i], unpack(out))
-    redis.call('PEXPIRE', KEYS[2 * i], dedup_ttl)
-  end
-  for _, value in ipairs(out) do
-    reply[#reply + 1] = value
+    redis.call('HSET', KEYS[i], unpack(fields))
+    local lifetime = ttl + grace
+    if lifetime < dedup_ttl then lifetime = dedup_ttl end
+    redis.call('PEXPIRE', KEYS[i], lifetime)
   end
 end
 return reply

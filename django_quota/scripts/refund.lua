@@ -12,6 +12,8 @@ KEYS (1 per policy i = 1..n, all in one hash slot):
   KEYS[i]  the counter hash evaluate.lua charged for policy i
 ARGV:
   1  n, the number of policies
+  2  the evaluation's fingerprint (8 characters), removed from each counter's ledger
+     (field e), so that a later repeat of the refused evaluation is decided afresh
   then per policy: algorithm (1 fixed_window, 2 sliding_window, 3 token_bucket),
        cost (integer >= 1, the units charged),
        charged now (ms: the effective now evaluate.lua returned for the charge, which it
@@ -27,8 +29,7 @@ Per window i of period P:
                   window's count is now p<i>, p<i> -= cost (never below 0);
   token_bucket    the deficit c<i>·P + p<i> -= cost·P (never below 0), split again into
                   c<i> = floor(deficit / P), p<i> = deficit mod P.
-A missing hash (expired, reset) is left alone. Neither t nor the TTL changes; evaluation-id
-records are never touched (they are not passed).
+A missing hash (expired, reset) is left alone. Neither t nor the TTL changes.
 ]]
 
 local function floor_div(a, b)
@@ -46,7 +47,8 @@ local function mod(a, b)
 end
 
 local n = tonumber(ARGV[1])
-local position = 2
+local fingerprint = ARGV[2]
+local position = 3
 local refunded = 0
 for i = 1, n do
   local algorithm = tonumber(ARGV[position])
@@ -55,6 +57,15 @@ for i = 1, n do
   local m = tonumber(ARGV[position + 3])
   position = position + 4
   local last = tonumber(redis.call('HGET', KEYS[i], 't'))
+  local records = redis.call('HGET', KEYS[i], 'e')
+  if records then
+    local kept = ''
+    for start = 1, #records, 8 do
+      local entry = string.sub(records, start, start + 7)
+      if entry ~= fingerprint then kept = kept .. entry end
+    end
+    if kept ~= records then redis.call('HSET', KEYS[i], 'e', kept) end
+  end
   for w = 1, m do
     local period = tonumber(ARGV[position + w - 1])
     if last ~= nil then
