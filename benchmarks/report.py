@@ -28,6 +28,11 @@ class Row:
     sent: float | None
     footprints: dict[int, Footprint] = field(default_factory=dict)
     exactness: Exactness | None = None
+    base: str | None = None
+
+    @property
+    def name(self) -> str:
+        return f"{self.implementation} {self.algorithm}"
 
 
 def _table(headers: Sequence[str], rows: Sequence[Sequence[str]], right: set[int]) -> str:
@@ -133,14 +138,16 @@ def render(
         _table(headers, table_rows, right=set(range(2, len(headers)))),
         "",
         "ratio: this row's decisions/s divided by the django-quota row it is compared to "
-        "(same algorithm, else fixed_window); above 1.00x is faster than django-quota. "
-        "Compared to a row of another algorithm:",
+        "(same algorithm, else fixed_window; async rows: django-quota's async row); "
+        f"above 1.00x is faster than django-quota. Async rows: {threads} tasks in one "
+        f"event loop instead of {threads} threads. Compared to a row of another algorithm "
+        "or kind:",
     ]
-    names = {row.key: f"{row.implementation} {row.algorithm}" for row in rows}
+    names = {row.key: row.name for row in rows}
     out += [
         f"- {names[row.key]} -> {names.get(row.reference, row.reference)}"
         for row in rows
-        if row.key != row.reference
+        if row.reference and row.key != row.reference
     ]
     out += ["", "Redis commands per decision, by command (Lua's redis.call included):", ""]
     command_rows = []
@@ -148,7 +155,7 @@ def render(
         if not row.command_breakdown:
             continue
         parts = ", ".join(f"{name} {count:.2f}" for name, count in row.command_breakdown.items())
-        command_rows.append([f"{row.implementation} {row.algorithm}", parts])
+        command_rows.append([row.name, parts])
     out.append(_table(["row", "commands/decision"], command_rows, right=set()))
     out += ["", "Redis keys per subject (after 1 and after 100 decisions):", ""]
     key_rows = []
@@ -164,7 +171,7 @@ def render(
             )
             text = f"@{decisions}: {_keys(footprint.keys)} {footprint.bytes:,} B"
             cells.append(f"{text} ({kinds})" if kinds else text)
-        key_rows.append([f"{row.implementation} {row.algorithm}", "; ".join(cells)])
+        key_rows.append([row.name, "; ".join(cells)])
     out.append(_table(["row", "keys and bytes"], key_rows, right=set()))
     exact_notes = [
         f"{row.implementation} {row.algorithm}: {row.exactness.admitted} admitted of "
