@@ -379,9 +379,12 @@ def all_contenders(
     redis_url: str, limit: int, notes: list[str], versions: dict[str, str]
 ) -> list[Contender]:
     """Every row, django-quota's first; ``notes`` and ``versions`` are filled in."""
+    from benchmarks import whole_request
+
     return [
         *django_quota_contenders(redis_url, limit),
         *limits_contenders(redis_url, limit, notes, versions),
         *drf_contenders(limit, notes, versions),
         *ratelimit_contenders(limit, notes, versions),
+        *whole_request.contenders(notes),
     ]

@@ -1,5 +1,5 @@
 """The printed report: one main table (a Markdown pipe table, aligned for the terminal),
-then the per-command and per-key breakdowns and the notes."""
+then the whole-request table, the per-command and per-key breakdowns and the notes."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import argparse
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from benchmarks import whole_request
 from benchmarks.measure import Exactness, Footprint
 
 Classifier = Callable[[str], str]
@@ -71,6 +72,43 @@ def _bytes(footprint: Footprint | None) -> str:
 
 def _keys(count: int) -> str:
     return f"{count} key" if count == 1 else f"{count} keys"
+
+
+def _us(value: float | None) -> str:
+    return "-" if value is None else f"{value:,.0f}"
+
+
+def _whole_requests(rows: Sequence[Row], by_key: dict[str, Row]) -> list[str]:
+    requests = [row for row in rows if row.key.startswith("request/")]
+    if not requests:
+        return []
+    drf = by_key.get(whole_request.DRF_THROTTLED)
+    drf_added = whole_request.added_us(drf, by_key) if drf else None
+    table_rows = []
+    for row in requests:
+        added = whole_request.added_us(row, by_key)
+        base = by_key.get(row.base) if row.base else None
+        share = "-"
+        if added is not None and drf_added is not None and drf_added > 0:
+            share = f"{added / drf_added:.2f}x"
+        table_rows.append(
+            [
+                row.name,
+                _us(row.median_us),
+                _us(row.p99_us),
+                base.name if base else "-",
+                _us(added),
+                share,
+            ]
+        )
+    headers = ["row", "µs median", "µs p99", "base", "µs added", "added / DRF's added"]
+    return [
+        "",
+        "Whole requests through WSGIHandler, in process (µs per request; added: this "
+        "row's median minus its base's; DRF's added: DRF AnonRateThrottle's):",
+        "",
+        _table(headers, table_rows, right={1, 2, 4, 5}),
+    ]
 
 
 def _exact(exactness: Exactness | None) -> str:
@@ -138,10 +176,10 @@ def render(
         _table(headers, table_rows, right=set(range(2, len(headers)))),
         "",
         "ratio: this row's decisions/s divided by the django-quota row it is compared to "
-        "(same algorithm, else fixed_window; async rows: django-quota's async row); "
-        f"above 1.00x is faster than django-quota. Async rows: {threads} tasks in one "
-        f"event loop instead of {threads} threads. Compared to a row of another algorithm "
-        "or kind:",
+        "(same algorithm, else fixed_window; async rows: django-quota's async row; "
+        "whole requests: django-quota's row of the same kind); above 1.00x is faster "
+        f"than django-quota. Async rows: {threads} tasks in one event loop instead of "
+        f"{threads} threads. Compared to a row of another algorithm or kind:",
     ]
     names = {row.key: row.name for row in rows}
     out += [
@@ -149,6 +187,7 @@ def render(
         for row in rows
         if row.reference and row.key != row.reference
     ]
+    out += _whole_requests(rows, by_key)
     out += ["", "Redis commands per decision, by command (Lua's redis.call included):", ""]
     command_rows = []
     for row in rows:
