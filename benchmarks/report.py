@@ -1,5 +1,6 @@
 """The printed report: one main table (a Markdown pipe table, aligned for the terminal),
-then the whole-request table, the per-command and per-key breakdowns and the notes."""
+then the whole-request table, the per-command and per-key breakdowns, the notes, and the
+goals block last."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import argparse
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from benchmarks import whole_request
+from benchmarks import goals, whole_request
 from benchmarks.measure import Exactness, Footprint
 
 Classifier = Callable[[str], str]
@@ -74,6 +75,11 @@ def _keys(count: int) -> str:
     return f"{count} key" if count == 1 else f"{count} keys"
 
 
+def _key_counts(row: Row) -> str:
+    counts = [row.footprints[n].keys for n in sorted(row.footprints)]
+    return ", ".join(str(count) for count in counts) if counts else "-"
+
+
 def _us(value: float | None) -> str:
     return "-" if value is None else f"{value:,.0f}"
 
@@ -111,6 +117,17 @@ def _whole_requests(rows: Sequence[Row], by_key: dict[str, Row]) -> list[str]:
     ]
 
 
+def _goals(rows: Sequence[Row]) -> list[str]:
+    found = goals.evaluate(rows)
+    table_rows = [[goal.goal, goal.measured, goal.target, goal.verdict] for goal in found]
+    return [
+        "",
+        "goals (this run's figures; printed, never asserted):",
+        "",
+        _table(["goal", "measured", "target", "verdict"], table_rows, right={1}),
+    ]
+
+
 def _exact(exactness: Exactness | None) -> str:
     if exactness is None:
         return "-"
@@ -142,6 +159,7 @@ def render(
         "Redis CPU µs/dec",
         "bytes/subject @1",
         "bytes/subject @100",
+        "keys/subject @1, @100",
         "admitted/limit",
     ]
     table_rows = []
@@ -162,6 +180,7 @@ def render(
                 "-" if row.server_cpu_us is None else f"{row.server_cpu_us:.0f}",
                 _bytes(row.footprints.get(1)),
                 _bytes(row.footprints.get(100)),
+                _key_counts(row),
                 _exact(row.exactness),
             ]
         )
@@ -222,4 +241,5 @@ def render(
         out += ["", "admitted != limit:", *(f"- {note}" for note in exact_notes)]
     if notes:
         out += ["", "notes:", *(f"- {note}" for note in notes)]
+    out += _goals(rows)
     return "\n".join(out)
