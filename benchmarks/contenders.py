@@ -15,9 +15,12 @@ import importlib.util
 from collections.abc import Callable, Coroutine, Iterator, Sequence
 from dataclasses import dataclass, field
 from types import SimpleNamespace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from benchmarks import django_settings as bench_settings
+
+if TYPE_CHECKING:
+    from django_quota import Outcome
 
 Decide = Callable[[str], bool]
 ADecide = Callable[[str], Coroutine[Any, Any, bool]]
@@ -95,7 +98,7 @@ def _dq_key(algorithm: str) -> str:
 
 
 # -- django-quota ----------------------------------------------------------------------
-def _admitted(outcomes: Sequence[Any]) -> bool:
+def _admitted(outcomes: Sequence[Outcome]) -> bool:
     """Whether every outcome admits; a ``failed_*`` one stops the run."""
     for outcome in outcomes:
         if outcome.decision.startswith("failed"):
