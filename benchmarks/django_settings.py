@@ -4,6 +4,11 @@ django-quota gets one policy per measured shape, twice: a *bulk* variant whose l
 never reached (latency and throughput of admitted decisions) and an *exact* variant with
 the small limit of the exactness column. Django's built-in ``RedisCache`` (used by DRF's
 throttles and django-ratelimit) points at the same server.
+
+The whole-request rows (:mod:`benchmarks.whole_request`) resolve ``benchmarks.urls``.
+``MIDDLEWARE`` is empty here: Django reads it once, when a handler is built, and the
+middleware row builds its own handler with ``QuotaMiddleware`` (under
+``override_settings``), so no other row pays for a middleware it does not measure.
 """
 
 from __future__ import annotations
@@ -22,6 +27,17 @@ HMAC_KEY = "django-quota-benchmark-hmac-key"
 
 ALGORITHMS = ("fixed_window", "sliding_window", "token_bucket")
 TWO_WINDOWS = "two_windows"
+
+#: The whole-request rows' paths (``benchmarks.urls``) and the middleware's policy.
+PLAIN_PATH = "/plain/"
+DRF_PATH = "/drf/"
+DRF_THROTTLED_PATH = "/drf/drf-anon/"
+DRF_QUOTA_PATH = "/drf/quota-anon/"
+MIDDLEWARE_POLICY = "request_plain"
+#: The algorithm of the middleware's policy: the drop-in throttles' default
+#: (``DRF_ALGORITHM``), so that both edges of django-quota decide the same way.
+MIDDLEWARE_ALGORITHM = "sliding_window"
+HOST = "testserver"
 
 
 def bulk_id(name: str) -> str:
@@ -58,6 +74,13 @@ def quota_policies(limit: int) -> dict[str, dict[str, Any]]:
         "windows": {"burst": f"{limit}/h", "sustained": f"{2 * limit}/d"},
         "selector": ["ip"],
     }
+    # Only the middleware row's handler has QuotaMiddleware; only /plain/ matches.
+    policies[MIDDLEWARE_POLICY] = {
+        "algorithm": MIDDLEWARE_ALGORITHM,
+        "windows": f"{BULK_LIMIT}/h",
+        "selector": ["ip"],
+        "routes": [PLAIN_PATH.rstrip("/")],
+    }
     return policies
 
 
@@ -85,6 +108,9 @@ def configure(redis_url: str, limit: int) -> None:
         DEBUG=False,
         SECRET_KEY="django-quota-benchmark-secret-key",
         USE_TZ=True,
+        ALLOWED_HOSTS=[HOST],
+        ROOT_URLCONF="benchmarks.urls",
+        MIDDLEWARE=[],
         INSTALLED_APPS=installed_apps,
         DATABASES={"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"}},
         CACHES={

@@ -9,6 +9,7 @@ over rounds, latency percentiles pool every round's samples.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import platform
 import signal
@@ -16,18 +17,20 @@ import statistics
 import sys
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError, version
 from types import FrameType
 
 import redis
 
-from benchmarks import measure, report
-from benchmarks.contenders import BULK, DQ, EXACT, Contender, all_contenders
+from benchmarks import aio, measure, report
+from benchmarks.contenders import BULK, DQ, EXACT, Contender, Decide, all_contenders
 from benchmarks.redis_server import RedisServer
 
 MEMORY_DECISIONS = (1, 100)
+#: Untimed decisions before each timed loop (connections made, scripts loaded).
+WARMUP = 200
 
 
 @dataclass
@@ -88,7 +91,7 @@ def _on_alarm(signum: int, frame: FrameType | None) -> None:
 
 
 def _classify(contender: Contender) -> report.Classifier | None:
-    if not contender.implementation.startswith(DQ):
+    if DQ not in contender.implementation:
         return None
 
     def classify(key: str) -> str:
@@ -97,25 +100,54 @@ def _classify(contender: Contender) -> report.Classifier | None:
     return classify
 
 
+@contextlib.contextmanager
+def _counted(admin: redis.Redis, result: RowResult, decisions: int) -> Iterator[None]:
+    """Redis commands and CPU over the block, added to ``result``."""
+    before = measure.command_calls(admin)
+    cpu_before = measure.server_cpu(admin)
+    yield
+    cpu_after = measure.server_cpu(admin)
+    after = measure.command_calls(admin)
+    result.server_cpu += cpu_after - cpu_before
+    result.commands.update(measure.delta(before, after))
+    result.counted_decisions += decisions
+
+
 def measure_round(
     admin: redis.Redis, result: RowResult, pool: Sequence[str], args: argparse.Namespace
 ) -> None:
     contender = result.contender
+    warmup = min(WARMUP, args.decisions)
     with contender.context():
-        decide = contender.make(BULK)
         admin.flushall()
-        measure.single_thread(decide, pool, min(200, args.decisions))  # warm-up
-        before = measure.command_calls(admin)
-        cpu_before = measure.server_cpu(admin)
-        timing = measure.single_thread(decide, pool, args.decisions)
-        cpu_after = measure.server_cpu(admin)
-        after = measure.command_calls(admin)
-        result.server_cpu += cpu_after - cpu_before
-        result.commands.update(measure.delta(before, after))
-        result.counted_decisions += args.decisions
+        if contender.amake is not None:
+            timing = aio.single_loop(
+                contender.amake,
+                BULK,
+                pool,
+                args.decisions,
+                warmup,
+                counted=lambda: _counted(admin, result, args.decisions),
+            )
+            throughput_n = aio.concurrent(contender.amake, BULK, pool, args.decisions, args.threads)
+        else:
+            decide = contender.decide(BULK)
+            measure.single_thread(decide, pool, warmup)
+            with _counted(admin, result, args.decisions):
+                timing = measure.single_thread(decide, pool, args.decisions)
+            throughput_n = measure.multi_thread(decide, pool, args.decisions, args.threads)
         result.latencies_ns.extend(timing.latencies_ns)
         result.throughput_1.append(timing.throughput)
-        result.throughput_n.append(measure.multi_thread(decide, pool, args.decisions, args.threads))
+        result.throughput_n.append(throughput_n)
+
+
+@contextlib.contextmanager
+def _sync_decide(contender: Contender, kind: str) -> Iterator[Decide]:
+    if contender.amake is not None:
+        with aio.bridged(contender.amake, kind) as decide:
+            yield decide
+    else:
+        yield contender.decide(kind)
 
 
 def measure_once(
@@ -128,24 +160,42 @@ def measure_once(
 ) -> None:
     contender = result.contender
     with contender.context():
-        decide = contender.make(BULK)
         if contender.uses_redis:
-            admin.flushall()
-            result.sent_per_decision = measure.client_commands(
-                server_url, decide, pool, args.monitor_sample
-            )
-            admin.flushall()
-            subject = f"127.254.{index}.1"
-            done = 0
-            for target in MEMORY_DECISIONS:
-                for _ in range(target - done):
-                    decide(subject)
-                done = target
-                result.footprints[target] = measure.footprint(admin, _classify(contender))
+            with _sync_decide(contender, BULK) as decide:
+                admin.flushall()
+                result.sent_per_decision = measure.client_commands(
+                    server_url, decide, pool, args.monitor_sample
+                )
+                admin.flushall()
+                subject = f"127.254.{index}.1"
+                done = 0
+                for target in MEMORY_DECISIONS:
+                    for _ in range(target - done):
+                        decide(subject)
+                    done = target
+                    result.footprints[target] = measure.footprint(admin, _classify(contender))
+        if not contender.exact:
+            return
         admin.flushall()
-        result.exactness = measure.exactness(
-            contender.make(EXACT), f"127.253.{index}.1", args.limit, args.threads, args.attempts
-        )
+        subject = f"127.253.{index}.1"
+        if contender.amake is not None:
+            result.exactness = aio.exactness(
+                contender.amake, EXACT, subject, args.limit, args.threads, args.attempts
+            )
+        else:
+            result.exactness = measure.exactness(
+                contender.decide(EXACT), subject, args.limit, args.threads, args.attempts
+            )
+
+
+def select(contenders: Sequence[Contender], only: str) -> list[Contender]:
+    """The rows whose name contains ``only`` (any case), with the base rows of the
+    whole-request rows among them (an added cost needs its base)."""
+    if not only:
+        return list(contenders)
+    chosen = {c.key for c in contenders if only.lower() in c.name.lower()}
+    chosen |= {c.base for c in contenders if c.key in chosen and c.base is not None}
+    return [c for c in contenders if c.key in chosen]
 
 
 def _versions(extra: dict[str, str], redis_version: str) -> list[str]:
@@ -187,12 +237,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             django_settings.configure(server.url, args.limit)
             contenders = all_contenders(server.url, args.limit, notes, versions)
-            if args.only:
-                contenders = [
-                    c
-                    for c in contenders
-                    if args.only.lower() in f"{c.implementation} {c.algorithm}".lower()
-                ]
+            contenders = select(contenders, args.only)
             results = [RowResult(contender) for contender in contenders]
             pool = measure.subjects(args.subjects, block=10)
             admin = server.client()
@@ -240,6 +285,7 @@ def report_row(result: RowResult) -> report.Row:
     return report.Row(
         key=contender.key,
         reference=contender.reference,
+        base=contender.base,
         implementation=contender.implementation,
         algorithm=contender.algorithm,
         median_us=statistics.median(latencies) / 1000,

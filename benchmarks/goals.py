@@ -1,0 +1,145 @@
+"""The goals block: each goal of issue 10 with its figure from this run and PASS or MISS.
+
+Printed, never asserted: the figures are timings on a shared machine, except the memory
+and key counts, which do not move from run to run. A goal whose rows were not measured
+(``--only``, a peer not installed) says so instead of a verdict.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from benchmarks import contenders as c
+from benchmarks import whole_request as wr
+
+if TYPE_CHECKING:
+    from benchmarks.report import Row
+
+PASS = "PASS"
+MISS = "MISS"
+NOT_MEASURED = "-"
+MAX_BYTES = 256
+
+
+@dataclass(frozen=True, slots=True)
+class Goal:
+    """One line of the block."""
+
+    goal: str
+    measured: str
+    target: str
+    verdict: str
+
+
+def _label(by_key: Mapping[str, Row], key: str) -> str:
+    row = by_key.get(key)
+    return key if row is None else f"{row.implementation} {row.algorithm}"
+
+
+def _at_most(value: float | None, limit: float, shown: str) -> tuple[str, str]:
+    if value is None:
+        return "not measured", NOT_MEASURED
+    # The verdict follows the figure as printed (1.004 shows as 1.00x and passes 1.00).
+    return shown, PASS if round(value, 2) <= limit else MISS
+
+
+def _ratio_goal(
+    by_key: Mapping[str, Row],
+    what: str,
+    key: str,
+    peer: str,
+    limit: float,
+    figure: Callable[[Row], float | None],
+) -> Goal:
+    ours, theirs = by_key.get(key), by_key.get(peer)
+    value = None
+    if ours is not None and theirs is not None:
+        mine, other = figure(ours), figure(theirs)
+        if mine is not None and other:
+            value = mine / other
+    shown = "" if value is None else f"{value:.2f}x"
+    measured, verdict = _at_most(value, limit, shown)
+    return Goal(
+        f"{what}: {_label(by_key, key)} / {_label(by_key, peer)}",
+        measured,
+        f"<= {limit:.2f}x",
+        verdict,
+    )
+
+
+def _p50(row: Row) -> float | None:
+    return row.median_us
+
+
+def _cpu(row: Row) -> float | None:
+    return row.server_cpu_us
+
+
+def _memory_goals(by_key: Mapping[str, Row], key: str) -> list[Goal]:
+    row = by_key.get(key)
+    label = _label(by_key, key)
+    first = row.footprints.get(1) if row else None
+    hundred = row.footprints.get(100) if row else None
+    if first is None or hundred is None:
+        return [
+            Goal(
+                f"bytes/subject @1 and @100: {label}",
+                "not measured",
+                f"<= {MAX_BYTES} B",
+                NOT_MEASURED,
+            ),
+            Goal(f"keys/subject @100 == @1: {label}", "not measured", "equal", NOT_MEASURED),
+        ]
+    largest = max(first.bytes, hundred.bytes)
+    return [
+        Goal(
+            f"bytes/subject @1 and @100: {label}",
+            f"{first.bytes:,} B, {hundred.bytes:,} B",
+            f"<= {MAX_BYTES} B",
+            PASS if largest <= MAX_BYTES else MISS,
+        ),
+        Goal(
+            f"keys/subject @100 == @1: {label}",
+            f"{first.keys} -> {hundred.keys}",
+            "equal",
+            PASS if first.keys == hundred.keys else MISS,
+        ),
+    ]
+
+
+def _added_goal(by_key: Mapping[str, Row], what: str, key: str) -> Goal:
+    ours, theirs = by_key.get(key), by_key.get(wr.DRF_THROTTLED)
+    mine = wr.added_us(ours, by_key) if ours else None
+    other = wr.added_us(theirs, by_key) if theirs else None
+    label = f"{what} added µs / DRF AnonRateThrottle added µs"
+    target = "<= 0.50x"
+    if mine is None or other is None:
+        return Goal(label, "not measured", target, NOT_MEASURED)
+    if other <= 0:
+        return Goal(label, f"{mine:.0f} / {other:.0f} µs: no ratio", target, NOT_MEASURED)
+    value = mine / other
+    measured, verdict = _at_most(value, 0.5, f"{value:.2f}x ({mine:.0f} / {other:.0f} µs)")
+    return Goal(label, measured, target, verdict)
+
+
+def evaluate(rows: Sequence[Row]) -> list[Goal]:
+    """Every goal, in the order of the issue."""
+    by_key = {row.key: row for row in rows}
+    goals = [
+        _ratio_goal(by_key, "p50", c.DQ_FIXED, c.LIMITS_FIXED, 1.0, _p50),
+        _ratio_goal(by_key, "p50", c.DQ_SLIDING, c.LIMITS_SLIDING, 1.0, _p50),
+        _ratio_goal(by_key, "p50", c.DQ_TOKEN, c.LIMITS_FIXED, 1.0, _p50),
+        _ratio_goal(by_key, "p50", c.DQ_ASYNC_FIXED, c.LIMITS_ASYNC_FIXED, 1.0, _p50),
+        _ratio_goal(by_key, "p50", c.DQ_TWO_WINDOWS, c.DQ_SLIDING, 1.15, _p50),
+        _ratio_goal(by_key, "p50", c.DQ_TWO_POLICIES, c.DQ_FIXED, 1.15, _p50),
+        _ratio_goal(by_key, "p50", c.DQ_MEMORY_FIXED, c.LIMITS_MEMORY_FIXED, 3.0, _p50),
+        _ratio_goal(by_key, "Redis CPU/dec", c.DQ_FIXED, c.LIMITS_FIXED, 1.25, _cpu),
+        _ratio_goal(by_key, "Redis CPU/dec", c.DQ_SLIDING, c.LIMITS_SLIDING, 1.25, _cpu),
+    ]
+    for key in (c.DQ_FIXED, c.DQ_SLIDING, c.DQ_TOKEN):
+        goals += _memory_goals(by_key, key)
+    goals.append(_added_goal(by_key, "drop-in AnonRateThrottle", wr.DRF_QUOTA))
+    goals.append(_added_goal(by_key, "QuotaMiddleware", wr.PLAIN_MIDDLEWARE))
+    return goals
