@@ -42,69 +42,26 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
     return messages
 
 
-def _walk(patterns: Any, prefix: str = "") -> Any:
-    """(route, callback) of every URL pattern, included ones too."""
-    for pattern in patterns:
-        route = prefix + str(pattern.pattern)
-        if hasattr(pattern, "url_patterns"):
-            yield from _walk(pattern.url_patterns, route)
-        else:
-            yield route, pattern.callback
-
-
-def _named_policies(callback: Any) -> list[str]:
-    """Policy ids a view names: ``@quota("id")`` and a ``QuotaThrottle``'s
-    ``quota_policies`` or ``throttle_scope`` (the drop-ins build their own)."""
-    names = []
-    named = getattr(callback, "quota_policy_id", None)
-    view_class = getattr(callback, "view_class", None) or getattr(callback, "cls", None)
-    if view_class is not None:
-        named = named or getattr(getattr(view_class, "dispatch", None), "quota_policy_id", None)
-    if named:
-        names.append(named)
-    drf_view = getattr(callback, "cls", None)
-    if drf_view is not None:
-        try:
-            from django_quota.throttling import (
-                QuotaThrottle,
-                SimpleRateThrottle,
-                named_policy_ids,
-            )
-        except ImportError:  # DRF not installed
-            return names
-        for throttle in getattr(drf_view, "throttle_classes", ()):
-            if not isinstance(throttle, type) or not issubclass(throttle, QuotaThrottle):
-                continue
-            if issubclass(throttle, SimpleRateThrottle):
-                continue
-            names.extend(named_policy_ids(drf_view, throttle.quota_policies))
-    return names
-
-
 def _view_policies() -> list[CheckMessage]:
     """E009: a view names a policy id that no source defines (every request to it would
     fail). Skipped quietly when the URLconf or the policies cannot be loaded."""
     try:
-        from django.urls import get_resolver
-
-        from django_quota import policies
+        from django_quota import policies, references
 
         known = set(policies.get_registry().policies)
-        patterns = list(_walk(get_resolver().url_patterns))
+        named = references.policy_references()
     except Exception:  # URLconf or database not ready: other checks report it
         return []
-    messages: list[CheckMessage] = []
-    for route, callback in patterns:
-        for name in _named_policies(callback):
-            if name not in known and policies.known_policy(name) is None:
-                messages.append(
-                    Error(
-                        f"the view at {route!r} names policy {name!r}, which is not defined",
-                        hint="add it to QUOTA['POLICIES'] or the admin, or fix the name",
-                        id=E_UNKNOWN_VIEW_POLICY,
-                    )
-                )
-    return messages
+    return [
+        Error(
+            f"the view at {reference.route!r} names policy {reference.policy!r}, which is "
+            "not defined",
+            hint="add it to QUOTA['POLICIES'] or the admin, or fix the name",
+            id=E_UNKNOWN_VIEW_POLICY,
+        )
+        for reference in named
+        if reference.policy not in known and policies.known_policy(reference.policy) is None
+    ]
 
 
 def _database_conflicts(parsed: QuotaSettings) -> list[CheckMessage]:
