@@ -134,7 +134,9 @@ def test_policies_lists_database_policies_and_conflicts(quota: Any) -> None:
     call_command("quota", "policies", "--json", stdout=out, stderr=err)
     listed = {row["policy"]: row for row in json.loads(out.getvalue())}
     assert (listed["orders"]["source"], listed["reports"]["source"]) == ("settings", "database")
-    assert (listed["reports"]["revision"], listed["reports"]["enabled"]) == ("1", False)
+    reports = QuotaPolicy.objects.get(name="reports")
+    assert reports.revision == 2  # drawn after the row named orders
+    assert (listed["reports"]["revision"], listed["reports"]["enabled"]) == ("2", False)
     assert err.getvalue() == "ignored database rows (same id in settings): orders\n"
 
 

@@ -77,7 +77,7 @@ def test_settings_then_database_policies_by_position_and_name(quota: Any) -> Non
     assert list(registry.policies) == ["zeta", "alpha", "db-b", "db-c", "db-a"]
     assert [p.source for p in registry.policies.values()] == ["settings"] * 2 + ["database"] * 3
     assert [p.id for p in registry.middleware] == ["db-b", "db-a"]
-    assert registry.policies["db-a"].revision == "1"
+    assert registry.policies["db-a"].revision == "2"  # the second row created
     assert registry.database_ok
     assert registry.conflicts == ()
 
