@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any
-from urllib.parse import parse_qsl, urlsplit, urlunsplit
+from urllib.parse import unquote_plus
 
 from django import forms
 from django.contrib import admin, messages
@@ -318,19 +318,32 @@ def _listing_references(action: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _redacted(url: str | None) -> str | None:
-    """The URL without its password (in the authority or a ``password=`` query item)."""
+    """The URL without its password, in the userinfo or in a ``password=`` query item.
+
+    Not ``urlsplit`` alone: a password holding ``#``, ``/`` or ``?`` (written raw, as
+    people do) ends the authority early there, and the rest of the password would be
+    shown as a fragment, a path or a query. The userinfo is everything before the *last*
+    ``@``: a stray ``@`` later in the URL hides too much, never too little. The query runs
+    to the end of the URL (a ``#`` in a ``password=`` value stays inside the value).
+    """
     if not url:
         return url
-    parts = urlsplit(url)
-    netloc = parts.netloc
-    if "@" in netloc:
-        credentials, host = netloc.rsplit("@", 1)
-        user, has_password, _ = credentials.partition(":")
-        if has_password:  # redis://user@host names a user, no password
-            netloc = f"{user}:***@{host}" if user else f"***@{host}"
-    query = "&".join(
-        f"{name}=***" if name.lower() == "password" else f"{name}={value}" if value else name
-        for name, value in parse_qsl(parts.query, keep_blank_values=True)
-    )
-    rest = urlunsplit(("", "", parts.path, query, parts.fragment))
-    return f"{parts.scheme}://{netloc}{rest}"
+    scheme, separator, rest = url.partition("://")
+    if not separator:
+        return "***"  # not a URL this can take apart: show none of it
+    userinfo, at, location = rest.rpartition("@")
+    if at:
+        user, has_password, _ = userinfo.partition(":")
+        if not has_password:  # redis://user@host names a user, no password
+            location = f"{userinfo}@{location}"
+        else:
+            location = f"{user}:***@{location}" if user else f"***@{location}"
+    address, question, query = location.partition("?")
+    if not question:
+        return f"{scheme}://{address}"
+    items = [
+        f"{name}=***" if unquote_plus(name).lower() == "password" else item
+        for item in query.split("&")
+        for name in (item.partition("=")[0],)
+    ]
+    return f"{scheme}://{address}?{'&'.join(items)}"
