@@ -1,22 +1,24 @@
 """The Django admin for quota policies: windows inline, revision read-only, actions to
-enable, disable and reset counters for a subject, and a staff-only status page."""
+enable, disable and reset counters for a subject (change permission), a status page
+(view permission), and a delete confirmation that lists the views naming the policy."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
-from urllib.parse import parse_qsl, urlsplit, urlunsplit
+from urllib.parse import unquote_plus
 
 from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
-from django.core.exceptions import ValidationError
+from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import router, transaction
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path
 
-from django_quota import conf, limiter, metrics, policies
+from django_quota import conf, limiter, metrics, policies, references
 from django_quota.core.breaker import CLOSED
 from django_quota.core.errors import BackendError, ConfigurationError
 from django_quota.core.policy import ALGORITHMS, DIMENSIONS, parse_policy
@@ -33,6 +35,18 @@ class QuotaPolicyForm(forms.ModelForm):  # type: ignore[type-arg]
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.instance.windows_validated_elsewhere = True
+
+    def clean_name(self) -> str:
+        """Refuse an id a settings policy has: settings win, so the row would be ignored
+        (and ``manage.py check`` would fail with E007)."""
+        name: str = self.cleaned_data["name"]
+        settings = conf.get_settings()
+        if "settings" in settings.policy_sources and name in settings.policies:
+            raise ValidationError(
+                f"QUOTA['POLICIES'] already defines a policy {name!r}, which would win over "
+                "this row; choose another name"
+            )
+        return name
 
 
 class QuotaWindowFormSet(forms.BaseInlineFormSet):  # type: ignore[type-arg]
@@ -109,6 +123,7 @@ class QuotaPolicyAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     form = QuotaPolicyForm
     inlines = (QuotaWindowInline,)
     actions = ("enable_policies", "disable_policies", "reset_counters")
+    change_list_template = "django_quota/admin/change_list.html"
     fields = (
         "name",
         "position",
@@ -143,24 +158,33 @@ class QuotaPolicyAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     def windows_summary(self, obj: QuotaPolicy) -> str:
         return ", ".join(str(window) for window in obj.windows.all())
 
-    @admin.action(description="Enable selected policies")
+    def _require_change_permission(self, request: HttpRequest) -> None:
+        # The admin offers these actions only to holders of the change permission; this
+        # guards a direct call (a custom view or a subclass reusing the method) as well.
+        if not self.has_change_permission(request):
+            raise PermissionDenied
+
+    @admin.action(description="Enable selected policies", permissions=("change",))
     def enable_policies(self, request: HttpRequest, queryset: QuerySet[QuotaPolicy]) -> None:
+        self._require_change_permission(request)
         for policy in queryset:
             policy.enabled = True
             policy.save()
         self.message_user(request, f"Enabled {len(queryset)} policies.", messages.SUCCESS)
 
-    @admin.action(description="Disable selected policies")
+    @admin.action(description="Disable selected policies", permissions=("change",))
     def disable_policies(self, request: HttpRequest, queryset: QuerySet[QuotaPolicy]) -> None:
+        self._require_change_permission(request)
         for policy in queryset:
             policy.enabled = False
             policy.save()
         self.message_user(request, f"Disabled {len(queryset)} policies.", messages.SUCCESS)
 
-    @admin.action(description="Reset counters for a subject…")
+    @admin.action(description="Reset counters for a subject…", permissions=("change",))
     def reset_counters(
         self, request: HttpRequest, queryset: QuerySet[QuotaPolicy]
     ) -> HttpResponse | None:
+        self._require_change_permission(request)
         form = ResetCountersForm(request.POST if "apply" in request.POST else None)
         if "apply" in request.POST and form.is_valid():
             subject = form.subject()
@@ -198,9 +222,37 @@ class QuotaPolicyAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         )
         return [status, *super().get_urls()]
 
+    def changelist_view(
+        self, request: HttpRequest, extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        return super().changelist_view(
+            request, {"quota_status_url": "admin:django_quota_status", **(extra_context or {})}
+        )
+
+    def delete_view(
+        self, request: HttpRequest, object_id: str, extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        """Django's confirmation, plus the views, throttles and decorators that name the
+        policy (they would name an undefined policy once it is deleted)."""
+        response = super().delete_view(request, object_id, extra_context)
+        policy = self.get_object(request, object_id)
+        if policy is not None:
+            _add_references(response, {policy.name})
+        return response
+
+    def get_actions(self, request: HttpRequest) -> dict[str, Any]:
+        actions: dict[str, Any] = super().get_actions(request)
+        if "delete_selected" in actions:
+            function, name, description = actions["delete_selected"]
+            actions["delete_selected"] = (_listing_references(function), name, description)
+        return actions
+
     def status_view(self, request: HttpRequest) -> HttpResponse:
-        """Staff-only: policies with source and revision, backend and mode, breaker state,
-        recent backend errors, outcome counts since this process started."""
+        """Staff with the view permission: policies with source and revision, backend and
+        mode, breaker state, recent backend errors, outcome counts since this process
+        started. Other staff get 403."""
+        if not self.has_view_permission(request):
+            raise PermissionDenied
         settings = conf.get_settings()
         registry = policies.get_registry()
         breaker = limiter.get_breaker()
@@ -237,20 +289,61 @@ class QuotaPolicyAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         return TemplateResponse(request, "django_quota/admin/status.html", context)
 
 
+def _add_references(response: HttpResponse, names: set[str]) -> None:
+    """Put ``quota_references`` in a delete confirmation's context (the answer to a
+    confirmed delete is a redirect and needs none)."""
+    if isinstance(response, TemplateResponse) and response.context_data is not None:
+        response.context_data["quota_references"] = [
+            reference.describe() for reference in references.references_to(names)
+        ]
+
+
+def _listing_references(action: Callable[..., Any]) -> Callable[..., Any]:
+    """Django's ``delete_selected`` action, its confirmation listing the references."""
+
+    def delete_selected(
+        model_admin: admin.ModelAdmin,  # type: ignore[type-arg]
+        request: HttpRequest,
+        queryset: QuerySet[QuotaPolicy],
+    ) -> HttpResponse | None:
+        response: HttpResponse | None = action(model_admin, request, queryset)
+        if response is not None:
+            _add_references(response, set(queryset.values_list("name", flat=True)))
+        return response
+
+    delete_selected.allowed_permissions = getattr(  # type: ignore[attr-defined]
+        action, "allowed_permissions", ("delete",)
+    )
+    return delete_selected
+
+
 def _redacted(url: str | None) -> str | None:
-    """The URL without its password (in the authority or a ``password=`` query item)."""
+    """The URL without its password, in the userinfo or in a ``password=`` query item.
+
+    Not ``urlsplit`` alone: a password holding ``#``, ``/`` or ``?`` (written raw, as
+    people do) ends the authority early there, and the rest of the password would be
+    shown as a fragment, a path or a query. The userinfo is everything before the *last*
+    ``@``: a stray ``@`` later in the URL hides too much, never too little. The query runs
+    to the end of the URL (a ``#`` in a ``password=`` value stays inside the value).
+    """
     if not url:
         return url
-    parts = urlsplit(url)
-    netloc = parts.netloc
-    if "@" in netloc:
-        credentials, host = netloc.rsplit("@", 1)
-        user, has_password, _ = credentials.partition(":")
-        if has_password:  # redis://user@host names a user, no password
-            netloc = f"{user}:***@{host}" if user else f"***@{host}"
-    query = "&".join(
-        f"{name}=***" if name.lower() == "password" else f"{name}={value}" if value else name
-        for name, value in parse_qsl(parts.query, keep_blank_values=True)
-    )
-    rest = urlunsplit(("", "", parts.path, query, parts.fragment))
-    return f"{parts.scheme}://{netloc}{rest}"
+    scheme, separator, rest = url.partition("://")
+    if not separator:
+        return "***"  # not a URL this can take apart: show none of it
+    userinfo, at, location = rest.rpartition("@")
+    if at:
+        user, has_password, _ = userinfo.partition(":")
+        if not has_password:  # redis://user@host names a user, no password
+            location = f"{userinfo}@{location}"
+        else:
+            location = f"{user}:***@{location}" if user else f"***@{location}"
+    address, question, query = location.partition("?")
+    if not question:
+        return f"{scheme}://{address}"
+    items = [
+        f"{name}=***" if unquote_plus(name).lower() == "password" else item
+        for item in query.split("&")
+        for name in (item.partition("=")[0],)
+    ]
+    return f"{scheme}://{address}?{'&'.join(items)}"

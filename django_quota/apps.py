@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from django.apps import AppConfig
-from django.db.models.signals import post_delete, post_save
+from django.db.models.signals import post_delete, post_migrate, post_save
 
 
 class DjangoQuotaConfig(AppConfig):
@@ -21,6 +21,8 @@ class DjangoQuotaConfig(AppConfig):
         post_delete.connect(
             window_changed, sender=QuotaWindow, dispatch_uid="quota-window-delete"
         )
+        # A registry built before the tables existed holds no database policy.
+        post_migrate.connect(policies.database_changed, dispatch_uid="quota-registry-migrate")
         for model in (QuotaPolicy, QuotaWindow):
             for signal in (post_save, post_delete):
                 signal.connect(

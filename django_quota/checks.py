@@ -4,12 +4,15 @@ key and says how to fix it. Built from the same validation the runtime uses
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from django.conf import settings as django_settings
 from django.core.checks import CheckMessage, Error, Warning, register
+from django.utils.module_loading import import_string
 
 from django_quota.conf import E_CACHE_ALIAS, E_DUPLICATE_POLICY, QuotaSettings, parse_settings
+from django_quota.core.policy import AUTO, Policy, generated_policy_id
 
 W_MEMORY_IN_PRODUCTION = "django_quota.W001"
 W_HMAC_KEY_UNSET = "django_quota.W002"
@@ -17,9 +20,14 @@ W_DRF_NUM_PROXIES = "django_quota.W003"
 W_MIDDLEWARE_DENIES_ANONYMOUS = "django_quota.W004"
 W_CLIENT_CLOCK = "django_quota.W005"
 W_MIDDLEWARE_MISSING = "django_quota.W006"
+W_RESOLVER_BEFORE_AUTHENTICATION = "django_quota.W007"
 E_UNKNOWN_VIEW_POLICY = "django_quota.E009"
+E_MIDDLEWARE_BEFORE_AUTHENTICATION = "django_quota.E010"
+E_DUPLICATE_HEADER_ITEM = "django_quota.E011"
+E_FOLDED_GENERATED_ID = "django_quota.E012"
 
 MIDDLEWARE_PATH = "django_quota.middleware.QuotaMiddleware"
+AUTHENTICATION_MIDDLEWARE_PATH = "django.contrib.auth.middleware.AuthenticationMiddleware"
 DJANGO_REDIS_BACKENDS = ("django_redis.cache.RedisCache",)
 
 
@@ -39,72 +47,192 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
     messages += _warnings(parsed)
     messages += _database_conflicts(parsed)
     messages += _view_policies()
+    effective = _effective_policies(parsed)
+    messages += _middleware_order(parsed, effective)
+    messages += _header_items(effective)
+    messages += _folded_generated_ids()
     return messages
 
 
-def _walk(patterns: Any, prefix: str = "") -> Any:
-    """(route, callback) of every URL pattern, included ones too."""
-    for pattern in patterns:
-        route = prefix + str(pattern.pattern)
-        if hasattr(pattern, "url_patterns"):
-            yield from _walk(pattern.url_patterns, route)
-        else:
-            yield route, pattern.callback
+def _effective_policies(parsed: QuotaSettings) -> list[Policy]:
+    """Settings and database policies as the registry merges them, and the policies
+    ``@quota(rate=...)`` declared; the settings policies alone when the registry cannot be
+    built (the database not migrated yet, say)."""
+    from django_quota import policies
+
+    try:
+        found = dict(policies.get_registry().policies)
+    except Exception:  # reported by the registry itself
+        found = dict(parsed.policies)
+    for policy in policies.declared():
+        found.setdefault(policy.id, policy)
+    return list(found.values())
 
 
-def _named_policies(callback: Any) -> list[str]:
-    """Policy ids a view names: ``@quota("id")`` and a ``QuotaThrottle``'s
-    ``quota_policies`` or ``throttle_scope`` (the drop-ins build their own)."""
-    names = []
-    named = getattr(callback, "quota_policy_id", None)
-    view_class = getattr(callback, "view_class", None) or getattr(callback, "cls", None)
-    if view_class is not None:
-        named = named or getattr(getattr(view_class, "dispatch", None), "quota_policy_id", None)
-    if named:
-        names.append(named)
-    drf_view = getattr(callback, "cls", None)
-    if drf_view is not None:
-        try:
-            from django_quota.throttling import (
-                QuotaThrottle,
-                SimpleRateThrottle,
-                named_policy_ids,
+def _is_subclass_entry(entry: str, base_path: str) -> bool:
+    """True when the MIDDLEWARE ``entry`` is ``base_path`` or a subclass of it."""
+    if entry == base_path:
+        return True
+    try:
+        found, base = import_string(entry), import_string(base_path)
+    except ImportError:  # Django's own checks report a middleware that cannot be imported
+        return False
+    return isinstance(found, type) and isinstance(base, type) and issubclass(found, base)
+
+
+def _index(middleware: list[str], base_path: str) -> int | None:
+    return next(
+        (at for at, entry in enumerate(middleware) if _is_subclass_entry(entry, base_path)),
+        None,
+    )
+
+
+def _user_effect(policy: Policy) -> str:
+    if AUTO in policy.selector:
+        return "logged-in users are counted per IP address"
+    if policy.on_missing == "skip":
+        return "logged-in users are never limited"
+    return "every request is refused as selector_identity_missing"
+
+
+def _middleware_order(parsed: QuotaSettings, effective: Iterable[Policy]) -> list[CheckMessage]:
+    """E010 and W007: ``QuotaMiddleware`` placed before ``AuthenticationMiddleware``
+    applies its policies before ``request.user`` exists."""
+    middleware = [str(entry) for entry in getattr(django_settings, "MIDDLEWARE", None) or []]
+    quota_at = _index(middleware, MIDDLEWARE_PATH)
+    auth_at = _index(middleware, AUTHENTICATION_MIDDLEWARE_PATH)
+    if quota_at is None or auth_at is None or quota_at > auth_at:
+        return []
+    before = (
+        "QuotaMiddleware comes before AuthenticationMiddleware in MIDDLEWARE, so "
+    )
+    hint = f"move {MIDDLEWARE_PATH!r} after {AUTHENTICATION_MIDDLEWARE_PATH!r} in MIDDLEWARE"
+    resolvers = {"api_key": ("API_KEY_RESOLVER", parsed.api_key_resolver),
+                 "tenant": ("TENANT_RESOLVER", parsed.tenant_resolver)}
+    messages: list[CheckMessage] = []
+    for policy in effective:
+        if not (policy.routes and policy.enabled):
+            continue  # not applied by the middleware
+        named = f"{_policy_key(policy)} (selector {', '.join(policy.selector)})"
+        if {"user", AUTO} & set(policy.selector):
+            messages.append(
+                Error(
+                    f"{before}request.user is not set when it applies {named}: "
+                    f"{_user_effect(policy)}",
+                    hint=hint,
+                    id=E_MIDDLEWARE_BEFORE_AUTHENTICATION,
+                )
             )
-        except ImportError:  # DRF not installed
-            return names
-        for throttle in getattr(drf_view, "throttle_classes", ()):
-            if not isinstance(throttle, type) or not issubclass(throttle, QuotaThrottle):
-                continue
-            if issubclass(throttle, SimpleRateThrottle):
-                continue
-            names.extend(named_policy_ids(drf_view, throttle.quota_policies))
-    return names
+            continue
+        for dimension in policy.selector:
+            setting, resolver = resolvers.get(dimension, ("", None))
+            if resolver is not None:
+                messages.append(
+                    Warning(
+                        f"{before}QUOTA[{setting!r}] runs before request.user is set for "
+                        f"{named}: a resolver that reads request.user finds no user",
+                        hint=hint,
+                        id=W_RESOLVER_BEFORE_AUTHENTICATION,
+                    )
+                )
+    return messages
+
+
+def _policy_key(policy: Policy) -> str:
+    if policy.source == "settings":
+        return f"QUOTA['POLICIES'][{policy.id!r}]"
+    return f"policy {policy.id!r} ({policy.source})"
+
+
+def _header_items(effective: Iterable[Policy]) -> list[CheckMessage]:
+    """E011: two windows whose rate-limit header items have one name (policy ``p.burst``
+    beside policy ``p`` with a window ``burst``): a client could not tell them apart."""
+    from django_quota.http import item_name
+
+    owners: dict[str, list[tuple[str, str]]] = {}
+    for policy in effective:
+        for window in policy.windows:
+            name = item_name(policy.id, window.name, len(policy.windows))
+            owners.setdefault(name, []).append((policy.id, window.name))
+    return [
+        Error(
+            f"the rate-limit header item \"{name}\" would name both "
+            + " and ".join(f"policy {pid!r} (window {window!r})" for pid, window in found),
+            hint="rename one of the policies or windows",
+            id=E_DUPLICATE_HEADER_ITEM,
+        )
+        for name, found in owners.items()
+        if len(found) > 1
+    ]
+
+
+def _folded_generated_ids() -> list[CheckMessage]:
+    """E012: distinct views or DRF scopes whose generated ids fold together (lower-casing,
+    replaced characters) and would silently share one counter."""
+    messages: list[CheckMessage] = []
+    try:
+        from django_quota import references
+
+        generated = references.generated_views()
+    except Exception:  # URLconf not ready: other checks report it
+        generated = []
+    views: dict[str, dict[str, str]] = {}
+    for view in generated:
+        views.setdefault(view.policy, {}).setdefault(view.name, view.route)
+    for policy_id, names in views.items():
+        if len(names) > 1:
+            listed = " and ".join(
+                f"{name} (at {route!r})" for name, route in sorted(names.items())
+            )
+            messages.append(
+                Error(
+                    f"the views {listed} generate the same policy id {policy_id!r} and would "
+                    "share its counters",
+                    hint="rename one of them, or give one @quota(policy=...) with a policy of "
+                    "its own",
+                    id=E_FOLDED_GENERATED_ID,
+                )
+            )
+    rest_framework = getattr(django_settings, "REST_FRAMEWORK", {}) or {}
+    rates = rest_framework.get("DEFAULT_THROTTLE_RATES") or {}
+    scopes: dict[str, list[str]] = {}
+    for scope in rates if isinstance(rates, dict) else ():
+        scopes.setdefault(generated_policy_id("drf", str(scope)), []).append(str(scope))
+    for policy_id, found in scopes.items():
+        if len(found) > 1:
+            listed = " and ".join(repr(scope) for scope in sorted(found))
+            messages.append(
+                Error(
+                    f"the DRF throttle scopes {listed} in "
+                    "REST_FRAMEWORK['DEFAULT_THROTTLE_RATES'] generate the same policy id "
+                    f"{policy_id!r} and would share its counters",
+                    hint="rename one of the scopes",
+                    id=E_FOLDED_GENERATED_ID,
+                )
+            )
+    return messages
 
 
 def _view_policies() -> list[CheckMessage]:
     """E009: a view names a policy id that no source defines (every request to it would
     fail). Skipped quietly when the URLconf or the policies cannot be loaded."""
     try:
-        from django.urls import get_resolver
-
-        from django_quota import policies
+        from django_quota import policies, references
 
         known = set(policies.get_registry().policies)
-        patterns = list(_walk(get_resolver().url_patterns))
+        named = references.policy_references()
     except Exception:  # URLconf or database not ready: other checks report it
         return []
-    messages: list[CheckMessage] = []
-    for route, callback in patterns:
-        for name in _named_policies(callback):
-            if name not in known and policies.known_policy(name) is None:
-                messages.append(
-                    Error(
-                        f"the view at {route!r} names policy {name!r}, which is not defined",
-                        hint="add it to QUOTA['POLICIES'] or the admin, or fix the name",
-                        id=E_UNKNOWN_VIEW_POLICY,
-                    )
-                )
-    return messages
+    return [
+        Error(
+            f"the view at {reference.route!r} names policy {reference.policy!r}, which is "
+            "not defined",
+            hint="add it to QUOTA['POLICIES'] or the admin, or fix the name",
+            id=E_UNKNOWN_VIEW_POLICY,
+        )
+        for reference in named
+        if reference.policy not in known and policies.known_policy(reference.policy) is None
+    ]
 
 
 def _database_conflicts(parsed: QuotaSettings) -> list[CheckMessage]:

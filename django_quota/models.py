@@ -1,10 +1,13 @@
 """Admin-managed policies (contract 8): ``QuotaPolicy`` with its ``QuotaWindow`` rows.
 
-A policy's ``revision`` is an integer bumped whenever what its counters mean changes
+A policy's ``revision`` is an integer drawn again whenever what its counters mean changes
 (algorithm, selector, or a window's name, limit, period or capacity), through the admin,
 an ORM ``save()`` or a saved or deleted window; counter keys include it, so a changed
-policy starts fresh counters. Validation is :func:`django_quota.core.policy.parse_policy`,
-the one the settings and the system checks use.
+policy starts fresh counters. Revisions come from one database-wide sequence
+(:class:`RevisionSequence`), so a policy deleted and created again under the same name
+never meets its predecessor's counters, whatever its algorithm. Validation is
+:func:`django_quota.core.policy.parse_policy`, the one the settings and the system checks
+use.
 """
 
 from __future__ import annotations
@@ -18,7 +21,8 @@ from typing import Any
 
 from django.core.exceptions import ValidationError
 from django.core.validators import RegexValidator
-from django.db import models, transaction
+from django.db import models, router, transaction
+from django.db.models import F, Max
 
 from django_quota.core.errors import ConfigurationError
 from django_quota.core.policy import (
@@ -78,6 +82,34 @@ def revision_batch() -> Iterator[None]:
         policy = QuotaPolicy.objects.filter(pk=pk).first()
         if policy is not None:
             policy.refresh_revision()
+
+
+class RevisionSequence(models.Model):
+    """The sequence every database policy's revision is drawn from: one row holding the
+    last value drawn. Deleting a policy leaves it alone, so a revision is never drawn
+    twice (``revision_batch`` and ``save()`` draw through :func:`next_revision`)."""
+
+    last = models.PositiveBigIntegerField(default=0)
+
+    def __str__(self) -> str:
+        return f"last revision {self.last}"
+
+
+def next_revision(using: str) -> int:
+    """Draw the next revision from :class:`RevisionSequence` on database ``using``.
+
+    The increment is one ``UPDATE``, so concurrent draws (other processes) serialise on
+    the row and never see the same value. When the row is missing (a flushed database),
+    it is created at the highest revision any policy still has.
+    """
+    sequence = RevisionSequence.objects.using(using)
+    with transaction.atomic(using=using):
+        if not sequence.filter(pk=1).update(last=F("last") + 1):
+            floor = QuotaPolicy.objects.using(using).aggregate(top=Max("revision"))["top"]
+            sequence.get_or_create(pk=1, defaults={"last": floor or 0})
+            sequence.filter(pk=1).update(last=F("last") + 1)
+        drawn: int = sequence.values_list("last", flat=True).get(pk=1)
+    return drawn
 
 
 class QuotaPolicy(models.Model):
@@ -198,29 +230,38 @@ class QuotaPolicy(models.Model):
                 raise ValidationError({match.group(1): exc.message}) from exc
             raise ValidationError(exc.message) from exc
 
+    def _database(self, using: str | None = None) -> str:
+        return using or self._state.db or router.db_for_write(type(self), instance=self)
+
     def save(self, *args: Any, **kwargs: Any) -> None:
-        """Save, bumping ``revision`` when the counters' meaning changed (inside
-        :func:`revision_batch`, once when the batch ends)."""
+        """Save, drawing a new ``revision`` for a new row and when the counters' meaning
+        changed (inside :func:`revision_batch`, once when the batch ends)."""
+        using = self._database(kwargs.get("using"))
         touched = _batch.get()
-        if touched is not None:
-            super().save(*args, **kwargs)
-            touched.add(self.pk)
-            return
-        with transaction.atomic():
+        with transaction.atomic(using=using):
+            if self._state.adding:
+                self.revision = next_revision(using)
+            if touched is not None:
+                super().save(*args, **kwargs)
+                touched.add(self.pk)
+                return
             digest = self._digest()
             if self.pk and self.definition_digest and digest != self.definition_digest:
-                self.revision += 1
+                self.revision = next_revision(using)
             self.definition_digest = digest
             super().save(*args, **kwargs)
 
     def refresh_revision(self) -> None:
-        """Re-digest after a window changed; bump and save when the meaning changed."""
+        """Re-digest after a window changed; draw a new revision and save when the meaning
+        changed."""
         digest = self._digest()
         if digest != self.definition_digest:
-            if self.definition_digest:
-                self.revision += 1
-            self.definition_digest = digest
-            super().save(update_fields=["revision", "definition_digest"])
+            using = self._database()
+            with transaction.atomic(using=using):
+                if self.definition_digest:
+                    self.revision = next_revision(using)
+                self.definition_digest = digest
+                super().save(update_fields=["revision", "definition_digest"])
 
 
 class QuotaWindow(models.Model):

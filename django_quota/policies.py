@@ -56,10 +56,42 @@ _declared: dict[str, Policy] = {}
 _reported: set[str] = set()
 
 
+#: Whether this process said that the tables are missing (said once, whatever clears).
+_told_to_migrate = False
+
+
 def _report(message: str) -> None:
     if message not in _reported:
         _reported.add(message)
         logger.error(message)
+
+
+def _tables_missing() -> bool:
+    """True when the database answers but has no quota policy table yet (before the
+    first ``migrate``): a state to explain, not an error."""
+    from django.db import connections, router
+
+    from django_quota.models import QuotaPolicy, QuotaWindow
+
+    connection = connections[router.db_for_read(QuotaPolicy)]
+    try:
+        with connection.cursor() as cursor:
+            tables = set(connection.introspection.table_names(cursor))
+    except Exception:  # the database itself is unreachable: that is the error to log
+        return False
+    return not {QuotaPolicy._meta.db_table, QuotaWindow._meta.db_table} <= tables
+
+
+def _database_unreadable(exc: Exception) -> None:
+    global _told_to_migrate
+    if not _tables_missing():
+        logger.error("quota policies could not be read from the database: %s", exc)
+    elif not _told_to_migrate:
+        _told_to_migrate = True
+        logger.warning(
+            "the quota policy tables do not exist yet: run `manage.py migrate`; until then "
+            "only settings policies apply"
+        )
 
 
 def load_database_policies() -> list[Policy]:
@@ -87,7 +119,7 @@ def _build(previous: Registry | None) -> Registry:
             database = load_database_policies()
         except Exception as exc:  # any database failure keeps the last registry
             database_ok = False
-            logger.error("quota policies could not be read from the database: %s", exc)
+            _database_unreadable(exc)
             if previous is not None:
                 database = [p for p in previous.policies.values() if p.source == "database"]
     settings_ids = set(settings.policies) if "settings" in settings.policy_sources else set()
@@ -220,7 +252,8 @@ def clear() -> None:
 
 
 def database_changed(sender: Any, **kwargs: Any) -> None:
-    """A policy or window was saved or deleted in this process: rebuild at next use."""
+    """A policy or window was saved or deleted in this process, or ``migrate`` ran:
+    rebuild at next use."""
     clear()
 
 

@@ -423,3 +423,153 @@ def test_status_page_says_when_database_policies_conflict(
     create_policy("api")
     page = admin_client.get(STATUS).content.decode()
     assert "Defined in settings and in the database (settings win): api" in page
+
+
+# -- permissions ------------------------------------------------------------------------------
+def staff_with(django_user_model: Any, *codenames: str) -> Client:
+    """A logged-in staff client holding only these django_quota permissions."""
+    from django.contrib.auth.models import Permission
+
+    user = django_user_model.objects.create_user("operator", password="pw", is_staff=True)
+    user.user_permissions.set(
+        Permission.objects.filter(content_type__app_label="django_quota", codename__in=codenames)
+    )
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+def test_view_only_staff_sees_no_actions_and_cannot_run_them(
+    django_user_model: Any, database_policies: Any
+) -> None:
+    api = create_policy(windows=(("default", 1, 3600),))
+    viewer = staff_with(django_user_model, "view_quotapolicy")
+    page = viewer.get(CHANGELIST).content.decode()
+    assert viewer.get(CHANGELIST).status_code == 200
+    for action in ("enable_policies", "disable_policies", "reset_counters"):
+        assert f'value="{action}"' not in page, action
+    act(viewer, "disable_policies", api)
+    assert QuotaPolicy.objects.get(pk=api.pk).enabled is True
+    assert statuses("/api/items/", 2) == [200, 429]
+    response = act(viewer, "reset_counters", api, ip=IP, apply="Reset")
+    assert "window(s) had state" not in response.content.decode()
+    assert django_quota.peek("api", {"ip": IP}).remaining == 0  # nothing was reset
+
+
+def test_the_actions_check_the_change_permission_themselves(
+    rf: Any, django_user_model: Any, database_policies: Any
+) -> None:
+    from django.contrib import admin as django_admin
+    from django.core.exceptions import PermissionDenied
+
+    api = create_policy(windows=(("default", 1, 3600),))
+    viewer = django_user_model.objects.create_user("viewer", password="pw", is_staff=True)
+    model_admin = django_admin.site._registry[QuotaPolicy]
+    for action in ("enable_policies", "disable_policies", "reset_counters"):
+        assert getattr(model_admin, action).allowed_permissions == ("change",), action
+        request = rf.post(CHANGELIST, {"apply": "Reset", "ip": IP})
+        request.user = viewer
+        with pytest.raises(PermissionDenied):
+            getattr(model_admin, action)(request, QuotaPolicy.objects.filter(pk=api.pk))
+    assert QuotaPolicy.objects.get(pk=api.pk).enabled is True
+
+
+def test_staff_with_the_change_permission_runs_the_actions(
+    django_user_model: Any, database_policies: Any
+) -> None:
+    api = create_policy(windows=(("default", 1, 3600),))
+    editor = staff_with(django_user_model, "view_quotapolicy", "change_quotapolicy")
+    assert statuses("/api/items/", 2) == [200, 429]
+    response = act(editor, "reset_counters", api, ip=IP, apply="Reset")
+    assert "Reset api: 1 window(s) had state." in response.content.decode()
+    response = act(editor, "disable_policies", api)
+    assert "Disabled 1 policies." in response.content.decode()
+    assert QuotaPolicy.objects.get(pk=api.pk).enabled is False
+
+
+def test_status_page_needs_the_view_permission(
+    django_user_model: Any, database_policies: Any
+) -> None:
+    nobody = staff_with(django_user_model)
+    refused = nobody.get(STATUS)
+    assert refused.status_code == 403
+    assert b"quota-status" not in refused.content
+
+
+def test_status_page_opens_with_the_view_permission(
+    django_user_model: Any, database_policies: Any
+) -> None:
+    viewer = staff_with(django_user_model, "view_quotapolicy")
+    response = viewer.get(STATUS)
+    assert response.status_code == 200
+    assert b'<div id="quota-status">' in response.content
+
+
+def test_changelist_links_to_the_status_page(admin_client: Client, database_policies: Any) -> None:
+    page = admin_client.get(CHANGELIST).content.decode()
+    assert re.search(rf'<a href="{STATUS}"[^>]*>Quota status</a>', page)
+
+
+def test_a_database_policy_cannot_take_a_settings_policy_id(
+    admin_client: Client, quota: Any
+) -> None:
+    quota(CLOCK=CLOCK, POLICY_SOURCES=SOURCES, POLICIES={"api": {"windows": "5/m"}})
+    response = add_policy(admin_client, [{"name": "default", "limit": 1, "period": 60}])
+    assert response.status_code == 200
+    assert (
+        "QUOTA['POLICIES'] already defines a policy 'api', which would win over this row; "
+        "choose another name" in errors_of(response)
+    )
+    assert re.search(r'class="form-row[^"]*field-name', response.content.decode())
+    assert not QuotaPolicy.objects.exists()
+    response = add_policy(admin_client, [{"name": "default", "limit": 1, "period": 60}],
+                          name="api-db")
+    assert response.status_code == 302, errors_of(response)
+
+
+def test_a_settings_id_is_free_when_settings_are_not_a_source(
+    admin_client: Client, quota: Any
+) -> None:
+    quota(CLOCK=CLOCK, POLICY_SOURCES=["database"], POLICIES={"api": {"windows": "5/m"}})
+    response = add_policy(admin_client, [{"name": "default", "limit": 1, "period": 60}])
+    assert response.status_code == 302, errors_of(response)
+
+
+def deleted_references(response: Any) -> list[str]:
+    page = response.content.decode()
+    block = re.search(r'<ul id="quota-references">(.*?)</ul>', page, re.S)
+    assert block is not None, "no reference list on the page"
+    return [html.unescape(re.sub(r"<[^>]+>", "", item)).strip()
+            for item in re.findall(r"<li>(.*?)</li>", block.group(1), re.S)]
+
+
+@pytest.mark.urls("tests.references_urls")
+def test_delete_confirmation_lists_the_views_that_name_the_policy(
+    admin_client: Client, database_policies: Any
+) -> None:
+    api = create_policy()
+    response = admin_client.get(f"{CHANGELIST}{api.pk}/delete/")
+    assert response.status_code == 200
+    assert deleted_references(response) == [
+        "ref/decorated/ (tests.references_urls.decorated): @quota('api')",
+        "ref/class/ (tests.references_urls.DecoratedClass): @quota('api')",
+        "ref/throttle/ (tests.references_urls.NamedByThrottle): QuotaThrottle, quota_policies",
+        "ref/scope/ (tests.references_urls.ScopedByThrottle): QuotaThrottle, throttle_scope",
+    ]
+    assert "django_quota.E009" in response.content.decode()
+    bulk = admin_client.post(
+        CHANGELIST, {"action": "delete_selected", "_selected_action": [api.pk]}
+    )
+    assert bulk.status_code == 200
+    assert len(deleted_references(bulk)) == 4
+    assert QuotaPolicy.objects.filter(pk=api.pk).exists()
+
+
+@pytest.mark.urls("tests.references_urls")
+def test_delete_confirmation_of_an_unnamed_policy_lists_nothing(
+    admin_client: Client, database_policies: Any
+) -> None:
+    lonely = create_policy("lonely")
+    page = admin_client.get(f"{CHANGELIST}{lonely.pk}/delete/").content.decode()
+    assert 'id="quota-references"' not in page
+    assert "Are you sure you want to delete" in page

@@ -292,3 +292,160 @@ def test_all_six_warnings_together_each_carry_a_hint(production: Any) -> None:
         "django_quota.W006",
     ]
     assert all(m.hint for m in messages)
+
+
+# -- middleware order, header item names, folded ids --------------------------------------
+AUTH_MIDDLEWARE = "django.contrib.auth.middleware.AuthenticationMiddleware"
+SESSION_MIDDLEWARE = "django.contrib.sessions.middleware.SessionMiddleware"
+
+
+def quota_before_auth(settings: Any) -> None:
+    settings.MIDDLEWARE = [SESSION_MIDDLEWARE, MIDDLEWARE_PATH, AUTH_MIDDLEWARE]
+
+
+def messages_with(check_id: str) -> list[Any]:
+    return [m for m in run_checks() if m.id == check_id]
+
+
+@pytest.mark.parametrize(
+    ("selector", "on_missing", "effect"),
+    [
+        (["user"], "skip", "logged-in users are never limited"),
+        (["user"], "deny", "every request is refused as selector_identity_missing"),
+        (["auto"], "deny", "logged-in users are counted per IP address"),
+        (["route", "user"], "skip", "logged-in users are never limited"),
+    ],
+)
+def test_e010_middleware_before_authentication_with_a_user_policy(
+    production: Any, selector: list[str], on_missing: str, effect: str
+) -> None:
+    quota_before_auth(production)
+    configure(production, POLICIES={"pages": {"windows": "5/m", "selector": selector,
+                                              "routes": ["/"], "on_missing": on_missing}})
+    (message,) = messages_with("django_quota.E010")
+    assert isinstance(message, Error)
+    assert message.msg == (
+        "QuotaMiddleware comes before AuthenticationMiddleware in MIDDLEWARE, so "
+        f"request.user is not set when it applies QUOTA['POLICIES']['pages'] (selector "
+        f"{', '.join(selector)}): {effect}"
+    )
+    assert message.hint == (
+        f"move {MIDDLEWARE_PATH!r} after {AUTH_MIDDLEWARE!r} in MIDDLEWARE"
+    )
+
+
+def test_e010_not_reported_in_the_right_order_or_for_address_policies(production: Any) -> None:
+    user_policy = {"windows": "5/m", "selector": ["user"], "routes": ["/"], "on_missing": "skip"}
+    configure(production, POLICIES={"pages": user_policy})
+    production.MIDDLEWARE = [SESSION_MIDDLEWARE, AUTH_MIDDLEWARE, MIDDLEWARE_PATH]
+    assert messages_with("django_quota.E010") == []
+    quota_before_auth(production)
+    configure(production, POLICIES={
+        "pages": {"windows": "5/m", "selector": ["ip"], "routes": ["/"]},
+        "unrouted": {"windows": "5/m", "selector": ["user"]},  # throttles only
+        "off": {**user_policy, "enabled": False},
+    })
+    assert messages_with("django_quota.E010") == []
+
+
+def test_e010_sees_a_subclass_of_authentication_middleware(production: Any) -> None:
+    production.MIDDLEWARE = [SESSION_MIDDLEWARE, MIDDLEWARE_PATH,
+                             "tests.test_checks.CustomAuthenticationMiddleware"]
+    configure(production, POLICIES={"pages": {"windows": "5/m", "selector": ["auto"],
+                                              "routes": ["/"]}})
+    assert len(messages_with("django_quota.E010")) == 1
+
+
+@pytest.mark.parametrize(
+    ("dimension", "setting"), [("api_key", "API_KEY_RESOLVER"), ("tenant", "TENANT_RESOLVER")]
+)
+def test_w007_middleware_before_authentication_with_a_resolver(
+    production: Any, dimension: str, setting: str
+) -> None:
+    quota_before_auth(production)
+    configure(production, **{setting: "tests.urls.ok"},
+              POLICIES={"keys": {"windows": "5/m", "selector": [dimension, "ip"],
+                                 "routes": ["/api"], "on_missing": "skip"}})
+    (message,) = messages_with("django_quota.W007")
+    assert isinstance(message, Warning)
+    assert message.msg == (
+        "QuotaMiddleware comes before AuthenticationMiddleware in MIDDLEWARE, so "
+        f"QUOTA['{setting}'] runs before request.user is set for QUOTA['POLICIES']['keys'] "
+        f"(selector {dimension}, ip): a resolver that reads request.user finds no user"
+    )
+
+
+def test_w007_not_reported_for_the_raw_header(production: Any) -> None:
+    quota_before_auth(production)
+    configure(production, POLICIES={"keys": {"windows": "5/m", "selector": ["api_key", "ip"],
+                                             "routes": ["/api"], "on_missing": "skip"}})
+    assert messages_with("django_quota.W007") == []
+
+
+def test_e011_two_header_items_with_one_name(production: Any) -> None:
+    configure(production, POLICIES={
+        "p.burst": {"windows": "5/m"},
+        "p": {"windows": {"burst": "1/s", "sustained": "100/h"}},
+    })
+    (message,) = messages_with("django_quota.E011")
+    assert message.msg == (
+        "the rate-limit header item \"p.burst\" would name both policy 'p.burst' (window "
+        "'default') and policy 'p' (window 'burst')"
+    )
+    assert message.hint == "rename one of the policies or windows"
+    configure(production, POLICIES={
+        "p-burst": {"windows": "5/m"},
+        "p": {"windows": {"burst": "1/s", "sustained": "100/h"}},
+    })
+    assert messages_with("django_quota.E011") == []
+
+
+@pytest.mark.django_db
+def test_e011_sees_database_policies(production: Any) -> None:
+    from django_quota.models import QuotaPolicy, QuotaWindow, revision_batch
+
+    configure(production, POLICY_SOURCES=["settings", "database"],
+              POLICIES={"p": {"windows": {"burst": "1/s", "sustained": "100/h"}}})
+    with revision_batch():
+        row = QuotaPolicy.objects.create(name="p.burst", selector=["ip"])
+        QuotaWindow.objects.create(policy=row, name="default", limit=5, period=60)
+    assert len(messages_with("django_quota.E011")) == 1
+
+
+@pytest.mark.urls("tests.folding_urls")
+def test_e012_views_whose_generated_ids_fold_together(production: Any) -> None:
+    (message,) = messages_with("django_quota.E012")
+    assert message.msg == (
+        "the views tests.folding_urls.Report (at 'Report/') and tests.folding_urls.report "
+        "(at 'report/') generate the same policy id 'view:tests.folding_urls.report' and "
+        "would share its counters"
+    )
+    assert message.hint == (
+        "rename one of them, or give one @quota(policy=...) with a policy of its own"
+    )
+
+
+@pytest.mark.urls("tests.folding_apart_urls")
+def test_e012_not_reported_for_distinct_views(production: Any) -> None:
+    assert messages_with("django_quota.E012") == []
+
+
+def test_e012_drf_scopes_whose_ids_fold_together(production: Any) -> None:
+    production.REST_FRAMEWORK = {
+        "DEFAULT_THROTTLE_RATES": {"Uploads": "5/m", "uploads": "10/m", "anon": "100/h"}
+    }
+    (message,) = messages_with("django_quota.E012")
+    assert message.msg == (
+        "the DRF throttle scopes 'Uploads' and 'uploads' in "
+        "REST_FRAMEWORK['DEFAULT_THROTTLE_RATES'] generate the same policy id 'drf:uploads' "
+        "and would share its counters"
+    )
+    production.REST_FRAMEWORK = {"DEFAULT_THROTTLE_RATES": {"uploads": "5/m", "anon": "100/h"}}
+    assert messages_with("django_quota.E012") == []
+
+
+from django.contrib.auth.middleware import AuthenticationMiddleware  # noqa: E402
+
+
+class CustomAuthenticationMiddleware(AuthenticationMiddleware):
+    """A project's own authentication middleware (E010 recognises subclasses)."""

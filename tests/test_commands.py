@@ -134,7 +134,9 @@ def test_policies_lists_database_policies_and_conflicts(quota: Any) -> None:
     call_command("quota", "policies", "--json", stdout=out, stderr=err)
     listed = {row["policy"]: row for row in json.loads(out.getvalue())}
     assert (listed["orders"]["source"], listed["reports"]["source"]) == ("settings", "database")
-    assert (listed["reports"]["revision"], listed["reports"]["enabled"]) == ("1", False)
+    reports = QuotaPolicy.objects.get(name="reports")
+    assert reports.revision == 2  # drawn after the row named orders
+    assert (listed["reports"]["revision"], listed["reports"]["enabled"]) == ("2", False)
     assert err.getvalue() == "ignored database rows (same id in settings): orders\n"
 
 
@@ -242,6 +244,7 @@ def test_inspect_of_a_disabled_policy_still_reads_its_counters(quota: Any) -> No
         (("reset", "nope", "--yes", "--ip", IP), "no policy named 'nope'"),
     ],
 )
+@pytest.mark.django_db  # --user is looked up in the user table
 def test_bad_arguments_fail_with_one_line(quota: Any, args: tuple[str, ...], message: str) -> None:
     quota(POLICIES={"api": API})
     with pytest.raises(CommandError) as caught:
@@ -444,3 +447,105 @@ def test_commands_run_while_a_system_check_fails(tmp_path: Path) -> None:
         ("api", "settings")
     ]
     assert listed.stderr.splitlines()[-1] == "ignored database rows (same id in settings): api"
+
+
+# -- --user: primary key or USERNAME_FIELD --------------------------------------------------
+USER_POLICY = {"windows": "5/h", "selector": ["user"]}
+
+
+@pytest.fixture
+def user_policy(quota: Any, django_user_model: Any) -> Any:
+    quota(CLOCK=CLOCK, POLICIES={"per-user": USER_POLICY})
+    return django_user_model
+
+
+def command_with_stderr(*args: str) -> tuple[str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    call_command("quota", *args, stdout=out, stderr=err, no_color=True)
+    return out.getvalue(), err.getvalue()
+
+
+@pytest.mark.django_db
+def test_inspect_and_reset_take_a_username(user_policy: Any) -> None:
+    admin = user_policy.objects.create_user("admin", password="pw")
+    for _ in range(2):
+        django_quota.evaluate("per-user", {"user": str(admin.pk)})
+    out, err = command_with_stderr("inspect", "per-user", "--user", "admin", "--json")
+    assert json.loads(out)["windows"][0]["count"] == 2
+    assert err == "--user matched a user by username (USERNAME_FIELD 'username')\n"
+    out, err = command_with_stderr("reset", "per-user", "--user", "admin", "--yes")
+    assert out == "reset per-user: 1 window(s) had state\n"
+    assert django_quota.peek("per-user", {"user": str(admin.pk)}).remaining == 5
+
+
+@pytest.mark.django_db
+def test_inspect_and_reset_take_a_primary_key(user_policy: Any) -> None:
+    member = user_policy.objects.create_user("member", password="pw")
+    django_quota.evaluate("per-user", {"user": str(member.pk)})
+    out, err = command_with_stderr("inspect", "per-user", "--user", str(member.pk), "--json")
+    assert json.loads(out)["windows"][0]["count"] == 1
+    assert err == "--user matched a user by primary key\n"
+    out, err = command_with_stderr("reset", "per-user", "--user", str(member.pk), "--yes")
+    assert out == "reset per-user: 1 window(s) had state\n"
+
+
+@pytest.mark.django_db
+def test_a_user_that_no_longer_exists_is_taken_as_a_primary_key(user_policy: Any) -> None:
+    django_quota.evaluate("per-user", {"user": "4242"})
+    out, err = command_with_stderr("reset", "per-user", "--user", "4242", "--yes")
+    assert out == "reset per-user: 1 window(s) had state\n"
+    assert err == "--user matched no user; it is used as a primary key as given\n"
+
+
+@pytest.mark.django_db
+def test_a_value_naming_two_users_is_refused(user_policy: Any) -> None:
+    first = user_policy.objects.create_user("first", password="pw")
+    user_policy.objects.create_user(str(first.pk), password="pw")  # a username like a pk
+    django_quota.evaluate("per-user", {"user": str(first.pk)})
+    with pytest.raises(CommandError) as caught:
+        command_with_stderr("reset", "per-user", "--user", str(first.pk), "--yes")
+    assert str(caught.value) == (
+        "--user matches one user's primary key and another user's username; name the user "
+        "by the other one"
+    )
+    assert django_quota.peek("per-user", {"user": str(first.pk)}).remaining == 4
+
+
+# -- Django's common options after the subcommand -----------------------------------------
+def run_without_settings_env(tmp_path: Path, *args: str) -> Any:
+    """``python -m django quota …`` with no DJANGO_SETTINGS_MODULE: only ``--settings``
+    names them."""
+    run_manage(tmp_path, {"HMAC_KEY": HMAC_KEY, "POLICY_SOURCES": ["settings"],
+                          "POLICIES": {"api": API}}, "policies")  # writes command_settings
+    env = {key: value for key, value in os.environ.items() if key != "DJANGO_SETTINGS_MODULE"}
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), str(ROOT)])
+    return subprocess.run(
+        [sys.executable, "-m", "django", "quota", *args],
+        cwd=ROOT, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60,
+    )
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("policies", "--json", "--settings", "command_settings"),
+        ("policies", "--settings=command_settings", "--json", "-v", "0", "--no-color"),
+        ("--settings", "command_settings", "policies", "--json"),
+    ],
+)
+def test_common_options_work_after_the_subcommand(tmp_path: Path, args: tuple[str, ...]) -> None:
+    listed = run_without_settings_env(tmp_path, *args)
+    assert (listed.returncode, listed.stderr) == (0, "")
+    assert [row["policy"] for row in json.loads(listed.stdout)] == ["api"]
+
+
+@pytest.mark.parametrize("where", ["after", "before"])
+def test_traceback_works_on_either_side_of_the_subcommand(tmp_path: Path, where: str) -> None:
+    inspect = ["inspect", "nope", "--ip", IP]
+    args = [*inspect, "--traceback"] if where == "after" else ["--traceback", *inspect]
+    failed = run_without_settings_env(tmp_path, "--settings", "command_settings", *args)
+    assert failed.returncode == 1
+    assert "Traceback (most recent call last)" in failed.stderr
+    assert failed.stderr.rstrip().endswith("CommandError: no policy named 'nope'")
+    plain = run_without_settings_env(tmp_path, *inspect, "--settings", "command_settings")
+    assert plain.stderr == "CommandError: no policy named 'nope'\n"

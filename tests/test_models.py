@@ -118,16 +118,17 @@ def test_clean_rejects_a_capacity_outside_a_token_bucket() -> None:
 
 
 # -- revision -----------------------------------------------------------------------------------
-def test_a_new_policy_starts_at_revision_one() -> None:
+def test_a_new_policy_draws_the_next_revision() -> None:
+    # The first policy of a fresh database is at revision 1; revisions are database-wide.
     assert make_policy(windows=(("burst", 2, 60), ("sustained", 100, 3600))).revision == 1
     # Created window by window, without a batch: invalid until its first window, so that
     # window does not bump; the second is a change of meaning and does.
     policy = QuotaPolicy.objects.create(name="stepwise")
-    assert policy.revision == 1
+    assert policy.revision == 2
     QuotaWindow.objects.create(policy=policy, name="burst", limit=2, period=60)
-    assert revision_of(policy) == 1
-    QuotaWindow.objects.create(policy=policy, name="sustained", limit=100, period=3600)
     assert revision_of(policy) == 2
+    QuotaWindow.objects.create(policy=policy, name="sustained", limit=100, period=3600)
+    assert revision_of(policy) == 3
 
 
 @pytest.mark.parametrize(
@@ -283,3 +284,77 @@ def test_unchanged_meaning_keeps_the_counters(backend: str) -> None:
     policy.routes = ["/api"]
     policy.save()
     assert django_quota.peek("orders", IP).remaining == 2
+
+
+# -- a deleted and re-created policy --------------------------------------------------------
+def exhaust(policy_id: str, count: int) -> None:
+    decisions = [django_quota.evaluate(policy_id, IP).decision for _ in range(count + 1)]
+    assert decisions == ["allowed"] * count + ["denied"]
+
+
+def test_a_recreated_policy_starts_fresh_counters(backend: str) -> None:
+    old = make_policy(windows=(("default", 5, 3600),), selector=["ip"])
+    exhaust("orders", 5)
+    old.delete()
+    new = make_policy(windows=(("default", 100, 3600),), selector=["ip"])
+    outcome = django_quota.evaluate("orders", IP)
+    assert (outcome.decision, outcome.limit, outcome.remaining) == ("allowed", 100, 99)
+    assert new.revision > old.revision
+
+
+def test_a_policy_recreated_as_a_token_bucket_reads_fresh_tokens(backend: str) -> None:
+    old = make_policy(windows=(("default", 5, 3600),), selector=["ip"])
+    exhaust("orders", 5)
+    old.delete()
+    make_policy(windows=(("default", 5, 3600),), selector=["ip"], algorithm="token_bucket")
+    assert django_quota.peek("orders", IP).remaining == 5
+    outcome = django_quota.evaluate("orders", IP)
+    assert (outcome.decision, outcome.limit, outcome.remaining) == ("allowed", 5, 4)
+
+
+def test_revisions_are_never_reused_across_policies_and_deletes() -> None:
+    seen = []
+    for _ in range(3):
+        policy = make_policy(selector=["ip"])
+        seen.append(policy.revision)
+        policy.algorithm = "sliding_window"
+        policy.save()
+        seen.append(revision_of(policy))
+        other = make_policy("other", selector=["ip"])
+        seen.append(other.revision)
+        policy.delete()
+        other.delete()
+    assert len(set(seen)) == len(seen)
+    assert seen == sorted(seen)  # drawn from one increasing sequence
+
+
+def test_revisions_continue_after_the_sequence_row_is_lost() -> None:
+    """A flushed database (TransactionTestCase, ``manage.py flush``) loses the sequence row
+    but keeps no policy either; a surviving row's revision is never drawn again."""
+    from django_quota.models import RevisionSequence
+
+    kept = make_policy("kept", selector=["ip"])
+    for _ in range(3):
+        kept.algorithm = "sliding_window" if kept.algorithm == "fixed_window" else "fixed_window"
+        kept.save()
+    RevisionSequence.objects.all().delete()
+    assert make_policy(selector=["ip"]).revision == revision_of(kept) + 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_migration_starts_the_sequence_after_the_existing_revisions() -> None:
+    from django.db import connection
+    from django.db.migrations.executor import MigrationExecutor
+
+    from django_quota.models import RevisionSequence
+
+    before = [("django_quota", "0001_initial")]
+    after = [("django_quota", "0002_revisionsequence")]
+    executor = MigrationExecutor(connection)
+    executor.migrate(before)
+    old_apps = executor.loader.project_state(before).apps
+    old_apps.get_model("django_quota", "QuotaPolicy").objects.create(name="old", revision=7)
+    executor = MigrationExecutor(connection)
+    executor.migrate(after)
+    assert RevisionSequence.objects.get().last == 7
+    assert make_policy("newer", selector=["ip"]).revision == 8

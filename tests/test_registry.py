@@ -77,7 +77,7 @@ def test_settings_then_database_policies_by_position_and_name(quota: Any) -> Non
     assert list(registry.policies) == ["zeta", "alpha", "db-b", "db-c", "db-a"]
     assert [p.source for p in registry.policies.values()] == ["settings"] * 2 + ["database"] * 3
     assert [p.id for p in registry.middleware] == ["db-b", "db-a"]
-    assert registry.policies["db-a"].revision == "1"
+    assert registry.policies["db-a"].revision == "2"  # the second row created
     assert registry.database_ok
     assert registry.conflicts == ()
 
@@ -333,3 +333,45 @@ def test_loading_database_policies_in_the_event_loop_is_refused_by_django(quota:
 
     with pytest.raises(SynchronousOnlyOperation):  # why get_registry must not do it there
         async_to_sync(scenario)()
+
+
+# -- before and after migrate ---------------------------------------------------------------
+def test_missing_tables_are_a_warning_to_migrate_not_an_error(
+    quota: Any, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The subprocess test (tests/test_before_migrate.py) runs a real fresh migrate; here
+    the same path in-process, twice, for the once-per-process bound."""
+    from django.db.utils import OperationalError
+
+    def no_table() -> list[Any]:
+        raise OperationalError("no such table: django_quota_quotapolicy")
+
+    quota(POLICY_SOURCES=SOURCES, POLICIES={"zeta": SETTINGS_POLICY})
+    monkeypatch.setattr(policies, "load_database_policies", no_table)
+    monkeypatch.setattr(policies, "_tables_missing", lambda: True)
+    monkeypatch.setattr(policies, "_told_to_migrate", False)
+    with caplog.at_level(logging.WARNING, logger="django_quota"):
+        for _ in range(2):
+            policies.clear()
+            registry = policies.get_registry()
+    assert list(registry.policies) == ["zeta"]
+    assert registry.database_ok is False
+    assert quota_errors(caplog) == []
+    assert [r.getMessage() for r in caplog.records if r.name == "django_quota"] == [
+        "the quota policy tables do not exist yet: run `manage.py migrate`; until then only "
+        "settings policies apply"
+    ]
+
+
+@pytest.mark.django_db
+def test_migrate_drops_the_registry(quota: Any) -> None:
+    from django.apps import apps
+    from django.db.models.signals import post_migrate
+
+    quota(POLICY_SOURCES=SOURCES)
+    policies.get_registry()
+    assert policies._registry is not None
+    config = apps.get_app_config("django_quota")
+    post_migrate.send(sender=config, app_config=config, verbosity=0, interactive=False,
+                      using="default", apps=apps, plan=[])
+    assert policies._registry is None

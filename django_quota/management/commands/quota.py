@@ -6,11 +6,14 @@ Thin: parse, call the library, write through ``self.stdout``; failures raise
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from typing import Any
 
+from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import DatabaseError
 
 from django_quota import conf, limiter, policies
 from django_quota.core.errors import BackendError
@@ -46,9 +49,14 @@ class Command(BaseCommand):
         reset.add_argument("--yes", "--no-input", action="store_true", dest="yes")
         for subcommand in (inspect, reset):
             for dimension, flag in SUBJECT_OPTIONS:
-                subcommand.add_argument(flag, dest=dimension, help=f"the raw {dimension}")
+                help_text = f"the raw {dimension}"
+                if dimension == "user":
+                    help_text = "the user's primary key or USERNAME_FIELD value"
+                subcommand.add_argument(flag, dest=dimension, help=help_text)
         check = commands.add_parser("check", help="test the backend and its configuration")
         check.add_argument("--json", action="store_true")
+        for subcommand in (preload, listing, inspect, reset, check):
+            _add_common_options(subcommand)
 
     def handle(self, *args: Any, **options: Any) -> None:
         try:
@@ -101,8 +109,17 @@ class Command(BaseCommand):
                 "  ".join(v.ljust(w) for v, w in zip(line, widths, strict=True)).rstrip()
             )
 
+    def _subject(self, options: dict[str, Any]) -> dict[str, str]:
+        """The subject of ``inspect``/``reset``, ``--user`` resolved to a primary key (the
+        note on stderr, so that ``--json`` output stays JSON)."""
+        subject = _subject(options)
+        if "user" in subject:
+            subject["user"], note = _user_pk(subject["user"])
+            self.stderr.write(note)
+        return subject
+
     def _inspect(self, options: dict[str, Any]) -> None:
-        found = limiter.inspect(options["policy"], _subject(options))
+        found = limiter.inspect(options["policy"], self._subject(options))
         if options["json"]:
             self._json(found.as_dict())
             return
@@ -121,7 +138,7 @@ class Command(BaseCommand):
 
     def _reset(self, options: dict[str, Any]) -> None:
         policy_id = options["policy"]
-        subject = _subject(options)
+        subject = self._subject(options)
         if not options["yes"]:
             if not sys.stdin.isatty():
                 raise CommandError("refusing to reset without confirmation; pass --yes")
@@ -170,6 +187,80 @@ def _load_generated() -> list[Policy]:
         if policy is not None:
             found.append(policy)
     return found
+
+
+def _add_common_options(parser: CommandParser) -> None:
+    """Django's options common to every command, accepted after a subcommand as well
+    (``quota check --settings X --traceback``).
+
+    ``SUPPRESS`` leaves an option the subcommand was not given alone, so that one given
+    before the subcommand keeps its value (argparse copies a subparser's defaults over
+    the parent's)."""
+    suppress = argparse.SUPPRESS
+    parser.add_argument(
+        "-v", "--verbosity", type=int, choices=[0, 1, 2, 3], default=suppress,
+        help="verbosity level; 0=minimal output, 1=normal output, 2=verbose output, "
+        "3=very verbose output",
+    )
+    parser.add_argument(
+        "--settings", default=suppress,
+        help='a settings module in Python package syntax, e.g. "myproject.settings.main"',
+    )
+    parser.add_argument(
+        "--pythonpath", default=suppress,
+        help='a directory to add to the Python path, e.g. "/home/projects/myproject"',
+    )
+    parser.add_argument(
+        "--traceback", action="store_true", default=suppress,
+        help="raise on CommandError exceptions",
+    )
+    parser.add_argument(
+        "--no-color", action="store_true", default=suppress,
+        help="don't colorize the command output",
+    )
+    parser.add_argument(
+        "--force-color", action="store_true", default=suppress,
+        help="force colorization of the command output",
+    )
+
+
+def _user_pk(value: str) -> tuple[str, str]:
+    """``--user``: the user's primary key, from the primary key or the ``USERNAME_FIELD``
+    value, and a note saying which matched (never the value itself: terminals and CI
+    logs keep what they show). A value matching no user is taken as a primary key (a
+    deleted user's counters can still be reset); one matching two users is refused."""
+    try:
+        from django.contrib.auth import get_user_model
+
+        user_model = get_user_model()
+    except Exception:  # django.contrib.auth not installed: nothing to look up
+        return value, "--user is used as a primary key as given (no user model)"
+    username_field = user_model.USERNAME_FIELD
+    users = user_model._default_manager
+    try:
+        pk = user_model._meta.pk.to_python(value)
+    except (ValidationError, ValueError, TypeError):
+        pk = None
+    try:
+        by_name = users.filter(**{username_field: value}).first()
+        by_pk = users.filter(pk=pk).first() if pk is not None else None
+    except DatabaseError:  # the counters live in the backend: still usable by pk
+        return value, (
+            "--user could not be looked up (database error); it is used as a primary key "
+            "as given"
+        )
+    if by_name is not None and by_pk is not None and by_name.pk != by_pk.pk:
+        raise CommandError(
+            "--user matches one user's primary key and another user's username; name the "
+            "user by the other one"
+        )
+    if by_name is not None:
+        return str(by_name.pk), (
+            f"--user matched a user by username (USERNAME_FIELD {username_field!r})"
+        )
+    if by_pk is not None:
+        return str(by_pk.pk), "--user matched a user by primary key"
+    return value, "--user matched no user; it is used as a primary key as given"
 
 
 def _subject(options: dict[str, Any]) -> dict[str, str]:
