@@ -189,9 +189,11 @@ def _warnings(parsed: QuotaSettings) -> list[CheckMessage]:
         messages.append(
             Warning(
                 "REST_FRAMEWORK['NUM_PROXIES'] is set but QUOTA['TRUSTED_PROXIES'] and "
-                "QUOTA['PROXY_COUNT'] are not: django-quota uses REMOTE_ADDR, the proxy's "
-                "address",
-                hint="set QUOTA['PROXY_COUNT'] to the same number, or list TRUSTED_PROXIES",
+                "QUOTA['PROXY_COUNT'] are not: the drop-in DRF throttles follow NUM_PROXIES, "
+                "but the middleware, @quota and QuotaThrottle key on REMOTE_ADDR, the "
+                "proxy's address",
+                hint="set QUOTA['PROXY_COUNT'] to the same number, or list TRUSTED_PROXIES, "
+                "so that every layer sees the same client",
                 id=W_DRF_NUM_PROXIES,
             )
         )

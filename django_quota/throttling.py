@@ -45,6 +45,7 @@ __all__ = [
     "ScopedRateThrottle",
     "SimpleRateThrottle",
     "UserRateThrottle",
+    "drf_num_proxies",
     "parse_drf_rate",
 ]
 
@@ -140,9 +141,23 @@ def _authenticated_user(request: Any) -> Any:
     return user if user and user.is_authenticated else None
 
 
+def drf_num_proxies() -> int | None:
+    """DRF's ``REST_FRAMEWORK["NUM_PROXIES"]`` when it is a hop count (an int >= 0).
+
+    The drop-ins count that many trusted hops when neither ``TRUSTED_PROXIES`` nor
+    ``PROXY_COUNT`` is set: ``REMOTE_ADDR`` is the first, as in DRF, so they key on the
+    ``X-Forwarded-For`` entry DRF's ``get_ident()`` picks. Any other value (DRF's
+    default None, or one DRF itself could not use) counts no hop.
+    """
+    value = api_settings.NUM_PROXIES
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        return None
+    return value
+
+
 def _ip_value(request: Any) -> object:
     try:
-        return http.request_ip(_django_request(request))
+        return http.request_ip(_django_request(request), default_proxy_count=drf_num_proxies())
     except IdentityError as exc:
         return None if exc.reason == "selector_identity_missing" else _INVALID_IP
 
@@ -242,6 +257,8 @@ class QuotaThrottle(BaseThrottle):
     _quota_wait: float | None = None
     _quota_lease: http.Lease | None = None
     _quota_outcomes: tuple[Outcome, ...] = ()
+    #: Whether client IPs count DRF's ``NUM_PROXIES`` hops (the drop-ins do).
+    _follows_num_proxies = False
 
     def get_quota_cost(self, request: Any, view: Any) -> int:
         """The cost of this request, an ``int >= 0`` (default 1)."""
@@ -314,7 +331,11 @@ class QuotaThrottle(BaseThrottle):
         return timer
 
     def _request_subject(self, request: Any, view: Any) -> SubjectSource:
-        subject = http.RequestSubject(request, drf_auth=getattr(request, "auth", None))
+        subject = http.RequestSubject(
+            request,
+            drf_auth=getattr(request, "auth", None),
+            default_proxy_count=drf_num_proxies() if self._follows_num_proxies else None,
+        )
         scope = getattr(view, "throttle_scope", None)
 
         def source(policy: Policy) -> Subject:
@@ -381,6 +402,7 @@ class SimpleRateThrottle(QuotaThrottle):
     """
 
     cache_format = "throttle_%(scope)s_%(ident)s"
+    _follows_num_proxies = True
     scope: str | None = None
     rate: str | None = None
     THROTTLE_RATES: Any = _SettingsRates()
@@ -422,8 +444,9 @@ class SimpleRateThrottle(QuotaThrottle):
         return parse_drf_rate(rate)
 
     def get_ident(self, request: Any) -> Any:
-        """The client IP as django-quota resolves it (``TRUSTED_PROXIES``,
-        ``PROXY_COUNT``, the IPv6 prefix; DRF's ``NUM_PROXIES`` is not read), or None."""
+        """The client IP as django-quota resolves it, or None: ``TRUSTED_PROXIES`` or
+        ``PROXY_COUNT`` when set, else DRF's ``NUM_PROXIES`` (the entry DRF picks), then
+        normalised (port stripped, IPv6 as its ``IPV6_PREFIX`` network)."""
         value = _ip_value(request)
         return None if value == _INVALID_IP else value
 
