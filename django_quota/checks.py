@@ -4,6 +4,7 @@ key and says how to fix it. Built from the same validation the runtime uses
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from django.conf import settings as django_settings
@@ -18,6 +19,8 @@ W_MIDDLEWARE_DENIES_ANONYMOUS = "django_quota.W004"
 W_CLIENT_CLOCK = "django_quota.W005"
 W_MIDDLEWARE_MISSING = "django_quota.W006"
 E_UNKNOWN_VIEW_POLICY = "django_quota.E009"
+#: Also the id in ``django_quota.throttling``'s log line for such a rate.
+E_DRF_RATE = "django_quota.E010"
 
 MIDDLEWARE_PATH = "django_quota.middleware.QuotaMiddleware"
 DJANGO_REDIS_BACKENDS = ("django_redis.cache.RedisCache",)
@@ -230,4 +233,46 @@ def _warnings(parsed: QuotaSettings) -> list[CheckMessage]:
                 id=W_MIDDLEWARE_MISSING,
             )
         )
+    return messages
+
+
+@register()
+def check_drf_rates(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """E010: a ``REST_FRAMEWORK["DEFAULT_THROTTLE_RATES"]`` entry the drop-in throttles
+    cannot use (DRF could not parse it, or it is outside the bounds): every request
+    through a drop-in of that scope would get the failure mode. Quiet without DRF."""
+    try:
+        from rest_framework.settings import api_settings
+
+        from django_quota.throttling import parse_drf_rate
+    except ImportError:  # DRF is an optional extra
+        return []
+    from django.core.exceptions import ImproperlyConfigured
+
+    from django_quota.core.rates import GRAMMAR
+
+    key = "REST_FRAMEWORK['DEFAULT_THROTTLE_RATES']"
+    rates = api_settings.DEFAULT_THROTTLE_RATES
+    if not isinstance(rates, Mapping):
+        return [
+            Error(
+                f"{key} must be a dict of scope -> rate, not {type(rates).__name__}",
+                hint="e.g. {'anon': '100/day', 'user': '1000/day'}",
+                id=E_DRF_RATE,
+            )
+        ]
+    messages: list[CheckMessage] = []
+    for scope, rate in rates.items():
+        if rate is None:
+            continue
+        try:
+            parse_drf_rate(rate)
+        except ImproperlyConfigured as exc:
+            messages.append(
+                Error(
+                    f"{key}[{scope!r}]: {exc}",
+                    hint=f"write {GRAMMAR}, or None for no limit",
+                    id=E_DRF_RATE,
+                )
+            )
     return messages

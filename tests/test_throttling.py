@@ -764,7 +764,7 @@ def test_drf_rate_syntax_is_accepted(rate: str, parsed: tuple[int, int]) -> None
 
 
 @pytest.mark.parametrize(
-    "rate", ["5", "5/", "5/x", "x/m", "0/m", "-1/m", "5/m/m", "5/M", "5/ m", "1/0s", "1/367d"]
+    "rate", ["5", "5/", "5/x", "x/m", "0/m", "-1/m", "5/m/m", "5/M0N", "5/ x", "1/0s", "1/367d"]
 )
 def test_invalid_drf_rates_are_improperly_configured(rate: str) -> None:
     with pytest.raises(ImproperlyConfigured):
