@@ -46,13 +46,15 @@ def reset() -> None:
 
 def reset_memory() -> None:
     """:func:`reset` when the configured backend is the memory backend; otherwise only
-    this process's fallback (never a Redis call). Quiet when ``QUOTA`` is invalid: the
-    project's own checks and tests report that."""
-    from django.core.exceptions import ImproperlyConfigured
+    this process's fallback (never a Redis call).
 
-    try:
-        settings = conf.get_settings()
-    except ImproperlyConfigured:
+    Reads no setting: when nothing has read them since they last changed, no counter
+    exists, and this does nothing (so it never caches settings a test is about to change
+    without ``setting_changed``, as pytest-django's ``del settings.X`` does, and never
+    reports an invalid ``QUOTA``: the project's own checks and tests do that).
+    """
+    settings = conf.cached_settings()
+    if settings is None:
         return
     if settings.backend == "memory":
         reset()

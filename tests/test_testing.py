@@ -43,6 +43,19 @@ def test_reset_on_an_unused_memory_backend_is_harmless(quota: Any) -> None:
     assert django_quota.peek("p", ALICE).remaining == 2
 
 
+def test_plugin_reset_reads_no_settings_before_anything_did(quota: Any) -> None:
+    from django_quota import conf
+    from django_quota.testing import reset_memory
+
+    quota(POLICIES={"p": POLICY})  # setting_changed: nothing cached
+    reset_memory()
+    # Caching here would hide a later `del settings.QUOTA`, which sends no setting_changed.
+    assert conf.cached_settings() is None
+    exhaust()
+    reset_memory()
+    assert django_quota.peek("p", ALICE).remaining == 2
+
+
 # -- the local fallback ----------------------------------------------------------------------
 def test_reset_forgets_the_local_fallback_even_when_redis_is_down(quota: Any) -> None:
     quota(
