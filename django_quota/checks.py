@@ -4,7 +4,7 @@ key and says how to fix it. Built from the same validation the runtime uses
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from django.conf import settings as django_settings
@@ -25,6 +25,8 @@ E_UNKNOWN_VIEW_POLICY = "django_quota.E009"
 E_MIDDLEWARE_BEFORE_AUTHENTICATION = "django_quota.E010"
 E_DUPLICATE_HEADER_ITEM = "django_quota.E011"
 E_FOLDED_GENERATED_ID = "django_quota.E012"
+#: Also the id in ``django_quota.throttling``'s log line for such a rate.
+E_DRF_RATE = "django_quota.E013"
 
 MIDDLEWARE_PATH = "django_quota.middleware.QuotaMiddleware"
 AUTHENTICATION_MIDDLEWARE_PATH = "django.contrib.auth.middleware.AuthenticationMiddleware"
@@ -317,9 +319,11 @@ def _warnings(parsed: QuotaSettings) -> list[CheckMessage]:
         messages.append(
             Warning(
                 "REST_FRAMEWORK['NUM_PROXIES'] is set but QUOTA['TRUSTED_PROXIES'] and "
-                "QUOTA['PROXY_COUNT'] are not: django-quota uses REMOTE_ADDR, the proxy's "
-                "address",
-                hint="set QUOTA['PROXY_COUNT'] to the same number, or list TRUSTED_PROXIES",
+                "QUOTA['PROXY_COUNT'] are not: the drop-in DRF throttles follow NUM_PROXIES, "
+                "but the middleware, @quota and QuotaThrottle key on REMOTE_ADDR, the "
+                "proxy's address",
+                hint="set QUOTA['PROXY_COUNT'] to the same number, or list TRUSTED_PROXIES, "
+                "so that every layer sees the same client",
                 id=W_DRF_NUM_PROXIES,
             )
         )
@@ -356,4 +360,46 @@ def _warnings(parsed: QuotaSettings) -> list[CheckMessage]:
                 id=W_MIDDLEWARE_MISSING,
             )
         )
+    return messages
+
+
+@register()
+def check_drf_rates(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """E013: a ``REST_FRAMEWORK["DEFAULT_THROTTLE_RATES"]`` entry the drop-in throttles
+    cannot use (DRF could not parse it, or it is outside the bounds): every request
+    through a drop-in of that scope would get the failure mode. Quiet without DRF."""
+    try:
+        from rest_framework.settings import api_settings
+
+        from django_quota.throttling import parse_drf_rate
+    except ImportError:  # DRF is an optional extra
+        return []
+    from django.core.exceptions import ImproperlyConfigured
+
+    from django_quota.core.rates import GRAMMAR
+
+    key = "REST_FRAMEWORK['DEFAULT_THROTTLE_RATES']"
+    rates = api_settings.DEFAULT_THROTTLE_RATES
+    if not isinstance(rates, Mapping):
+        return [
+            Error(
+                f"{key} must be a dict of scope -> rate, not {type(rates).__name__}",
+                hint="e.g. {'anon': '100/day', 'user': '1000/day'}",
+                id=E_DRF_RATE,
+            )
+        ]
+    messages: list[CheckMessage] = []
+    for scope, rate in rates.items():
+        if rate is None:
+            continue
+        try:
+            parse_drf_rate(rate)
+        except ImproperlyConfigured as exc:
+            messages.append(
+                Error(
+                    f"{key}[{scope!r}]: {exc}",
+                    hint=f"write {GRAMMAR}, or None for no limit",
+                    id=E_DRF_RATE,
+                )
+            )
     return messages

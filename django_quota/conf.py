@@ -520,6 +520,12 @@ def get_settings() -> QuotaSettings:
         return _cached
 
 
+def cached_settings() -> QuotaSettings | None:
+    """The settings :func:`get_settings` cached, or None when nothing read them since the
+    last change (then nothing built from them, counters included, exists either)."""
+    return _cached
+
+
 def on_change(listener: Callable[[], None]) -> None:
     """Call ``listener`` whenever cached settings are dropped (backends, registries)."""
     _listeners.append(listener)

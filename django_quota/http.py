@@ -119,15 +119,23 @@ def route_value(request: HttpRequest) -> str:
 
 
 # -- subjects --------------------------------------------------------------------------------
-def request_ip(request: HttpRequest) -> str:
-    """The normalised client IP (raises ``IdentityError`` when invalid or missing)."""
+def request_ip(request: HttpRequest, *, default_proxy_count: int | None = None) -> str:
+    """The normalised client IP (raises ``IdentityError`` when invalid or missing).
+
+    ``default_proxy_count`` counts the trusted hops when neither ``TRUSTED_PROXIES`` nor
+    ``PROXY_COUNT`` is set: the drop-in DRF throttles pass DRF's ``NUM_PROXIES``, so they
+    pick the ``X-Forwarded-For`` entry DRF's ``get_ident()`` picks (docs/drf.md).
+    """
     settings = conf.get_settings()
     headers = request.META.get("HTTP_X_FORWARDED_FOR")
+    proxy_count = settings.proxy_count
+    if proxy_count is None and not settings.trusted_proxies:
+        proxy_count = default_proxy_count
     return client_ip(
         request.META.get("REMOTE_ADDR"),
         headers,
         trusted_proxies=settings.trusted_proxies,
-        proxy_count=settings.proxy_count,
+        proxy_count=proxy_count,
         ipv6_prefix=settings.ipv6_prefix,
     )
 
@@ -147,11 +155,15 @@ class RequestSubject:
     ``request.auth`` (``drf_auth``: its ``pk`` or the string itself), else the raw
     ``API_KEY_HEADER``. Invalid values are passed on so that the core reports
     ``selector_identity_invalid``; nothing absent or invalid is replaced by another source.
+    ``default_proxy_count`` is passed to :func:`request_ip`.
     """
 
-    def __init__(self, request: Any, *, drf_auth: object = None) -> None:
+    def __init__(
+        self, request: Any, *, drf_auth: object = None, default_proxy_count: int | None = None
+    ) -> None:
         self.request = request
         self.drf_auth = drf_auth
+        self.default_proxy_count = default_proxy_count
         self.settings = conf.get_settings()
         self._values: dict[str, object] = {}
 
@@ -179,7 +191,7 @@ class RequestSubject:
             return self._header_text(request.META.get(self.settings.api_key_meta_name))
         if name == "ip":
             try:
-                return request_ip(request)
+                return request_ip(request, default_proxy_count=self.default_proxy_count)
             except IdentityError as exc:
                 return None if exc.reason == "selector_identity_missing" else _INVALID
         if name == "route":

@@ -10,6 +10,7 @@ earlier layer already decided for the request.
 
 from __future__ import annotations
 
+import logging
 import re
 import threading
 import time
@@ -24,9 +25,10 @@ from rest_framework.settings import api_settings
 from rest_framework.throttling import BaseThrottle
 
 from django_quota import conf, http, limiter, policies
+from django_quota.checks import E_DRF_RATE
 from django_quota.core.errors import ConfigurationError
 from django_quota.core.identity import IdentityError
-from django_quota.core.outcome import DENIED_DECISION, FAILED_CLOSED, Outcome
+from django_quota.core.outcome import DENIED_DECISION, FAILED_CLOSED, FAILED_OPEN, Outcome
 from django_quota.core.policy import (
     AUTO,
     DEFAULT_WINDOW,
@@ -35,7 +37,7 @@ from django_quota.core.policy import (
     generated_policy_id,
     settings_revision,
 )
-from django_quota.core.rates import check_rate_bounds
+from django_quota.core.rates import check_rate_bounds, parse_rate
 from django_quota.signals import quota_denied
 
 __all__ = [
@@ -45,6 +47,7 @@ __all__ = [
     "ScopedRateThrottle",
     "SimpleRateThrottle",
     "UserRateThrottle",
+    "drf_num_proxies",
     "parse_drf_rate",
 ]
 
@@ -53,9 +56,10 @@ CACHE_KEY_DIMENSION = "drf_cache_key"
 #: ``wait()`` never returns less: DRF drops ``Retry-After`` when ``wait()`` is 0.
 MIN_WAIT = 0.001
 _UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-# DRF reads the first character of the period and ignores the rest ("5/minute",
-# "5/m"); a multiplier may precede it, with an optional hyphen ("100/5m", "1/2-sec").
-_PERIOD_RE = re.compile(r"(?:(?P<multiplier>[0-9]+)-?)?(?P<unit>[smhd])")
+# DRF reads the count with int() and only the first character of the period ("5/mon" is
+# 5 per minute); newer DRF lets a multiplier precede it, with a hyphen ("1/2-sec").
+_DRF_PERIOD_RE = re.compile(r"(?:(?P<multiplier>[0-9]+)-?)?(?P<unit>[smhd])")
+logger = logging.getLogger("django_quota")
 _DISPATCH_ATTR = "_quota_drf_dispatch"
 _INVALID_IP = "\x00invalid"  # a value the core reports as selector_identity_invalid
 #: ``Policy.source`` of the drop-ins' generated policies.
@@ -101,33 +105,48 @@ class QuotaUnavailable(APIException):
         self.outcome = outcome
 
 
-def parse_drf_rate(rate: str) -> tuple[int, int]:
-    """Parse a DRF rate string into ``(num_requests, duration_seconds)``.
+def parse_drf_rate(rate: object) -> tuple[int, int]:
+    """Parse a drop-in's rate into ``(num_requests, duration_seconds)``.
 
-    Accepts what DRF's ``SimpleRateThrottle.parse_rate`` accepts (a count, ``/``, a
-    period whose first letter is ``s``, ``m``, ``h`` or ``d``; the rest of the period is
-    ignored, so ``"5/minute"``), plus an integer multiplier before the letter, with an
-    optional hyphen (``"100/5m"``, ``"1/2-sec"``). Raises ``ImproperlyConfigured`` for
-    anything else and for rates outside the contract's bounds (a count of 1 to 10**9, a
-    period of 1 s to 366 d).
+    Accepts django-quota's rate grammar (``"10/minute"``, ``"100/5m"``, any case: see
+    :func:`django_quota.core.rates.parse_rate`) and whatever DRF's own
+    ``SimpleRateThrottle.parse_rate`` reads, with DRF's meaning: a count as ``int()``
+    reads it, ``/``, and a period of which only the first letter (``s``, ``m``, ``h`` or
+    ``d``) counts, so ``"5/mon"`` is 5 per minute; newer DRF's multiplier with a hyphen
+    (``"1/2-sec"``) too. Raises ``ImproperlyConfigured`` for anything else and for rates
+    outside the bounds (a count of 1 to 10**9, a period of 1 s to 366 d).
     """
-    if not isinstance(rate, str) or rate.count("/") != 1:
-        raise ImproperlyConfigured(f"Invalid throttle rate {rate!r}: expected 'N/period'.")
-    count, period = rate.split("/")
-    match = _PERIOD_RE.match(period)
-    if not count.strip().isdigit() or not count.strip().isascii() or match is None:
-        raise ImproperlyConfigured(
-            f"Invalid throttle rate {rate!r}: expected a count, '/', and a period starting "
-            "with s, m, h or d, optionally preceded by a multiplier ('100/5m')."
-        )
-    num_requests = int(count)
-    multiplier = int(match["multiplier"]) if match["multiplier"] else 1
-    duration = multiplier * _UNIT_SECONDS[match["unit"]]
     try:
-        check_rate_bounds(num_requests, duration * 1000, "rate")
+        parsed = parse_rate(rate)
     except ConfigurationError as exc:
-        raise ImproperlyConfigured(f"Invalid throttle rate {rate!r}: {exc.message}.") from exc
-    return num_requests, duration
+        reading = _drf_reading(rate)
+        if reading is None:
+            raise ImproperlyConfigured(f"Invalid throttle rate {rate!r}: {exc.message}.") from exc
+        num_requests, duration = reading
+        try:
+            check_rate_bounds(num_requests, duration * 1000, "rate")
+        except ConfigurationError as bounds:
+            raise ImproperlyConfigured(
+                f"Invalid throttle rate {rate!r}: {bounds.message}."
+            ) from bounds
+        return num_requests, duration
+    return parsed.limit, parsed.period_ms // 1000
+
+
+def _drf_reading(rate: object) -> tuple[int, int] | None:
+    """``(count, seconds)`` as DRF reads ``rate``, or None where DRF raises."""
+    if not isinstance(rate, str) or rate.count("/") != 1:
+        return None
+    count, period = rate.split("/")
+    match = _DRF_PERIOD_RE.match(period)
+    if match is None:
+        return None
+    try:
+        num_requests = int(count)
+    except ValueError:  # also int()'s limit on digits: far outside the bounds anyway
+        return None
+    multiplier = int(match["multiplier"]) if match["multiplier"] else 1
+    return num_requests, multiplier * _UNIT_SECONDS[match["unit"]]
 
 
 def _django_request(request: Any) -> Any:
@@ -140,9 +159,23 @@ def _authenticated_user(request: Any) -> Any:
     return user if user and user.is_authenticated else None
 
 
+def drf_num_proxies() -> int | None:
+    """DRF's ``REST_FRAMEWORK["NUM_PROXIES"]`` when it is a hop count (an int >= 0).
+
+    The drop-ins count that many trusted hops when neither ``TRUSTED_PROXIES`` nor
+    ``PROXY_COUNT`` is set: ``REMOTE_ADDR`` is the first, as in DRF, so they key on the
+    ``X-Forwarded-For`` entry DRF's ``get_ident()`` picks. Any other value (DRF's
+    default None, or one DRF itself could not use) counts no hop.
+    """
+    value = api_settings.NUM_PROXIES
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        return None
+    return value
+
+
 def _ip_value(request: Any) -> object:
     try:
-        return http.request_ip(_django_request(request))
+        return http.request_ip(_django_request(request), default_proxy_count=drf_num_proxies())
     except IdentityError as exc:
         return None if exc.reason == "selector_identity_missing" else _INVALID_IP
 
@@ -201,6 +234,37 @@ def scope_policy(scope: str) -> Policy | None:
     return _rate_policy(generated_policy_id("drf", scope), num_requests, duration, selector)
 
 
+# -- unusable rates ------------------------------------------------------------------------
+#: The reason of an outcome whose policy could not be built (contract 6).
+POLICY_UNKNOWN = "policy_unknown"
+_logged_rates: set[tuple[str, str]] = set()
+
+
+def _forget_logged_rates() -> None:
+    _logged_rates.clear()
+
+
+conf.on_change(_forget_logged_rates)
+
+
+def _log_unusable_rate(
+    policy_id: str, scope: str | None, rate: object, error: ImproperlyConfigured
+) -> None:
+    key = (policy_id, repr(rate))
+    if key in _logged_rates:
+        return
+    _logged_rates.add(key)
+    logger.error(
+        "DRF throttle rate %r of scope %r cannot be used (%s); policy %s applies the "
+        "failure mode with reason policy_unknown (%s)",
+        rate,
+        scope,
+        error,
+        policy_id,
+        E_DRF_RATE,
+    )
+
+
 # -- the throttles -------------------------------------------------------------------------
 class _Dispatch:
     """What the throttles of one DRF dispatch share, kept on the ``HttpRequest``."""
@@ -242,6 +306,8 @@ class QuotaThrottle(BaseThrottle):
     _quota_wait: float | None = None
     _quota_lease: http.Lease | None = None
     _quota_outcomes: tuple[Outcome, ...] = ()
+    #: Whether client IPs count DRF's ``NUM_PROXIES`` hops (the drop-ins do).
+    _follows_num_proxies = False
 
     def get_quota_cost(self, request: Any, view: Any) -> int:
         """The cost of this request, an ``int >= 0`` (default 1)."""
@@ -314,7 +380,11 @@ class QuotaThrottle(BaseThrottle):
         return timer
 
     def _request_subject(self, request: Any, view: Any) -> SubjectSource:
-        subject = http.RequestSubject(request, drf_auth=getattr(request, "auth", None))
+        subject = http.RequestSubject(
+            request,
+            drf_auth=getattr(request, "auth", None),
+            default_proxy_count=drf_num_proxies() if self._follows_num_proxies else None,
+        )
         scope = getattr(view, "throttle_scope", None)
 
         def source(policy: Policy) -> Subject:
@@ -347,6 +417,10 @@ class QuotaThrottle(BaseThrottle):
             for policy in group
             if policy.id in decided or policy.id in by_policy
         ]
+        return self._conclude(request, dispatch, found)
+
+    def _conclude(self, request: Any, dispatch: _Dispatch, found: Sequence[Outcome]) -> bool:
+        """Keep ``found`` as this call's outcomes; True unless one refuses."""
         self._quota_outcomes = tuple(found)
         refusing = http.refusal(found)
         if refusing is None:
@@ -381,6 +455,7 @@ class SimpleRateThrottle(QuotaThrottle):
     """
 
     cache_format = "throttle_%(scope)s_%(ident)s"
+    _follows_num_proxies = True
     scope: str | None = None
     rate: str | None = None
     THROTTLE_RATES: Any = _SettingsRates()
@@ -391,7 +466,16 @@ class SimpleRateThrottle(QuotaThrottle):
     def __init__(self) -> None:
         if not getattr(self, "rate", None):
             self.rate = self.get_rate()
-        self.num_requests, self.duration = self.parse_rate(self.rate)
+        self._read_rate()
+
+    def _read_rate(self) -> None:
+        """Set ``num_requests`` and ``duration`` from ``rate``; (None, None) when the rate
+        cannot be used: :meth:`allow_request` then applies the failure mode (a rate is
+        configuration, so it never answers 500; check E013 reports it before deploy)."""
+        try:
+            self.num_requests, self.duration = self.parse_rate(self.rate)
+        except ImproperlyConfigured:
+            self.num_requests = self.duration = None
 
     def get_cache_key(self, request: Any, view: Any) -> str | None:
         """A unique key for the requester, or None to let the request through."""
@@ -422,8 +506,9 @@ class SimpleRateThrottle(QuotaThrottle):
         return parse_drf_rate(rate)
 
     def get_ident(self, request: Any) -> Any:
-        """The client IP as django-quota resolves it (``TRUSTED_PROXIES``,
-        ``PROXY_COUNT``, the IPv6 prefix; DRF's ``NUM_PROXIES`` is not read), or None."""
+        """The client IP as django-quota resolves it, or None: ``TRUSTED_PROXIES`` or
+        ``PROXY_COUNT`` when set, else DRF's ``NUM_PROXIES`` (the entry DRF picks), then
+        normalised (port stripped, IPv6 as its ``IPV6_PREFIX`` network)."""
         value = _ip_value(request)
         return None if value == _INVALID_IP else value
 
@@ -443,7 +528,10 @@ class SimpleRateThrottle(QuotaThrottle):
             if identified is None:
                 return True
         selector, own = identified
-        num_requests, duration = parse_drf_rate(self.rate)
+        try:
+            num_requests, duration = parse_drf_rate(self.rate)
+        except ImproperlyConfigured as exc:
+            return self._unusable_rate(request, view, exc)
         policy = _rate_policy(self._policy_id(), num_requests, duration, selector)
 
         def subject(candidate: Policy) -> Subject:
@@ -455,6 +543,31 @@ class SimpleRateThrottle(QuotaThrottle):
         return self._decide(request, view, [policy], subject)
 
     # -- internals -------------------------------------------------------------------------
+    def _unusable_rate(self, request: Any, view: Any, error: ImproperlyConfigured) -> bool:
+        """Decide a request whose rate cannot be parsed as an undefined policy is decided:
+        a policy configured under this throttle's id still applies; otherwise the
+        failure mode applies with reason ``policy_unknown`` and an error is logged (once
+        per policy and rate until settings change)."""
+        policy_id = self._policy_id()
+        configured = policies.get_registry().policies.get(policy_id)
+        if configured is not None:
+            return self._decide(request, view, [configured], self._request_subject(request, view))
+        _log_unusable_rate(policy_id, self.scope, self.rate, error)
+        settings = conf.get_settings()
+        if settings.failure_mode == "open":
+            outcome = Outcome(policy=policy_id, decision=FAILED_OPEN, reason=POLICY_UNKNOWN)
+        else:
+            outcome = Outcome(
+                policy=policy_id,
+                decision=FAILED_CLOSED,
+                reason=POLICY_UNKNOWN,
+                retry_after=float(settings.failure_retry_after),
+            )
+        django_request = _django_request(request)
+        dispatch = self._dispatch(request, django_request)
+        http.record_leased(django_request, [outcome], self._lease(dispatch))
+        return self._conclude(request, dispatch, [outcome])
+
     def _policy_id(self) -> str:
         if self.scope:
             return generated_policy_id("drf", self.scope)
@@ -530,7 +643,7 @@ class ScopedRateThrottle(SimpleRateThrottle):
         if not self.scope:
             return True
         self.rate = self.get_rate()
-        self.num_requests, self.duration = self.parse_rate(self.rate)
+        self._read_rate()
         return super().allow_request(request, view)
 
     def get_cache_key(self, request: Any, view: Any) -> str | None:

@@ -11,6 +11,8 @@ from typing import Any
 import pytest
 from pytest_redis import factories
 
+pytest_plugins = ["pytester"]
+
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
 

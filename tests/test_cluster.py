@@ -810,3 +810,37 @@ def test_slots_after_a_denial_run_dry_and_charge_nothing(quota: Any) -> None:
     assert veto_counter == f"{request.counters[1]}:veto"
     assert slot_of(veto_counter) == slot_of(request.counters[1])
     assert [r.status for r in reply.results] == [0, 2]
+
+
+# -- django_quota.testing.reset() on a cluster ---------------------------------------------------
+def test_testing_reset_deletes_prefixed_keys_on_every_primary_only(
+    on_cluster: Any, cluster: Cluster
+) -> None:
+    from django_quota.testing import reset
+
+    prefix = "c[1]*"
+    on_cluster(KEY_PREFIX=prefix, POLICIES={"p": {"windows": "2/h", "selector": ["user"]}})
+    subjects = subjects_on_distinct_nodes(cluster, "p", "user")
+    assert len(subjects) == 3
+    for subject in subjects:
+        django_quota.evaluate("p", subject)
+    for number in range(60):  # many slots per node: one UNLINK across slots is CROSSSLOT
+        django_quota.evaluate("p", {"user": f"many{number}"})
+    others = {f"c1:{{{n}}}": b"x" for n in range(30)} | {f"quota:{{{n}}}": b"y" for n in range(30)}
+    client = limiter.get_backend().client
+    for key, value in others.items():
+        client.set(key, value)
+
+    def keys_per_node() -> dict[int, set[str]]:
+        found = {}
+        for node in cluster.nodes:
+            with contextlib.closing(cluster.client(node.port)) as client:
+                found[node.port] = {key.decode() for key in client.scan_iter()}
+        return found
+
+    before = keys_per_node()
+    assert all(any(k.startswith(prefix + ":") for k in keys) for keys in before.values())
+    reset()
+    after = keys_per_node()
+    assert set().union(*after.values()) == set(others)
+    assert all(django_quota.peek("p", subject).remaining == 2 for subject in subjects)

@@ -41,10 +41,38 @@ def test_bounds_are_the_contract_numbers() -> None:
         ("9/30sec", 9, 30_000),
         ("10/1s", 10, 1_000),
         ("1000/h", 1000, 3_600_000),
+        ("11/second", 11, 1_000),
+        ("12/seconds", 12, 1_000),
+        ("13/minute", 13, 60_000),
+        ("14/minutes", 14, 60_000),
+        ("15/hours", 15, 3_600_000),
+        ("16/days", 16, 86_400_000),
+        ("10/minute", 10, 60_000),
+        ("100/5minutes", 100, 300_000),
+        ("1/2days", 1, 172_800_000),
     ],
 )
 def test_valid_rate_parses_to_limit_and_period_in_ms(text: str, limit: int, period_ms: int) -> None:
     assert parse_rate(text) == Rate(limit=limit, period_ms=period_ms)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("10/S", Rate(10, 1_000)),
+        ("10/SEC", Rate(10, 1_000)),
+        ("10/Second", Rate(10, 1_000)),
+        ("10/M", Rate(10, 60_000)),
+        ("10/Minutes", Rate(10, 60_000)),
+        ("10/MIN", Rate(10, 60_000)),
+        ("10/H", Rate(10, 3_600_000)),
+        ("10/HoUr", Rate(10, 3_600_000)),
+        ("10/D", Rate(10, 86_400_000)),
+        ("10/5DAYS", Rate(10, 432_000_000)),
+    ],
+)
+def test_period_names_are_read_in_any_case(text: str, expected: Rate) -> None:
+    assert parse_rate(text) == expected
 
 
 @pytest.mark.parametrize(
@@ -90,14 +118,16 @@ def test_rate_is_a_frozen_value_object() -> None:
         "   ",
         "/s",
         "10/",
-        "10/second",
-        "10/seconds",
-        "10/minute",
-        "10/hours",
-        "10/days",
+        "10/secs",
+        "10/mins",
+        "10/hr",
+        "10/mon",
+        "10/month",
         "10/w",
+        "10/week",
         "10/ms",
-        "10/S",
+        "10/minutez",
+        "10/2-sec",
         "10/1.5h",
         "10/-1s",
         "+10/s",

@@ -1,5 +1,7 @@
-"""Rate strings: ``"N/P"`` with P one of s, m, h, d (or sec, min, hour, day) and an
-optional integer multiplier (``"100/5m"``), as contract section 3 defines them."""
+"""Rate strings: ``"N/P"`` with P one of s, m, h, d (or sec, second, seconds, min,
+minute, minutes, hour, hours, day, days), in any case, with an optional integer
+multiplier (``"100/5m"``, ``"10/minute"``): the one grammar of settings, the decorator
+and the DRF drop-ins (docs/policies.md)."""
 
 from __future__ import annotations
 
@@ -15,17 +17,32 @@ MAX_PERIOD_MS = 366 * 86_400_000
 #: scripts form an exact integer in a Lua double (53-bit mantissa) with room to add.
 MAX_PRODUCT = 2**52
 
-_UNIT_MS = {
-    "s": 1_000,
-    "sec": 1_000,
-    "m": 60_000,
-    "min": 60_000,
-    "h": 3_600_000,
-    "hour": 3_600_000,
-    "d": 86_400_000,
-    "day": 86_400_000,
+_SECOND, _MINUTE, _HOUR, _DAY = 1_000, 60_000, 3_600_000, 86_400_000
+#: Period names (lower case; the text is matched in any case) -> milliseconds.
+UNIT_MS = {
+    "s": _SECOND,
+    "sec": _SECOND,
+    "second": _SECOND,
+    "seconds": _SECOND,
+    "m": _MINUTE,
+    "min": _MINUTE,
+    "minute": _MINUTE,
+    "minutes": _MINUTE,
+    "h": _HOUR,
+    "hour": _HOUR,
+    "hours": _HOUR,
+    "d": _DAY,
+    "day": _DAY,
+    "days": _DAY,
 }
-_RATE_RE = re.compile(r"^\s*(?P<limit>[0-9]+)\s*/\s*(?P<multiplier>[0-9]*)\s*(?P<unit>[a-z]+)\s*$")
+#: How error messages and hints spell the grammar.
+GRAMMAR = (
+    "'N/P' with P one of s, m, h, d (or sec, second(s), min, minute(s), hour(s), day(s)) "
+    "and an optional multiplier ('100/5m')"
+)
+_RATE_RE = re.compile(
+    r"^\s*(?P<limit>[0-9]+)\s*/\s*(?P<multiplier>[0-9]*)\s*(?P<unit>[A-Za-z]+)\s*$"
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,7 +61,9 @@ class Rate:
 def parse_rate(text: object, key: str = "rate") -> Rate:
     """Parse ``"N/P"`` into a :class:`Rate`, enforcing the contract's bounds.
 
-    Raises :class:`ConfigurationError` (naming ``key``) for anything else: a non-string,
+    P is a period name of :data:`UNIT_MS` in any case (``"10/Minute"``), optionally
+    preceded by an integer multiplier (``"100/5m"``); whitespace around the parts is
+    ignored. Raises :class:`ConfigurationError` (naming ``key``) for anything else: a non-string,
     a zero or negative count, an unknown unit, a period under 1 s or over 366 d, a
     limit over 10**9, or ``limit * period_ms`` over 2**52.
     """
@@ -52,14 +71,12 @@ def parse_rate(text: object, key: str = "rate") -> Rate:
         raise ConfigurationError(key, f"a rate must be a string like '10/s', not {text!r}")
     match = _RATE_RE.match(text)
     if match is None:
+        raise ConfigurationError(key, f"{text!r} is not a rate; write {GRAMMAR}")
+    unit = match["unit"].lower()
+    if unit not in UNIT_MS:
         raise ConfigurationError(
-            key,
-            f"{text!r} is not a rate; write 'N/P' with P one of s, m, h, d "
-            "(or sec, min, hour, day) and an optional multiplier, e.g. '100/5m'",
+            key, f"{text!r}: unknown period {match['unit']!r}; write {GRAMMAR}"
         )
-    unit = match["unit"]
-    if unit not in _UNIT_MS:
-        raise ConfigurationError(key, f"{text!r}: unknown period {unit!r}; use s, m, h or d")
     # int() refuses strings of over 4300 digits (a bare ValueError without the key);
     # anything over 20 significant digits is far outside the bounds anyway.
     if max(len(match["limit"].lstrip("0")), len(match["multiplier"].lstrip("0"))) > 20:
@@ -72,7 +89,7 @@ def parse_rate(text: object, key: str = "rate") -> Rate:
         raise ConfigurationError(key, f"{text!r}: the count must be a positive integer")
     if multiplier < 1:
         raise ConfigurationError(key, f"{text!r}: the period multiplier must be positive")
-    rate = Rate(limit=limit, period_ms=multiplier * _UNIT_MS[unit])
+    rate = Rate(limit=limit, period_ms=multiplier * UNIT_MS[unit])
     check_rate_bounds(rate.limit, rate.period_ms, key)
     return rate
 
