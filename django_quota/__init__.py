@@ -1,6 +1,6 @@
 """django-quota: exact, distributed rate limits and quotas for Django and DRF.
 
-The Python API (contract section 6)::
+The Python API (``docs/failures.md``, ``docs/arithmetic.md``)::
 
     from django_quota import evaluate, peek, reset, Outcome
     outcome = evaluate("orders", {"user": "42"}, cost=1)
@@ -50,4 +50,6 @@ def __getattr__(name: str) -> Any:
         raise AttributeError(f"module 'django_quota' has no attribute {name!r}")
     from importlib import import_module
 
-    return getattr(import_module(module), name)
+    value = getattr(import_module(module), name)
+    globals()[name] = value  # later lookups skip this function and the import machinery
+    return value

@@ -450,7 +450,7 @@ class Limiter:
         if self.fallback is not None and error.reason in FALLBACK_REASONS and request:
             logger.warning("quota backend failure, deciding locally: reason=%s", error.reason)
             try:
-                reply = self.fallback.evaluate(dataclasses.replace(request, may_repeat=False))
+                reply = self.fallback.evaluate(request._replace(may_repeat=False))
             except BackendError as fallback_error:
                 return self.failed(prepared, fallback_error.reason, BACKEND_MODE_FALLBACK)
             return self.interpret(prepared, reply, BACKEND_MODE_FALLBACK)
@@ -480,7 +480,7 @@ class Limiter:
                     and self._remaining(prepared.started) >= self.settings.timeout
                 ):
                     attempt = 1
-                    request = dataclasses.replace(request, may_repeat=True)
+                    request = request._replace(may_repeat=True)
                     continue
                 if attempt and error.reason != INDETERMINATE:
                     error = BackendError(

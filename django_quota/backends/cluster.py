@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import logging
 import statistics
 import threading
@@ -220,8 +219,7 @@ def split_by_slot(request: GroupRequest, slot_of: Callable[[str], int]) -> list[
     return [
         Slice(
             tuple(indexes),
-            dataclasses.replace(
-                request,
+            request._replace(
                 counters=tuple(request.counters[i] for i in indexes),
                 calls=tuple(request.calls[i] for i in indexes),
             ),
@@ -242,8 +240,7 @@ def dry_run(request: GroupRequest) -> GroupRequest:
     The veto's counter carries the slice's hash tag (it extends the slice's first
     counter's name); it is only ever read, never written: a denial writes nothing.
     """
-    return dataclasses.replace(
-        request,
+    return request._replace(
         counters=(*request.counters, f"{request.counters[0]}:veto"),
         calls=(*request.calls, _VETO),
     )
@@ -274,8 +271,7 @@ def uncharged(call: PolicyCall, result: PolicyResult) -> PolicyResult:
     if result.status != ALLOWED:
         return result
     windows = tuple(
-        dataclasses.replace(
-            numbers,
+        numbers._replace(
             remaining=min(
                 window.capacity if call.algorithm == TOKEN_BUCKET else window.limit,
                 numbers.remaining + call.cost,

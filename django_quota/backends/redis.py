@@ -265,26 +265,22 @@ class RedisBackend:
 
     def run(self, call: Call) -> Any:
         """Run one script call (``EVALSHA``; ``NOSCRIPT`` loads the script and retries)."""
-        client = self.client
+        pool = self.client.connection_pool
         source = self._sources[call.script]
         try:
             try:
-                return client.execute_command(
-                    "EVALSHA", source.sha1, len(call.keys), *call.keys, *call.args
-                )
+                return send(pool, ("EVALSHA", source.sha1, len(call.keys), *call.keys, *call.args))
             except redis_exceptions.NoScriptError:
-                return run_script(source, call, lambda command: client.execute_command(*command))
+                return run_script(source, call, lambda command: send(pool, command))
         except Exception as exc:
             raise classify(exc) from exc
 
     async def arun(self, call: Call) -> Any:
         """Async twin of :meth:`run`."""
         try:
-            client = self._async()
+            pool = self._async().connection_pool
             source = self._sources[call.script]
-            return await arun_script(
-                source, call, lambda command: client.execute_command(*command)
-            )
+            return await arun_script(source, call, lambda command: asend(pool, command))
         except Exception as exc:
             raise classify(exc) from exc
 
@@ -390,6 +386,41 @@ class RedisBackend:
 
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
+
+
+_BROKEN = (redis_exceptions.ConnectionError, redis_exceptions.TimeoutError, OSError)
+
+
+def send(pool: Any, command: tuple[Any, ...]) -> Any:
+    """Send one command on a connection of ``pool`` and read its raw reply.
+
+    What ``Redis.execute_command`` does for us, without its per-command bookkeeping
+    (retries, which are off; response callbacks, which the scripts' integer replies do
+    not need; observability hooks): a connection that failed mid-command is
+    disconnected before it returns to the pool, so the next command starts afresh.
+    """
+    connection = pool.get_connection()
+    try:
+        connection.send_command(*command)
+        return connection.read_response()
+    except _BROKEN:
+        connection.disconnect()
+        raise
+    finally:
+        pool.release(connection)
+
+
+async def asend(pool: Any, command: tuple[Any, ...]) -> Any:
+    """Async twin of :func:`send`."""
+    connection = await pool.get_connection()
+    try:
+        await connection.send_command(*command)
+        return await connection.read_response()
+    except _BROKEN:
+        await connection.disconnect()
+        raise
+    finally:
+        await pool.release(connection)
 
 
 def async_connections(client: Any) -> list[Any]:

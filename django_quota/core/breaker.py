@@ -74,6 +74,8 @@ class CircuitBreaker:
         died) is presumed lost and another caller becomes the probe: the breaker never
         stays half-open for good.
         """
+        if self._state == CLOSED:  # the common case needs no lock: one attribute read
+            return True
         with self._lock:
             if self._state == CLOSED:
                 return True
@@ -91,6 +93,8 @@ class CircuitBreaker:
 
     def success(self) -> str | None:
         """Record a successful call; return the new state when it changed."""
+        if self._state == CLOSED and self._failures == 0 and not self._probing:
+            return None  # nothing to change: the common case takes no lock
         with self._lock:
             self._failures = 0
             self._probing = False

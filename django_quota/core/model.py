@@ -36,6 +36,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from django_quota.core.policy import FIXED_WINDOW, SLIDING_WINDOW, TOKEN_BUCKET, Window
 
@@ -91,9 +92,9 @@ class PolicyCall:
         object.__setattr__(self, "argv", tuple(str(value).encode() for value in values))
 
 
-@dataclass(frozen=True, slots=True)
-class WindowResult:
-    """One window after the decision; every time in milliseconds.
+class WindowResult(NamedTuple):
+    """One window after the decision; every time in milliseconds (a named tuple: the
+    hot path builds one per window per decision).
 
     ``retry_after_ms`` is -1 unless this window denied; ``replenish_after_ms`` is the time
     until ``remaining`` next increases (0 when nothing is counted).
@@ -105,8 +106,7 @@ class WindowResult:
     replenish_after_ms: int
 
 
-@dataclass(frozen=True, slots=True)
-class PolicyResult:
+class PolicyResult(NamedTuple):
     """The result of one policy: status (:data:`DENIED`, :data:`ALLOWED`,
     :data:`ALLOWED_UNCHARGED`), the effective ``now`` (ms) and its windows."""
 
@@ -129,31 +129,34 @@ class PolicyResult:
     @classmethod
     def decode(cls, values: Sequence[int], window_count: int) -> PolicyResult:
         """Inverse of :meth:`encode` for ``window_count`` windows."""
-        windows = tuple(
-            WindowResult(
-                int(values[2 + 4 * i]),
-                int(values[3 + 4 * i]),
-                int(values[4 + 4 * i]),
-                int(values[5 + 4 * i]),
+        if window_count == 1:
+            windows: tuple[WindowResult, ...] = (
+                WindowResult(int(values[2]), int(values[3]), int(values[4]), int(values[5])),
             )
-            for i in range(window_count)
-        )
+        else:
+            windows = tuple(
+                WindowResult(
+                    int(values[2 + 4 * i]),
+                    int(values[3 + 4 * i]),
+                    int(values[4 + 4 * i]),
+                    int(values[5 + 4 * i]),
+                )
+                for i in range(window_count)
+            )
         return cls(int(values[0]), int(values[1]), windows)
 
 
-@dataclass(frozen=True, slots=True)
-class Write:
+class Write(NamedTuple):
     """The new state of policy ``index``'s counter (numbers, and the ledger ``records``),
     with a time to live in milliseconds."""
 
-    index: int
+    index: int  # type: ignore[assignment]  # the field shadows tuple.index on purpose
     state: State
     ttl_ms: int
     records: str = ""
 
 
-@dataclass(frozen=True, slots=True)
-class GroupResult:
+class GroupResult(NamedTuple):
     """What a group call decided: the group status (:data:`GROUP_DECIDED`…), per policy
     results and the writes to apply (none unless decided)."""
 
@@ -341,7 +344,8 @@ def evaluate_group(
     """
     count = len(calls)
     ledgers = records if records is not None else [""] * count
-    seen = [state if state is not None else {} for state in states]
+    empty: Mapping[str, int] = {}
+    seen = [empty if state is None else state for state in states]
     nows = []
     for state in seen:
         last = state.get("t")
@@ -364,29 +368,30 @@ def evaluate_group(
 
     views: list[list[tuple[int, int]]] = []
     own_allows: list[bool] = []
-    for call, state, now in zip(calls, seen, nows, strict=True):
+    commit = not peek and not replay
+    for index in range(count):
+        call = calls[index]
+        state = seen[index]
+        now = nows[index]
         cost = 1 if peek else call.cost
         algorithm = call.algorithm
-        policy_views = [
-            _view(algorithm, window, index, state, now)
-            for index, window in enumerate(call.windows, 1)
-        ]
+        policy_views = []
+        allows = True
+        for position, window in enumerate(call.windows, 1):
+            used, prev = _view(algorithm, window, position, state, now)
+            policy_views.append((used, prev))
+            if allows and not _allows(algorithm, window, used, prev, now, cost):
+                allows = False
         views.append(policy_views)
-        own_allows.append(
-            all(
-                _allows(algorithm, window, used, prev, now, cost)
-                for window, (used, prev) in zip(call.windows, policy_views, strict=True)
-            )
-        )
-    commit = (
-        not peek
-        and not replay
-        and all(allows for call, allows in zip(calls, own_allows, strict=True) if call.enforce)
-    )
+        own_allows.append(allows)
+        if call.enforce and not allows:
+            commit = False
 
     results = []
     writes = []
-    for index, (call, now) in enumerate(zip(calls, nows, strict=True)):
+    for index in range(count):
+        call = calls[index]
+        now = nows[index]
         cost = 1 if peek else call.cost
         charged = commit and own_allows[index] and call.cost > 0
         window_results = []
@@ -396,20 +401,18 @@ def evaluate_group(
                 call.algorithm, window, used, prev, now, cost, charged
             )
             if replay:
-                result = WindowResult(
-                    result.remaining, result.reset_after_ms, -1, result.replenish_after_ms
-                )
+                result = result._replace(retry_after_ms=-1)
             window_results.append(result)
-            ttl = max(ttl, window_ttl)
+            if window_ttl > ttl:
+                ttl = window_ttl
         if charged:
             status = ALLOWED
             state = _charged_state(call, views[index], now, seen[index])
             ledger, dropped = appended(ledgers[index], fingerprint)
             if dropped:
                 state["d"] = now
-            writes.append(
-                Write(index, state, max(ttl + cleanup_grace_ms, dedup_ttl_ms), ledger)
-            )
+            lifetime = ttl + cleanup_grace_ms
+            writes.append(Write(index, state, max(lifetime, dedup_ttl_ms), ledger))
         elif replay:
             # Charged by the earlier evaluation when its ledger holds the id: the cluster
             # backend's refunds count it as charged.

@@ -89,10 +89,6 @@ class Outcome:
         return next((w for w in self.windows if w.name == self.window), None)
 
 
-def _seconds(milliseconds: int) -> float:
-    return milliseconds / 1000
-
-
 def outcome_from_result(
     policy: Policy, result: PolicyResult, *, backend_mode: str, evaluation_id: str
 ) -> Outcome:
@@ -102,51 +98,51 @@ def outcome_from_result(
     (ties: longer period, then declaration order). Allowed: the one with the smallest
     ``remaining`` (ties: larger ``reset_after``, then declaration order).
     """
-    states = []
-    for window, numbers in zip(policy.windows, result.windows, strict=True):
-        states.append(
-            WindowState(
-                name=window.name,
-                limit=window.capacity if policy.algorithm == "token_bucket" else window.limit,
-                period=window.period,
-                remaining=numbers.remaining,
-                reset_after=_seconds(numbers.reset_after_ms),
-                retry_after=None
-                if numbers.retry_after_ms < 0
-                else _seconds(numbers.retry_after_ms),
-                replenish_after=_seconds(numbers.replenish_after_ms),
-            )
+    token_bucket = policy.algorithm == "token_bucket"
+    states = [
+        WindowState(
+            window.name,
+            window.capacity if token_bucket else window.limit,
+            window.period_ms / 1000,
+            numbers.remaining,
+            numbers.reset_after_ms / 1000,
+            None if numbers.retry_after_ms < 0 else numbers.retry_after_ms / 1000,
+            numbers.replenish_after_ms / 1000,
         )
-    order = range(len(states))
-    if result.status == DENIED:
-        denying = [i for i in order if result.windows[i].retry_after_ms >= 0]
+        for window, numbers in zip(policy.windows, result.windows, strict=True)
+    ]
+    if len(states) == 1:
+        chosen = 0
+    elif result.status == DENIED:
         chosen = min(
-            denying,
+            (i for i, numbers in enumerate(result.windows) if numbers.retry_after_ms >= 0),
             key=lambda i: (-result.windows[i].retry_after_ms, -policy.windows[i].period_ms, i),
         )
-        decision = SHADOW_DENIED if policy.shadow else DENIED_DECISION
-        reason: str | None = states[chosen].name + QUOTA_EXHAUSTED_SUFFIX
-        retry_after = states[chosen].retry_after
     else:
         chosen = min(
-            order,
+            range(len(states)),
             key=lambda i: (result.windows[i].remaining, -result.windows[i].reset_after_ms, i),
         )
-        decision, reason, retry_after = ALLOWED, None, None
     reported = states[chosen]
+    if result.status == DENIED:
+        decision = SHADOW_DENIED if policy.shadow else DENIED_DECISION
+        reason: str | None = reported.name + QUOTA_EXHAUSTED_SUFFIX
+        retry_after = reported.retry_after
+    else:
+        decision, reason, retry_after = ALLOWED, None, None
     return Outcome(
-        policy=policy.id,
-        decision=decision,
-        reason=reason,
-        window=reported.name,
-        limit=reported.limit,
-        remaining=reported.remaining,
-        reset_after=reported.reset_after,
-        retry_after=retry_after,
-        windows=tuple(states),
-        certainty=policy.certainty,
-        backend_mode=backend_mode,
-        evaluation_id=evaluation_id,
+        policy.id,
+        decision,
+        reason,
+        reported.name,
+        reported.limit,
+        reported.remaining,
+        reported.reset_after,
+        retry_after,
+        tuple(states),
+        policy.certainty,
+        backend_mode,
+        evaluation_id,
     )
 
 

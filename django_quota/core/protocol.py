@@ -7,7 +7,7 @@ from __future__ import annotations
 import base64
 import hashlib
 from collections.abc import Sequence
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from django_quota.core.identity import Identity
 from django_quota.core.model import (
@@ -48,8 +48,7 @@ def fingerprint(evaluation_id: str) -> str:
 
 
 
-@dataclass(frozen=True, slots=True)
-class GroupRequest:
+class GroupRequest(NamedTuple):
     """Everything a backend needs to decide a group of policies in one call.
 
     ``now_ms`` is None to use the backend's clock (Redis ``TIME``); ``max_regression_ms``
@@ -100,8 +99,7 @@ class GroupRequest:
         return tuple(len(call.windows) for call in self.calls)
 
 
-@dataclass(frozen=True, slots=True)
-class GroupReply:
+class GroupReply(NamedTuple):
     """A backend's answer: ``status`` (decided, clock unsafe, indeterminate or replayed,
     :data:`~django_quota.core.model.GROUP_DECIDED`…) and one :class:`PolicyResult` per
     call (none unless decided or replayed)."""
@@ -130,6 +128,11 @@ def parse_reply(reply: Sequence[int], window_counts: Sequence[int]) -> GroupRepl
     if not reply:
         raise ValueError("empty script reply")
     status = int(reply[0])
+    if status == GROUP_DECIDED and len(window_counts) == 1:
+        count = window_counts[0]
+        if len(reply) != 3 + 4 * count:
+            raise ValueError("script reply of another length than its windows")
+        return GroupReply(status, (PolicyResult.decode(reply[1:], count),))
     if status in (GROUP_CLOCK_UNSAFE, GROUP_INDETERMINATE):
         if len(reply) != 1:
             raise ValueError("script reply longer than its status")
