@@ -20,12 +20,12 @@ import time
 from collections import deque
 from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from django.utils.module_loading import import_string
 
 from django_quota import conf, metrics, policies
-from django_quota.backends import Backend
+from django_quota.backends import Backend, ScriptBackend
 from django_quota.backends.memory import MemoryBackend
 from django_quota.core.admission import NodeGuard
 from django_quota.core.breaker import BreakerError, CircuitBreaker
@@ -227,13 +227,17 @@ class Limiter:
         if state is not None:
             logger.warning("quota circuit breaker %s for node %s", state, guard.name)
 
+    def _scripts(self) -> ScriptBackend:
+        # Every backend but the memory one runs scripts; only those reach here.
+        return cast(ScriptBackend, self.backend)
+
     def _remaining(self, started: float) -> float:
         return self.settings.deadline - (time.monotonic() - started)
 
     def execute(self, call: Any, started: float) -> Any:
         """Run one backend call on its node, inside that node's in-flight bound and
         breaker (raises :class:`BackendError`)."""
-        backend: Any = self.backend
+        backend = self._scripts()
         guard = self.guard(backend.node_of(call))
         self._admit(guard, guard.slots.acquire(self._remaining(started)))
         try:
@@ -248,7 +252,7 @@ class Limiter:
 
     async def aexecute(self, call: Any, started: float) -> Any:
         """Async twin of :meth:`execute`."""
-        backend: Any = self.backend
+        backend = self._scripts()
         guard = self.guard(backend.node_of(call))
         self._admit(guard, await guard.slots.aacquire(self._remaining(started)))
         try:
@@ -468,7 +472,7 @@ class Limiter:
         """
         request = prepared.request
         assert request is not None
-        backend: Any = self.backend
+        backend = self._scripts()
         attempt = 0
         while True:
             try:

@@ -70,16 +70,22 @@ def peer_hung_up(connection: Any) -> bool:
     """Whether an asyncio connection's socket holds an end of file (or stray bytes) that
     the event loop has not read yet: redis-py's ``can_read`` sees only what the loop
     already read, and a loop that did not run since the server closed the connection has
-    read nothing. Peeks on a duplicate of the descriptor, consuming nothing."""
+    read nothing. Peeks (``MSG_PEEK``, consuming nothing) on the socket under asyncio's
+    transport wrapper, or on a duplicate of its descriptor where the wrapper hides it
+    (one more system call)."""
     writer = getattr(connection, "_writer", None)
     transport = getattr(writer, "transport", None)
     sock = transport.get_extra_info("socket") if transport is not None else None
     if sock is None:
         return False
     flags = socket.MSG_PEEK | getattr(socket, "MSG_DONTWAIT", 0)
+    raw = getattr(sock, "_sock", None)
     try:
-        with socket.fromfd(sock.fileno(), sock.family, sock.type) as probe:
-            probe.recv(1, flags)
+        if isinstance(raw, socket.socket):
+            raw.recv(1, flags)
+        else:
+            with socket.fromfd(sock.fileno(), sock.family, sock.type) as probe:
+                probe.recv(1, flags)
     except BlockingIOError:
         return False  # nothing to read: idle and open
     except OSError:
