@@ -27,6 +27,7 @@ from django.utils.module_loading import import_string
 from django_quota import conf, metrics, policies
 from django_quota.backends import Backend, ScriptBackend
 from django_quota.backends.memory import MemoryBackend
+from django_quota.backends.scripting import adrive, drive
 from django_quota.core.admission import NodeGuard
 from django_quota.core.breaker import BreakerError, CircuitBreaker
 from django_quota.core.errors import BackendError
@@ -523,53 +524,37 @@ class Limiter:
         self._observe_reply(prepared, reply)
         return self.interpret(prepared, reply, self.backend_mode)
 
-    def run(self, prepared: Prepared) -> list[Outcome]:
-        """Drive a prepared group to its outcomes (sync)."""
+    def _without_io(self, prepared: Prepared) -> list[Outcome] | None:
+        """The outcomes when no backend call is needed (nothing to send, or the memory
+        backend's model), else None."""
         if prepared.request is None:
-            outcomes = [outcome for outcome in prepared.outcomes if outcome is not None]
-        elif self.local:
-            outcomes = self.decide_locally(prepared)
-        else:
-            started = prepared.started
-            steps = self.steps(prepared)
-            try:
-                call = next(steps)
-                while True:
-                    try:
-                        raw = self.execute(call, started)
-                    except BackendError as error:
-                        call = steps.throw(error)
-                    else:
-                        call = steps.send(raw)
-            except StopIteration as stop:
-                outcomes = stop.value
+            return [outcome for outcome in prepared.outcomes if outcome is not None]
+        if self.local:
+            return self.decide_locally(prepared)
+        return None
+
+    def _recorded(self, prepared: Prepared, outcomes: list[Outcome]) -> list[Outcome]:
         if not prepared.peek:
             metrics.record_outcomes(prepared.compiled, outcomes)
         return outcomes
 
+    def run(self, prepared: Prepared) -> list[Outcome]:
+        """Drive a prepared group to its outcomes (sync)."""
+        outcomes = self._without_io(prepared)
+        if outcomes is None:
+            started = prepared.started
+            outcomes = drive(self.steps(prepared), lambda call: self.execute(call, started))
+        return self._recorded(prepared, outcomes)
+
     async def arun(self, prepared: Prepared) -> list[Outcome]:
         """Async twin of :meth:`run`."""
-        if prepared.request is None:
-            outcomes = [outcome for outcome in prepared.outcomes if outcome is not None]
-        elif self.local:
-            outcomes = self.decide_locally(prepared)
-        else:
+        outcomes = self._without_io(prepared)
+        if outcomes is None:
             started = prepared.started
-            steps = self.steps(prepared)
-            try:
-                call = next(steps)
-                while True:
-                    try:
-                        raw = await self.aexecute(call, started)
-                    except BackendError as error:
-                        call = steps.throw(error)
-                    else:
-                        call = steps.send(raw)
-            except StopIteration as stop:
-                outcomes = stop.value
-        if not prepared.peek:
-            metrics.record_outcomes(prepared.compiled, outcomes)
-        return outcomes
+            outcomes = await adrive(
+                self.steps(prepared), lambda call: self.aexecute(call, started)
+            )
+        return self._recorded(prepared, outcomes)
 
 
 # -- the current limiter -------------------------------------------------------------------

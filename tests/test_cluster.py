@@ -25,11 +25,11 @@ from django_quota.backends.cluster import (
     Call,
     RedisClusterBackend,
     classify_cluster,
-    drive,
     plan,
     slot_of,
     split_by_slot,
 )
+from django_quota.backends.scripting import drive
 from django_quota.core.errors import BackendError
 from django_quota.core.model import GROUP_CLOCK_UNSAFE, PolicyResult, WindowResult
 from django_quota.core.outcome import Outcome

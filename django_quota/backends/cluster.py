@@ -64,10 +64,9 @@ from django_quota.backends.scripting import (
     Call,
     ConnectFailed,
     Plan,
-    adrive,
+    ScriptedBackend,
     arun_script,
     classify,
-    drive,
     evaluate_call,
     is_connect_failure,
     parse,
@@ -370,7 +369,7 @@ def slot_of(key: str) -> int:
 
 
 # -- the backend ------------------------------------------------------------------------------
-class RedisClusterBackend:
+class RedisClusterBackend(ScriptedBackend):
     """Counters in a Redis Cluster (``QUOTA["CLUSTER"]``), same interface as
     :class:`~django_quota.backends.redis.RedisBackend`.
 
@@ -499,22 +498,6 @@ class RedisClusterBackend:
             return await arun_script(source, call, execute)
         except Exception as exc:
             raise classify_cluster(exc) from exc
-
-    def evaluate(self, request: GroupRequest) -> GroupReply:
-        """Decide ``request`` (no admission control: the limiter's)."""
-        return drive(self.plan(request), self.run)
-
-    async def aevaluate(self, request: GroupRequest) -> GroupReply:
-        """Async twin of :meth:`evaluate`."""
-        return await adrive(self.plan(request), self.arun)
-
-    def reset(self, counter: str, window_count: int) -> int:
-        """Run ``reset.lua`` for one counter."""
-        return int(self.run(Call("reset", [counter], [window_count])))
-
-    async def areset(self, counter: str, window_count: int) -> int:
-        """Async twin of :meth:`reset`."""
-        return int(await self.arun(Call("reset", [counter], [window_count])))
 
     def ttl_ms(self, counter: str) -> int:
         """``PTTL`` of ``counter`` (-2: no such key). Not on the hot path."""

@@ -24,19 +24,15 @@ from django_quota.backends.scripting import (
     NOSCRIPT_ATTEMPTS,
     Call,
     ConnectFailed,
-    Plan,
-    adrive,
+    ScriptedBackend,
     arun_script,
     classify,
-    drive,
     is_connect_failure,
     run_script,
-    single_plan,
     sources,
 )
 from django_quota.core.errors import BackendError
 from django_quota.core.outcome import BACKEND_MODE_REDIS
-from django_quota.core.protocol import GroupReply, GroupRequest
 
 __all__ = [
     "NOSCRIPT_ATTEMPTS",
@@ -157,7 +153,7 @@ def client_options(timeout: float, max_inflight: int) -> dict[str, Any]:
     }
 
 
-class RedisBackend:
+class RedisBackend(ScriptedBackend):
     """Counters in Redis (standalone or Sentinel-managed primary).
 
     ``url`` is a ``redis://``, ``rediss://`` or ``unix://`` URL; ``sentinel`` a dict with
@@ -265,10 +261,6 @@ class RedisBackend:
         """The node a call runs on: a standalone or Sentinel primary is one node."""
         return "default"
 
-    def plan(self, request: GroupRequest) -> Plan:
-        """One ``EVALSHA`` deciding the whole group atomically."""
-        return single_plan(request)
-
     def run(self, call: Call) -> Any:
         """Run one script call (``EVALSHA``; ``NOSCRIPT`` loads the script and retries)."""
         pool = self.client.connection_pool
@@ -289,22 +281,6 @@ class RedisBackend:
             return await arun_script(source, call, lambda command: asend(pool, command))
         except Exception as exc:
             raise classify(exc) from exc
-
-    def evaluate(self, request: GroupRequest) -> GroupReply:
-        """Decide ``request`` with one ``EVALSHA`` (no admission control: the limiter's)."""
-        return drive(self.plan(request), self.run)
-
-    async def aevaluate(self, request: GroupRequest) -> GroupReply:
-        """Async twin of :meth:`evaluate`."""
-        return await adrive(self.plan(request), self.arun)
-
-    def reset(self, counter: str, window_count: int) -> int:
-        """Run ``reset.lua`` for one counter."""
-        return int(self.run(Call("reset", [counter], [window_count])))
-
-    async def areset(self, counter: str, window_count: int) -> int:
-        """Async twin of :meth:`reset`."""
-        return int(await self.arun(Call("reset", [counter], [window_count])))
 
     def ttl_ms(self, counter: str) -> int:
         """``PTTL`` of ``counter`` (-2: no such key). Not on the hot path."""

@@ -131,70 +131,91 @@ def script_steps(source: ScriptSource, call: Call) -> Generator[Command, Any, An
     raise AssertionError("unreachable")  # pragma: no cover
 
 
-def run_script(source: ScriptSource, call: Call, execute: Callable[[Command], Any]) -> Any:
-    """Run :func:`script_steps` with ``execute`` sending each command (sync)."""
-    steps = script_steps(source, call)
-    command = next(steps)
+def drive(
+    steps: Generator[Any, Any, T],
+    run: Callable[[Any], Any],
+    errors: tuple[type[BaseException], ...] = (BackendError,),
+) -> T:
+    """Run a plan (or :func:`script_steps`) with ``run`` doing each step; an exception
+    of ``errors`` raised by ``run`` is thrown into the plan, which may handle it."""
     try:
+        step = next(steps)
         while True:
             try:
-                reply = execute(command)
-            except redis_exceptions.NoScriptError as exc:
-                command = steps.throw(exc)
+                raw = run(step)
+            except errors as error:
+                step = steps.throw(error)
             else:
-                command = steps.send(reply)
+                step = steps.send(raw)
     except StopIteration as stop:
-        return stop.value
+        result: T = stop.value
+        return result
+
+
+async def adrive(
+    steps: Generator[Any, Any, T],
+    run: Callable[[Any], Awaitable[Any]],
+    errors: tuple[type[BaseException], ...] = (BackendError,),
+) -> T:
+    """Async twin of :func:`drive`."""
+    try:
+        step = next(steps)
+        while True:
+            try:
+                raw = await run(step)
+            except errors as error:
+                step = steps.throw(error)
+            else:
+                step = steps.send(raw)
+    except StopIteration as stop:
+        result: T = stop.value
+        return result
+
+
+def run_script(source: ScriptSource, call: Call, execute: Callable[[Command], Any]) -> Any:
+    """Run :func:`script_steps` with ``execute`` sending each command (sync)."""
+    return drive(script_steps(source, call), execute, (redis_exceptions.NoScriptError,))
 
 
 async def arun_script(
     source: ScriptSource, call: Call, execute: Callable[[Command], Awaitable[Any]]
 ) -> Any:
     """Async twin of :func:`run_script`."""
-    steps = script_steps(source, call)
-    command = next(steps)
-    try:
-        while True:
-            try:
-                reply = await execute(command)
-            except redis_exceptions.NoScriptError as exc:
-                command = steps.throw(exc)
-            else:
-                command = steps.send(reply)
-    except StopIteration as stop:
-        return stop.value
+    return await adrive(script_steps(source, call), execute, (redis_exceptions.NoScriptError,))
 
 
-def drive(steps: Generator[Call, Any, T], run: Callable[[Call], Any]) -> T:
-    """Run a plan with ``run`` doing each call (raising :class:`BackendError`)."""
-    try:
-        call = next(steps)
-        while True:
-            try:
-                raw = run(call)
-            except BackendError as error:
-                call = steps.throw(error)
-            else:
-                call = steps.send(raw)
-    except StopIteration as stop:
-        result: T = stop.value
-        return result
+class ScriptedBackend:
+    """What every script-running backend derives from its ``plan``, ``run`` and ``arun``:
+    decisions without the limiter's admission control (``quota inspect``, tests) and
+    resets."""
 
+    def plan(self, request: GroupRequest) -> Plan:
+        """The calls deciding ``request`` (one ``EVALSHA`` on a single primary)."""
+        return single_plan(request)
 
-async def adrive(steps: Generator[Call, Any, T], run: Callable[[Call], Awaitable[Any]]) -> T:
-    """Async twin of :func:`drive`."""
-    try:
-        call = next(steps)
-        while True:
-            try:
-                raw = await run(call)
-            except BackendError as error:
-                call = steps.throw(error)
-            else:
-                call = steps.send(raw)
-    except StopIteration as stop:
-        result: T = stop.value
-        return result
+    def run(self, call: Call) -> Any:
+        """Run one script call; its raw reply (raises :class:`BackendError`)."""
+        raise NotImplementedError
+
+    async def arun(self, call: Call) -> Any:
+        """Async twin of :meth:`run`."""
+        raise NotImplementedError
+
+    def evaluate(self, request: GroupRequest) -> GroupReply:
+        """Decide ``request``: its plan, driven here."""
+        return drive(self.plan(request), self.run)
+
+    async def aevaluate(self, request: GroupRequest) -> GroupReply:
+        """Async twin of :meth:`evaluate`."""
+        return await adrive(self.plan(request), self.arun)
+
+    def reset(self, counter: str, window_count: int) -> int:
+        """Run ``reset.lua`` for one counter; how many of its windows had state."""
+        return int(self.run(Call("reset", [counter], [window_count])))
+
+    async def areset(self, counter: str, window_count: int) -> int:
+        """Async twin of :meth:`reset`."""
+        return int(await self.arun(Call("reset", [counter], [window_count])))
 
 
 def sources() -> dict[str, ScriptSource]:
