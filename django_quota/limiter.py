@@ -384,7 +384,7 @@ class Limiter:
                 max_regression_ms=-1 if now_ms is None else self.max_regression_ms,
                 dedup_ttl_ms=self.dedup_ttl_ms,
                 cleanup_grace_ms=self.cleanup_grace_ms,
-                fingerprint="" if peek else fingerprint(evaluation_id),
+                fingerprint=b"" if peek else fingerprint(evaluation_id),
                 may_repeat=caller_id,
             )
         elif refused:

@@ -33,7 +33,7 @@ class ModelEngine:
         except BackendError as exc:
             return exc.reason
 
-    def state(self, key: str) -> tuple[State | None, str]:
+    def state(self, key: str) -> tuple[State | None, bytes]:
         return self.backend.peek_state(key), self.backend.peek_records(key)
 
 
@@ -54,11 +54,11 @@ class RedisEngine:
         except BackendError as exc:
             return exc.reason
 
-    def state(self, key: str) -> tuple[State | None, str]:
+    def state(self, key: str) -> tuple[State | None, bytes]:
         raw = {field.decode(): value for field, value in self.client.hgetall(key).items()}
         if not raw:
-            return None, ""
-        records = raw.pop("e", b"").decode()
+            return None, b""
+        records = raw.pop("e", b"")
         return {field: int(value) for field, value in raw.items()}, records
 
 

@@ -390,8 +390,9 @@ def proxy_to(server: RedisProcess) -> Iterator[Proxy]:
 @dataclass(frozen=True, slots=True)
 class Ledger:
     """Per counter key: the count Redis holds (``c1``), the fingerprints of the charged
-    evaluations its evaluation-id ledger holds (field ``e``, 8 characters each), and
-    whether that ledger ever dropped one (field ``d``), for single-window policies.
+    evaluations its evaluation-id ledger holds (field ``e``, 10-byte entries whose first
+    6 bytes are the fingerprint), and
+    whether that ledger dropped a young one (field ``d``), for single-window policies.
 
     While nothing was dropped, the ledger lists every evaluation that charged the
     counter: ``counts == charged`` then says no charge happened without an evaluation
@@ -399,7 +400,7 @@ class Ledger:
 
     counts: dict[str, int]
     starts: dict[str, int]
-    fingerprints: dict[str, list[str]]
+    fingerprints: dict[str, list[bytes]]
     dropped: set[str]
 
     @property
@@ -419,7 +420,7 @@ def read_ledger(client: redis.Redis, period_ms: int) -> Ledger:
     keys = [raw.decode() for raw in client.scan_iter(count=1000)]
     counts: dict[str, int] = {}
     starts: dict[str, int] = {}
-    fingerprints: dict[str, list[str]] = {}
+    fingerprints: dict[str, list[bytes]] = {}
     dropped: set[str] = set()
     for offset in range(0, len(keys), 1000):
         batch = keys[offset : offset + 1000]
@@ -427,13 +428,13 @@ def read_ledger(client: redis.Redis, period_ms: int) -> Ledger:
         for key in batch:
             pipe.hgetall(key)
         for key, value in zip(batch, pipe.execute(), strict=True):
-            fields = {k.decode(): v.decode() for k, v in value.items()}
+            fields = {k.decode(): v for k, v in value.items()}
             if "t" not in fields:
                 continue
-            counts[key] = int(fields.get("c1", "0"))
+            counts[key] = int(fields.get("c1", b"0"))
             starts[key] = int(fields["t"]) - int(fields["t"]) % period_ms
-            ledger = fields.get("e", "")
-            fingerprints[key] = [ledger[i : i + 8] for i in range(0, len(ledger), 8)]
+            ledger = fields.get("e", b"")
+            fingerprints[key] = [ledger[i : i + 6] for i in range(0, len(ledger), 10)]
             if "d" in fields:
                 dropped.add(key)
     return Ledger(counts, starts, fingerprints, dropped)

@@ -289,3 +289,52 @@ def test_remaining_rises_exactly_replenish_after_later(
     if wait > 1:
         before, _ = one(algorithm, windows, state, now + wait - 1, peek=True)
         assert before.windows[0].remaining == remaining
+
+
+# -- the evaluation-id ledger ------------------------------------------------------------------
+def _charge_with_id(state: State | None, records: bytes, now: int, evaluation_id: str) -> Any:
+    from django_quota.core.protocol import fingerprint
+
+    return evaluate_group(
+        [PolicyCall("fixed_window", (W("default", 100, 86_400_000, 100),), 1)],
+        [state],
+        now,
+        records=[records],
+        fingerprint=fingerprint(evaluation_id),
+        may_repeat=True,
+        dedup_ttl_ms=5_000,
+    )
+
+
+def _run_ids(times_and_ids: list[tuple[int, str]]) -> tuple[list[Any], State | None, bytes]:
+    state: State | None = None
+    records = b""
+    groups = []
+    for now, evaluation_id in times_and_ids:
+        group = _charge_with_id(state, records, now, evaluation_id)
+        groups.append(group)
+        if group.writes:
+            state, records = group.writes[0].state, group.writes[0].records
+    return groups, state, records
+
+
+def test_a_ledger_drop_older_than_dedup_ttl_leaves_fresh_ids_decided() -> None:
+    # Charges 1 s apart, each with the caller's own id: from the ninth on every charge
+    # drops an entry, but one charged 8 s earlier, older than DEDUP_TTL (5 s).
+    groups, state, records = _run_ids([(T0 + i * 1_000, f"id-{i}") for i in range(10)])
+    assert [g.status for g in groups] == [0] * 10
+    assert [g.results[0].status for g in groups] == [ALLOWED] * 10
+    assert state is not None and "d" not in state and len(records) == 80
+
+
+def test_a_young_ledger_drop_makes_an_unknown_id_indeterminate_and_a_kept_one_a_replay() -> None:
+    groups, state, records = _run_ids([(T0 + i, f"id-{i}") for i in range(9)])
+    assert [g.status for g in groups] == [0] * 9
+    assert state is not None and state["d"] == T0  # id-0, charged at T0, was dropped
+    unknown = _charge_with_id(state, records, T0 + 100, "never-seen")
+    assert unknown.status == 2 and unknown.writes == ()  # GROUP_INDETERMINATE
+    kept = _charge_with_id(state, records, T0 + 100, "id-8")
+    assert kept.status == 3 and kept.writes == () and kept.results[0].status == ALLOWED
+    # Once the dropped entry is older than DEDUP_TTL, an unknown id is decided afresh.
+    later = _charge_with_id(state, records, T0 + 5_000, "never-seen")
+    assert later.status == 0 and later.results[0].status == ALLOWED

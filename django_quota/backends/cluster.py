@@ -249,7 +249,7 @@ def refund_call(request: GroupRequest, results: Sequence[PolicyResult]) -> Call 
     """The ``refund.lua`` call giving back what ``results`` charged (None: nothing), and
     removing the evaluation's fingerprint from those counters' ledgers."""
     keys: list[str] = []
-    args: list[int | str] = [0, request.fingerprint]
+    args: list[int | bytes] = [0, request.fingerprint]
     for counter, call, result in zip(request.counters, request.calls, results, strict=True):
         if result.status != ALLOWED:
             continue

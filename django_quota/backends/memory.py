@@ -27,7 +27,7 @@ class _Entry:
 
     __slots__ = ("expires_at", "records", "state")
 
-    def __init__(self, state: State, records: str, expires_at: int) -> None:
+    def __init__(self, state: State, records: bytes, expires_at: int) -> None:
         self.state = state
         self.records = records
         self.expires_at = expires_at
@@ -88,7 +88,7 @@ class MemoryBackend:
                 peek=request.peek,
                 max_regression_ms=request.max_regression_ms,
                 cleanup_grace_ms=request.cleanup_grace_ms,
-                records=["" if entry is None else entry.records for entry in entries],
+                records=[b"" if entry is None else entry.records for entry in entries],
                 fingerprint=request.fingerprint,
                 may_repeat=request.may_repeat,
                 dedup_ttl_ms=request.dedup_ttl_ms,
@@ -135,11 +135,11 @@ class MemoryBackend:
             entry = self._entry(counter, self._clock_ms())
             return None if entry is None else dict(entry.state)
 
-    def peek_records(self, counter: str) -> str:
-        """The evaluation-id ledger of ``counter`` (``""`` when none; for tests)."""
+    def peek_records(self, counter: str) -> bytes:
+        """The evaluation-id ledger of ``counter`` (``b""`` when none; for tests)."""
         with self._lock:
             entry = self._entry(counter, self._clock_ms())
-            return "" if entry is None else entry.records
+            return b"" if entry is None else entry.records
 
     def ttl_ms(self, counter: str) -> int:
         """Milliseconds until ``counter`` expires; -2 when it does not exist (as PTTL)."""

@@ -12,9 +12,12 @@ State layout (one hash per (policy, revision, identity)), all integers but ``e``
   contains ``t``; token bucket, the whole part of the deficit ``D`` (see below).
 * ``p<i>``: sliding window, the count of the window before ``t``'s; token bucket, the
   remainder of the deficit (``D = c * P + p``, ``0 <= p < P``).
-* ``e``: the evaluation-id ledger, the fingerprints of the last :data:`LEDGER_SIZE`
-  charged evaluations, each :data:`FINGERPRINT_LENGTH` characters, oldest first.
-* ``d``: the ``now`` (ms) at which the ledger last dropped a fingerprint to make room.
+* ``e``: the evaluation-id ledger, the last :data:`LEDGER_SIZE` charged evaluations,
+  oldest first, each :data:`ENTRY_BYTES` bytes: the evaluation id's
+  :data:`FINGERPRINT_BYTES`-byte fingerprint, then the ``now`` it was charged at, modulo
+  2**32 ms (about 49.7 days), as 4 big-endian bytes.
+* ``d``: the charge time (ms) of the newest entry the ledger dropped to make room while
+  it was younger than ``DEDUP_TTL``.
 
 The token bucket stores the deficit ``D = C*P - T`` where ``T`` is the token level
 scaled by the period ``P`` (tokens * P), so refilling ``L`` tokens per ``P`` ms adds
@@ -23,13 +26,14 @@ A missing hash therefore reads as a full bucket and as empty windows alike. The 
 is split into two fields so that every stored number stays below 10**14 (exact in any
 Lua number formatting).
 
-Evaluation ids (``docs/failures.md``): a charged evaluation appends its fingerprint to
-the ledger of every counter it charged. An evaluation that may repeat an earlier one (a
-retry, or an id the caller chose) first looks for its fingerprint: found in any counter
-of the group, nothing is charged and every policy is allowed with its current numbers;
-not found while some counter dropped a fingerprint less than ``DEDUP_TTL`` ago, the
-evaluation is *indeterminate* (the dropped one may have been this id); otherwise it is
-decided afresh. So a repeated id never charges twice, and the ledger stays bounded.
+Evaluation ids (``docs/failures.md``): a charged evaluation appends its fingerprint and
+time to the ledger of every counter it charged. An evaluation that may repeat an earlier
+one (a retry, or an id the caller chose) first looks for its fingerprint among the
+entries younger than ``DEDUP_TTL``: found in any counter of the group, nothing is
+charged and every policy is allowed with its current numbers; not found while some
+counter dropped an entry charged less than ``DEDUP_TTL`` ago, the evaluation is
+*indeterminate* (the dropped one may have been this id); otherwise it is decided
+afresh. So a repeated id never charges twice, and the ledger stays bounded.
 """
 
 from __future__ import annotations
@@ -58,8 +62,11 @@ MODE_PEEK = 2  # decide as cost 1 would, write nothing
 
 #: How many charged evaluation ids each counter remembers.
 LEDGER_SIZE = 8
-#: Characters of one ledger fingerprint (48 bits of base64url).
-FINGERPRINT_LENGTH = 8
+#: Bytes of one evaluation id's fingerprint (48 bits).
+FINGERPRINT_BYTES = 6
+#: Bytes of one ledger entry: the fingerprint, then the charge time modulo 2**32 ms.
+ENTRY_BYTES = FINGERPRINT_BYTES + 4
+STAMP_MODULUS = 2**32
 
 ALGORITHM_CODES = {FIXED_WINDOW: 1, SLIDING_WINDOW: 2, TOKEN_BUCKET: 3}
 
@@ -153,7 +160,7 @@ class Write(NamedTuple):
     index: int  # type: ignore[assignment]  # the field shadows tuple.index on purpose
     state: State
     ttl_ms: int
-    records: str = ""
+    records: bytes = b""
 
 
 class GroupResult(NamedTuple):
@@ -303,18 +310,35 @@ def _charged_state(
     return state
 
 
-def remembers(records: str, fingerprint: str) -> bool:
-    """Whether the ledger ``records`` holds ``fingerprint`` at one of its aligned places."""
-    size = FINGERPRINT_LENGTH
-    return any(records[i : i + size] == fingerprint for i in range(0, len(records), size))
+def _stamp_age(records: bytes, start: int, now: int) -> int:
+    """Milliseconds since the entry at ``start`` was charged (modulo 2**32)."""
+    at = int.from_bytes(records[start + FINGERPRINT_BYTES : start + ENTRY_BYTES], "big")
+    return (now - at) % STAMP_MODULUS
 
 
-def appended(records: str, fingerprint: str) -> tuple[str, bool]:
-    """The ledger with ``fingerprint`` appended, the oldest dropped when full; and whether
-    one was dropped."""
-    if len(records) >= LEDGER_SIZE * FINGERPRINT_LENGTH:
-        return records[FINGERPRINT_LENGTH:] + fingerprint, True
-    return records + fingerprint, False
+def remembers(records: bytes, fingerprint: bytes, now: int, dedup_ttl_ms: int) -> bool:
+    """Whether the ledger ``records`` holds ``fingerprint`` in an entry charged less than
+    ``dedup_ttl_ms`` before ``now``."""
+    for start in range(0, len(records), ENTRY_BYTES):
+        if (
+            records[start : start + FINGERPRINT_BYTES] == fingerprint
+            and _stamp_age(records, start, now) < dedup_ttl_ms
+        ):
+            return True
+    return False
+
+
+def appended(
+    records: bytes, fingerprint: bytes, now: int, dedup_ttl_ms: int
+) -> tuple[bytes, int | None]:
+    """The ledger with ``fingerprint`` charged at ``now`` appended, the oldest entry
+    dropped when full; and that entry's charge time when it was younger than
+    ``dedup_ttl_ms`` (else None)."""
+    entry = fingerprint + (now % STAMP_MODULUS).to_bytes(4, "big")
+    if len(records) < LEDGER_SIZE * ENTRY_BYTES:
+        return records + entry, None
+    age = _stamp_age(records, 0, now)
+    return records[ENTRY_BYTES:] + entry, (now - age if age < dedup_ttl_ms else None)
 
 
 def evaluate_group(
@@ -325,8 +349,8 @@ def evaluate_group(
     peek: bool = False,
     max_regression_ms: int = -1,
     cleanup_grace_ms: int = 1000,
-    records: Sequence[str] | None = None,
-    fingerprint: str = "",
+    records: Sequence[bytes] | None = None,
+    fingerprint: bytes = b"",
     may_repeat: bool = False,
     dedup_ttl_ms: int = 5000,
 ) -> GroupResult:
@@ -343,7 +367,7 @@ def evaluate_group(
     time to live + cleanup_grace_ms, dedup_ttl_ms)``.
     """
     count = len(calls)
-    ledgers = records if records is not None else [""] * count
+    ledgers = records if records is not None else [b""] * count
     empty: Mapping[str, int] = {}
     seen = [empty if state is None else state for state in states]
     nows = []
@@ -358,7 +382,10 @@ def evaluate_group(
 
     replay = False
     if may_repeat and not peek:
-        if any(remembers(ledger, fingerprint) for ledger in ledgers):
+        if any(
+            remembers(ledger, fingerprint, now, dedup_ttl_ms)
+            for ledger, now in zip(ledgers, nows, strict=True)
+        ):
             replay = True
         elif any(
             "d" in state and now - state["d"] < dedup_ttl_ms
@@ -408,15 +435,16 @@ def evaluate_group(
         if charged:
             status = ALLOWED
             state = _charged_state(call, views[index], now, seen[index])
-            ledger, dropped = appended(ledgers[index], fingerprint)
-            if dropped:
-                state["d"] = now
+            ledger, dropped_at = appended(ledgers[index], fingerprint, now, dedup_ttl_ms)
+            if dropped_at is not None:
+                state["d"] = dropped_at
             lifetime = ttl + cleanup_grace_ms
             writes.append(Write(index, state, max(lifetime, dedup_ttl_ms), ledger))
         elif replay:
             # Charged by the earlier evaluation when its ledger holds the id: the cluster
             # backend's refunds count it as charged.
-            status = ALLOWED if remembers(ledgers[index], fingerprint) else ALLOWED_UNCHARGED
+            remembered = remembers(ledgers[index], fingerprint, now, dedup_ttl_ms)
+            status = ALLOWED if remembered else ALLOWED_UNCHARGED
         elif own_allows[index]:
             status = ALLOWED_UNCHARGED
         else:

@@ -4,14 +4,13 @@ prepare/interpret pair around one I/O call)."""
 
 from __future__ import annotations
 
-import base64
 import hashlib
 from collections.abc import Sequence
 from typing import NamedTuple
 
 from django_quota.core.identity import Identity
 from django_quota.core.model import (
-    FINGERPRINT_LENGTH,
+    FINGERPRINT_BYTES,
     GROUP_CLOCK_UNSAFE,
     GROUP_DECIDED,
     GROUP_INDETERMINATE,
@@ -40,11 +39,10 @@ def counter_key(prefix: str, policy: Policy, identity: Identity) -> str:
     return key
 
 
-def fingerprint(evaluation_id: str) -> str:
-    """The 8-character ledger fingerprint of an evaluation id: 48 bits of BLAKE2b of its
-    UTF-8 bytes, base64url. Two ids share one with probability 2**-48."""
-    digest = hashlib.blake2b(evaluation_id.encode(), digest_size=FINGERPRINT_LENGTH * 3 // 4)
-    return base64.urlsafe_b64encode(digest.digest()).decode()
+def fingerprint(evaluation_id: str) -> bytes:
+    """The ledger fingerprint of an evaluation id: the 6-byte (48-bit) BLAKE2b digest of
+    its UTF-8 bytes. Two ids share one with probability 2**-48."""
+    return hashlib.blake2b(evaluation_id.encode(), digest_size=FINGERPRINT_BYTES).digest()
 
 
 
@@ -64,7 +62,7 @@ class GroupRequest(NamedTuple):
     max_regression_ms: int
     dedup_ttl_ms: int
     cleanup_grace_ms: int
-    fingerprint: str = ""
+    fingerprint: bytes = b""
     may_repeat: bool = False
 
     @property
@@ -84,7 +82,7 @@ class GroupRequest(NamedTuple):
             -1 if self.now_ms is None else self.now_ms,
             self.max_regression_ms,
             self.mode,
-            "" if self.peek else self.fingerprint,
+            b"" if self.peek else self.fingerprint,
             self.dedup_ttl_ms,
             self.cleanup_grace_ms,
             len(self.calls),

@@ -13,9 +13,9 @@ ARGV:
   2  max clock regression, ms; -1 = clamp silently (server clock)
   3  mode: 0 = a fresh evaluation id; 1 = it may repeat an earlier one (search the
      ledgers first); 2 = peek (decide as cost 1 would and write nothing)
-  4  the evaluation id's fingerprint (8 characters; "" when peeking)
-  5  DEDUP_TTL, ms: a charged counter lives at least this long, and a ledger drop younger
-     than this makes a possible repeat indeterminate
+  4  the evaluation id's fingerprint (6 bytes; "" when peeking)
+  5  DEDUP_TTL, ms: a charged counter lives at least this long; ledger entries younger
+     than this are remembered, and dropping one makes a possible repeat indeterminate
   6  cleanup grace (CLEANUP_GRACE), ms
   7  n, the number of policies
   then per policy: cost (integer >= 0), algorithm (1 fixed_window, 2 sliding_window,
@@ -33,12 +33,15 @@ Writes: for each charged policy, one HSET (t, c<i>, p<i>, e, and d when the ledg
 dropped a fingerprint) and one PEXPIRE. A denial, a peek and a replay write nothing.
 
 State hash fields: t = last accepted now (ms); c<i>, p<i> per window i; e = ledger of
-the last 8 charged evaluation fingerprints, oldest first; d = now of the last ledger drop
-(see model.py).
+the last 8 charged evaluations, oldest first, 10 bytes each (6-byte fingerprint, then the
+charge time modulo 2^32 ms, big-endian); d = charge time (ms) of the newest entry dropped
+while younger than DEDUP_TTL (see model.py).
 ]]
 
-local LEDGER_BYTES = 64  -- 8 fingerprints of 8 characters
-local FINGERPRINT = 8
+local LEDGER_BYTES = 80  -- 8 entries: a 6-byte fingerprint, a 4-byte charge time
+local ENTRY = 10
+local FINGERPRINT = 6
+local STAMP = 4294967296  -- charge times are kept modulo 2^32 ms
 
 local function floor_div(a, b)
   local q = math.floor(a / b)
@@ -173,10 +176,29 @@ local function window_result(out, algorithm, limit, period, capacity, used, prev
   return ttl
 end
 
-local function remembers(records, fingerprint)
+-- Milliseconds since the ledger entry at start was charged (modulo 2^32).
+local function stamp_age(records, start, now)
+  local b1, b2, b3, b4 = string.byte(records, start + FINGERPRINT, start + ENTRY - 1)
+  local at = ((b1 * 256 + b2) * 256 + b3) * 256 + b4
+  return mod(now - at, STAMP)
+end
+
+-- 4 big-endian bytes of now modulo 2^32 (binary, not decimal: nothing is formatted).
+local function stamp(now)
+  local x = mod(now, STAMP)
+  local b1 = floor_div(x, 16777216)
+  x = x - b1 * 16777216
+  local b2 = floor_div(x, 65536)
+  x = x - b2 * 65536
+  local b3 = floor_div(x, 256)
+  return string.char(b1, b2, b3, x - b3 * 256)
+end
+
+local function remembers(records, fingerprint, now, dedup_ttl)
   if not records then return false end
-  for start = 1, #records, FINGERPRINT do
-    if string.sub(records, start, start + FINGERPRINT - 1) == fingerprint then
+  for start = 1, #records, ENTRY do
+    if string.sub(records, start, start + FINGERPRINT - 1) == fingerprint
+        and stamp_age(records, start, now) < dedup_ttl then
       return true
     end
   end
@@ -233,7 +255,7 @@ end
 local replay = false
 if mode == 1 then
   for i = 1, n do
-    if remembers(calls[i].records, fingerprint) then
+    if remembers(calls[i].records, fingerprint, calls[i].now, dedup_ttl) then
       replay = true
       break
     end
@@ -283,7 +305,7 @@ for i = 1, n do
   elseif replay then
     -- charged by the earlier evaluation when its ledger holds the id (cluster refunds)
     status = 2
-    if remembers(call.records, fingerprint) then status = 1 end
+    if remembers(call.records, fingerprint, call.now, dedup_ttl) then status = 1 end
   elseif call.allows then
     status = 2
   end
@@ -302,12 +324,16 @@ for i = 1, n do
   if charged then
     local records = call.records or ''
     local fields = {'t', call.now}
+    local entry = fingerprint .. stamp(call.now)
     if #records >= LEDGER_BYTES then
-      records = string.sub(records, FINGERPRINT + 1) .. fingerprint
-      fields[3] = 'd'
-      fields[4] = call.now
+      local age = stamp_age(records, 1, call.now)
+      if age < dedup_ttl then
+        fields[3] = 'd'
+        fields[4] = call.now - age
+      end
+      records = string.sub(records, ENTRY + 1) .. entry
     else
-      records = records .. fingerprint
+      records = records .. entry
     end
     fields[#fields + 1] = 'e'
     fields[#fields + 1] = records

@@ -12,7 +12,7 @@ KEYS (1 per policy i = 1..n, all in one hash slot):
   KEYS[i]  the counter hash evaluate.lua charged for policy i
 ARGV:
   1  n, the number of policies
-  2  the evaluation's fingerprint (8 characters), removed from each counter's ledger
+  2  the evaluation's fingerprint (6 bytes), whose entries leave each counter's ledger
      (field e), so that a later repeat of the refused evaluation is decided afresh
   then per policy: algorithm (1 fixed_window, 2 sliding_window, 3 token_bucket),
        cost (integer >= 1, the units charged),
@@ -60,9 +60,10 @@ for i = 1, n do
   local records = redis.call('HGET', KEYS[i], 'e')
   if records then
     local kept = ''
-    for start = 1, #records, 8 do
-      local entry = string.sub(records, start, start + 7)
-      if entry ~= fingerprint then kept = kept .. entry end
+    for start = 1, #records, 10 do  -- entries: 6-byte fingerprint, 4-byte charge time
+      if string.sub(records, start, start + 5) ~= fingerprint then
+        kept = kept .. string.sub(records, start, start + 9)
+      end
     end
     if kept ~= records then redis.call('HSET', KEYS[i], 'e', kept) end
   end
