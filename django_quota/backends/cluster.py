@@ -57,7 +57,6 @@ from redis.crc import key_slot
 from django_quota.backends.redis import (
     MarkingConnectionPool,
     abandon,
-    async_connections,
     client_options,
     peer_hung_up,
 )
@@ -426,7 +425,7 @@ class RedisClusterBackend:
         if client is None:
             with self._lock:
                 for closed in [item for item in self._async_clients if item.is_closed()]:
-                    abandon(async_connections(self._async_clients.pop(closed)))
+                    abandon(cluster_connections(self._async_clients.pop(closed)))
                 options = {**self._options(), "retry": AsyncRetry(NoBackoff(), 0)}
                 client = async_cluster.RedisCluster.from_url(self.url, **options)
                 marking = (
@@ -619,7 +618,21 @@ class RedisClusterBackend:
         with self._lock:
             clients, self._async_clients = self._async_clients, {}
         for async_client in clients.values():
-            abandon(async_connections(async_client))
+            abandon(cluster_connections(async_client))
+
+
+def cluster_connections(client: Any) -> list[Any]:
+    """Every connection an asyncio cluster client holds: its nodes' and its startup
+    nodes'. redis-py keeps the startup node it asked ``CLUSTER SLOTS`` as an object of
+    its own, with its own connection, beside the node of the same address in its node
+    cache: closing only the cache's would leave one connection per finished event loop
+    open until garbage collection."""
+    manager = client.nodes_manager
+    nodes = {
+        id(node): node
+        for node in (*manager.nodes_cache.values(), *manager.startup_nodes.values())
+    }  # by identity: ClusterNode compares equal by name
+    return [connection for node in nodes.values() for connection in node._connections]
 
 
 def _text(value: Any) -> str:
