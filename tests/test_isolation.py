@@ -16,11 +16,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
+import redis
 from django.http import HttpRequest, HttpResponse
 from django.test import Client
 from django.urls import path
@@ -28,8 +30,10 @@ from django.urls import path
 import django_quota
 from django_quota import limiter
 from django_quota.decorators import quota as quota_view
+from tests import clock
 from tests.cluster import redis_cluster
 from tests.faults import RedisProcess, redis_process
+from tests.test_admin import STATUS, cells
 
 pytestmark = pytest.mark.redis
 
@@ -38,6 +42,8 @@ RUNS = 60
 #: Connections a test may see over the start: the current loop's client and the one of
 #: the loop before it, whose socket the server may not have seen closed yet.
 CONNECTION_SLACK = 2
+#: A whole hour (epoch seconds): hour windows start here.
+START = 1_764_000_000.0
 
 
 # -- views (for the async view under WSGI) ---------------------------------------------------
@@ -143,3 +149,157 @@ def test_async_cluster_evaluations_in_many_event_loops_keep_connections_bounded(
         assert peak <= bound, (start, peak)
         assert settled_clients(*cluster.nodes, at_most=start + 3) <= start + 3
         assert limiter.get_backend().async_client_count == 1  # type: ignore[attr-defined]
+
+
+# -- 2. a full Redis under noeviction still denies ------------------------------------------
+def fill_to_oom(admin: redis.Redis) -> int:
+    """``maxmemory`` just above what the server uses, ``noeviction``, then filler keys
+    until a write is refused with OOM; returns how many filler keys fit."""
+    admin.config_set("maxmemory-policy", "noeviction")
+    used = int(admin.info("memory")["used_memory"])
+    admin.config_set("maxmemory", used + 512 * 1024)
+    filler = b"x" * 16_384
+    for number in range(10_000):
+        try:
+            admin.set(f"filler:{number}", filler)
+        except redis.exceptions.OutOfMemoryError:
+            return number
+    raise AssertionError("never reached maxmemory")
+
+
+def test_a_full_redis_under_noeviction_still_denies_and_only_charges_fail(
+    server: RedisProcess, quota: Any
+) -> None:
+    exhausted = {"ip": "127.0.0.1"}  # the test client's REMOTE_ADDR: the middleware's too
+    quota(
+        REDIS_URL=server.url,
+        LOCAL_FALLBACK={"ENABLED": True},
+        POLICIES={"p": fixed(3, routes=["/api"])},
+    )
+    assert [django_quota.evaluate("p", exhausted).remaining for _ in range(3)] == [2, 1, 0]
+    with contextlib.closing(server.client()) as admin:
+        assert fill_to_oom(admin) > 0
+        keys = admin.dbsize()
+
+        denied = django_quota.evaluate("p", exhausted)
+        assert (denied.decision, denied.reason, denied.remaining) == (
+            "denied",
+            "default_quota_exhausted",
+            0,
+        )
+        adenied = asyncio.run(django_quota.aevaluate("p", exhausted))
+        assert (adenied.decision, adenied.reason) == ("denied", "default_quota_exhausted")
+        response = Client().get("/api/items/")
+        assert response.status_code == 429
+        (outcome,) = django_quota.outcomes(response.wsgi_request)
+        assert (outcome.decision, outcome.backend_mode) == ("denied", "redis")
+
+        for charge in (
+            lambda: django_quota.evaluate("p", {"ip": "192.0.2.3"}),
+            lambda: asyncio.run(django_quota.aevaluate("p", {"ip": "192.0.2.4"})),
+        ):
+            failed = charge()
+            assert (failed.decision, failed.reason, failed.backend_mode) == (
+                "failed_closed",
+                "backend_error",
+                "redis",
+            )
+        assert Client(REMOTE_ADDR="192.0.2.5").get("/api/items/").status_code == 503
+        assert admin.dbsize() == keys  # neither the denials nor the failed charges wrote
+    errors = limiter.recent_errors()
+    assert [error.reason for error in errors] == ["backend_error"] * 3
+    assert all("OutOfMemoryError" in error.detail for error in errors), errors
+
+
+# -- 3. keys do not grow with decisions -----------------------------------------------------
+@pytest.mark.parametrize("algorithm", ["fixed_window", "sliding_window", "token_bucket"])
+def test_keys_after_sixty_decisions_equal_keys_after_one(
+    quota: Any, redis_url: str, redis_client: Any, algorithm: str
+) -> None:
+    clock.set_to(START)
+    quota(
+        REDIS_URL=redis_url,
+        CLOCK="tests.clock.now",
+        POLICIES={"p": {"algorithm": algorithm, "windows": "40/h", "selector": ["ip"]}},
+    )
+    subject = {"ip": "192.0.2.6"}
+    first = django_quota.evaluate("p", subject)
+    assert (first.decision, first.remaining) == ("allowed", 39)
+    after_one = redis_client.dbsize()
+    (key,) = redis_client.keys("*")
+    decisions = [first] + [django_quota.evaluate("p", subject) for _ in range(RUNS - 1)]
+    assert [o.decision for o in decisions] == ["allowed"] * 40 + ["denied"] * (RUNS - 40)
+    assert after_one == 1
+    assert redis_client.keys("*") == [key]
+    fields = redis_client.hgetall(key)
+    assert len(fields[b"e"]) == 8 * 8  # the ledger holds the last 8 charged evaluations
+    assert b"d" in fields  # and says when it last dropped one
+
+
+# -- 5. refusals of the server are backend_error, never the fallback, and shown -------------
+PASSWORD = "right-secret"
+
+
+@contextlib.contextmanager
+def refusing(kind: str) -> Iterator[str]:
+    """A server that refuses this client's charges in the way ``kind`` says; yields the
+    ``REDIS_URL`` to use."""
+    if kind in ("WRONGPASS", "NOAUTH"):
+        with redis_process() as started, contextlib.closing(started.client()) as admin:
+            admin.config_set("requirepass", PASSWORD)
+            password = "wrong-secret" if kind == "WRONGPASS" else None
+            yield f"redis://:{password}@127.0.0.1:{started.port}/0" if password else started.url
+        return
+    with redis_process() as started, contextlib.closing(started.client()) as admin:
+        if kind == "OOM":
+            fill_to_oom(admin)
+            yield started.url
+            return
+        command = {"NOPERM EVALSHA": "evalsha", "NOPERM HSET": "hset"}[kind]
+        admin.acl_setuser(
+            "quota",
+            enabled=True,
+            passwords=["+quota-secret"],
+            keys=["*"],
+            commands=["+@all", f"-{command}"],
+        )
+        yield f"redis://quota:quota-secret@127.0.0.1:{started.port}/0"
+
+
+#: What the recorded detail of each refusal says: the redis-py exception, or Redis's own
+#: words. An unauthenticated client's EVALSHA has more than 10 arguments, which Redis 7
+#: refuses as a protocol error before it can say NOAUTH.
+REFUSALS = {
+    "WRONGPASS": "AuthenticationError: invalid username-password pair",
+    "NOAUTH": r"Authentication required|Protocol error: unauthenticated multibulk length",
+    "NOPERM EVALSHA": "NoPermissionError",
+    "NOPERM HSET": "can't run this command",
+    "OOM": "OutOfMemoryError",
+}
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("kind", list(REFUSALS))
+def test_a_refusing_server_is_backend_error_never_the_fallback_and_on_the_status_page(
+    quota: Any, admin_client: Client, kind: str
+) -> None:
+    with refusing(kind) as url:
+        quota(REDIS_URL=url, LOCAL_FALLBACK={"ENABLED": True}, POLICIES={"p": fixed(5)})
+        sync = django_quota.evaluate("p", {"ip": "192.0.2.7"})
+        asynchronous = asyncio.run(django_quota.aevaluate("p", {"ip": "192.0.2.8"}))
+        for outcome in (sync, asynchronous):
+            assert (outcome.decision, outcome.reason, outcome.backend_mode) == (
+                "failed_closed",
+                "backend_error",
+                "redis",
+            )
+        errors = limiter.recent_errors()
+        assert [error.reason for error in errors] == ["backend_error"] * 2
+        assert all(re.search(REFUSALS[kind], error.detail) for error in errors), errors
+        assert limiter.get_breaker().state == "closed"  # the server answered: reachable
+        response = admin_client.get(STATUS)
+    assert response.status_code == 200
+    rows = cells(response, "quota-errors")
+    assert [row[1] for row in rows] == ["backend_error"] * 2
+    assert all(re.search(REFUSALS[kind], row[2]) for row in rows), rows
+    assert PASSWORD not in response.content.decode()
