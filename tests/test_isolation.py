@@ -18,9 +18,10 @@ import asyncio
 import contextlib
 import re
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
+import fakeredis
 import pytest
 import redis
 from django.http import HttpRequest, HttpResponse
@@ -29,6 +30,7 @@ from django.urls import path
 
 import django_quota
 from django_quota import limiter
+from django_quota.backends.redis import RedisBackend
 from django_quota.decorators import quota as quota_view
 from tests import clock
 from tests.cluster import redis_cluster
@@ -303,3 +305,112 @@ def test_a_refusing_server_is_backend_error_never_the_fallback_and_on_the_status
     assert [row[1] for row in rows] == ["backend_error"] * 2
     assert all(re.search(REFUSALS[kind], row[2]) for row in rows), rows
     assert PASSWORD not in response.content.decode()
+
+
+# -- 4. the bounded evaluation-id ledger ----------------------------------------------------
+DEDUP_TTL = 2.0
+
+
+@pytest.fixture(params=["memory", "fakeredis", "redis"])
+def on_backend(
+    request: pytest.FixtureRequest, quota: Any, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[Callable[..., Any]]:
+    """``configure(**QUOTA)`` on the parametrised backend, with a settable client clock at
+    :data:`START` and a small ``DEDUP_TTL``."""
+    values: dict[str, Any] = {"CLOCK": "tests.clock.now", "DEDUP_TTL": DEDUP_TTL}
+    if request.param == "memory":
+        values["BACKEND"] = "memory"
+    elif request.param == "redis":
+        values["REDIS_URL"] = request.getfixturevalue("redis_url")
+    else:
+        fake = fakeredis.FakeServer()
+        original = limiter._build_backend
+
+        def build(settings: Any) -> Any:
+            if settings.backend != "redis":
+                return original(settings)
+            return RedisBackend(
+                url=None,
+                timeout=1.0,
+                max_inflight=8,
+                client_factory=lambda asynchronous: (
+                    fakeredis.FakeAsyncRedis(server=fake)
+                    if asynchronous
+                    else fakeredis.FakeRedis(server=fake)
+                ),
+            )
+
+        monkeypatch.setattr(limiter, "_build_backend", build)
+        values["REDIS_URL"] = "redis://fakeredis.invalid:6379/0"
+    clock.set_to(START)
+
+    def configure(**extra: Any) -> Any:
+        quota(**values, **extra)
+        return limiter.get_backend()
+
+    configure.kind = request.param  # type: ignore[attr-defined]
+    yield configure
+    clock.set_to(START)
+
+
+def test_a_repeat_after_its_record_was_dropped_is_indeterminate_never_a_second_charge(
+    on_backend: Any,
+) -> None:
+    on_backend(POLICIES={"p": fixed(1000)})
+    mode = "memory" if on_backend.kind == "memory" else "redis"
+    subject = {"ip": "192.0.2.9"}
+    first = django_quota.evaluate("p", subject, evaluation_id="first")
+    assert (first.decision, first.remaining) == ("allowed", 999)
+    others = [django_quota.evaluate("p", subject) for _ in range(80)]  # ids of their own
+    assert [o.remaining for o in others] == list(range(998, 918, -1))
+    assert len({o.evaluation_id for o in others} | {"first"}) == 81
+
+    before = django_quota.peek("p", subject).remaining
+    again = django_quota.evaluate("p", subject, evaluation_id="first")
+    assert (again.decision, again.reason, again.backend_mode) == (
+        "failed_closed",
+        "indeterminate",
+        mode,
+    )
+    assert (again.remaining, again.evaluation_id) == (None, "first")
+    assert django_quota.peek("p", subject).remaining == before == 919  # nothing charged
+    assert limiter.recent_errors()[-1].reason == "indeterminate"
+
+    # Once DEDUP_TTL has passed since the drop, no record can still be remembered: the
+    # same id is decided afresh.
+    clock.set_to(START + DEDUP_TTL + 0.001)
+    fresh = django_quota.evaluate("p", subject, evaluation_id="first")
+    assert (fresh.decision, fresh.reason, fresh.remaining) == ("allowed", None, 918)
+    assert django_quota.peek("p", subject).remaining == 918
+
+
+def test_a_repeat_the_ledger_still_holds_is_allowed_and_charges_nothing(
+    on_backend: Any,
+) -> None:
+    on_backend(POLICIES={"p": fixed(1000)})
+    subject = {"ip": "192.0.2.10"}
+    first = django_quota.evaluate("p", subject, evaluation_id="kept")
+    assert first.remaining == 999
+    for _ in range(7):  # the ledger keeps 8: "kept" is its oldest now
+        django_quota.evaluate("p", subject)
+    before = django_quota.peek("p", subject).remaining
+    assert before == 992
+    again = django_quota.evaluate("p", subject, evaluation_id="kept")
+    assert (again.decision, again.reason, again.remaining) == ("allowed", None, 992)
+    assert django_quota.peek("p", subject).remaining == 992
+    # One more charge drops "kept" (within DEDUP_TTL): its repeat is now indeterminate.
+    assert django_quota.evaluate("p", subject).remaining == 991
+    dropped = django_quota.evaluate("p", subject, evaluation_id="kept")
+    assert (dropped.decision, dropped.reason) == ("failed_closed", "indeterminate")
+    assert django_quota.peek("p", subject).remaining == 991
+
+
+def test_an_indeterminate_repeat_follows_the_failure_mode(on_backend: Any) -> None:
+    on_backend(FAILURE_MODE="open", POLICIES={"p": fixed(1000)})
+    subject = {"ip": "192.0.2.11"}
+    django_quota.evaluate("p", subject, evaluation_id="first")
+    for _ in range(8):
+        django_quota.evaluate("p", subject)
+    again = asyncio.run(django_quota.aevaluate("p", subject, evaluation_id="first"))
+    assert (again.decision, again.reason, again.allowed) == ("failed_open", "indeterminate", True)
+    assert django_quota.peek("p", subject).remaining == 991
