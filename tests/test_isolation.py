@@ -29,11 +29,12 @@ from django.test import Client
 from django.urls import path
 
 import django_quota
-from django_quota import limiter
+from django_quota import limiter, policies
+from django_quota.backends.cluster import slot_of
 from django_quota.backends.redis import RedisBackend
 from django_quota.decorators import quota as quota_view
 from tests import clock
-from tests.cluster import redis_cluster
+from tests.cluster import Cluster, redis_cluster
 from tests.faults import RedisProcess, redis_process
 from tests.test_admin import STATUS, cells
 
@@ -414,3 +415,79 @@ def test_an_indeterminate_repeat_follows_the_failure_mode(on_backend: Any) -> No
     again = asyncio.run(django_quota.aevaluate("p", subject, evaluation_id="first"))
     assert (again.decision, again.reason, again.allowed) == ("failed_open", "indeterminate", True)
     assert django_quota.peek("p", subject).remaining == 991
+
+
+# -- 6. a dead cluster primary fails only its own slots --------------------------------------
+def counter_of(policy_id: str, subject: dict[str, str]) -> str:
+    prepared = limiter.prepare([policies.get_policy(policy_id)], subject, 1, peek=True)
+    assert prepared.request is not None
+    return prepared.request.counters[0]
+
+
+def subjects_by_node(cluster: Cluster, policy_id: str, per_node: int) -> dict[int, list[Any]]:
+    """``per_node`` subjects for each primary (by port), found from the slot table."""
+    with contextlib.closing(cluster.nodes[0].client()) as admin:
+        ranges = [(int(s), int(e), int(primary[1])) for s, e, primary, *_ in admin.cluster("SLOTS")]
+    found: dict[int, list[Any]] = {node.port: [] for node in cluster.nodes}
+    for number in range(5_000):
+        subject = {"ip": f"10.{number // 250}.0.{number % 250 + 1}"}
+        slot = slot_of(counter_of(policy_id, subject))
+        port = next(port for start, end, port in ranges if start <= slot <= end)
+        if len(found[port]) < per_node:
+            found[port].append(subject)
+        if all(len(subjects) == per_node for subjects in found.values()):
+            return found
+    raise AssertionError("too few subjects per node")
+
+
+@pytest.mark.parametrize("driver", ["sync", "async"])
+@pytest.mark.parametrize("victim", [0, 1], ids=["the URL's node", "another node"])
+def test_a_killed_primary_opens_only_its_own_breaker(quota: Any, driver: str, victim: int) -> None:
+    def decide(subject: dict[str, str]) -> Any:
+        if driver == "sync":
+            return django_quota.evaluate("p", subject)
+        return asyncio.run(django_quota.aevaluate("p", subject))  # a new loop each, as WSGI
+
+    with redis_cluster(3, "--cluster-require-full-coverage", "no") as cluster:
+        quota(
+            REDIS_URL=cluster.url,
+            CLUSTER=True,
+            TIMEOUT=0.5,
+            DEADLINE=1.0,
+            FAILURE_RETRY_AFTER=60,  # the breaker's cool-down: longer than the test
+            POLICIES={"p": fixed(1000)},
+        )
+        subjects = subjects_by_node(cluster, "p", per_node=limiter.BREAKER_THRESHOLD + 3)
+        for port in subjects:  # every primary answers, and the clients learn the slots
+            assert decide(subjects[port][0]).remaining == 999
+        dead = cluster.nodes[victim]
+        dead.kill()  # SIGKILL
+
+        failing = [decide(subject) for subject in subjects[dead.port][1:]]
+        assert {o.decision for o in failing} == {"failed_closed"}
+        assert {o.reason for o in failing} <= {
+            "backend_unavailable",
+            "backend_timeout",
+            "indeterminate",
+        }
+        details = [error.detail for error in limiter.recent_errors()]
+        assert f"circuit breaker open for 127.0.0.1:{dead.port}" in details  # calls stopped
+        healthy = [
+            decide(subject)
+            for port, some in subjects.items()
+            if port != dead.port
+            for subject in some
+        ]
+        assert [(o.decision, o.reason) for o in healthy] == [("allowed", None)] * len(healthy), [
+            error.detail for error in limiter.recent_errors()
+        ]
+        assert {o.remaining for o in healthy} == {999, 998}  # the first of each was warm-up
+
+        states = {
+            name: guard.breaker.state for name, guard in limiter.get_limiter().guards().items()
+        }
+        assert states.pop(f"127.0.0.1:{dead.port}") == "open", states
+        for node in cluster.nodes:
+            if node is not dead:
+                assert states.pop(f"127.0.0.1:{node.port}") == "closed", states
+        assert set(states.values()) <= {"closed"}, states  # e.g. "cluster", before slots

@@ -47,6 +47,7 @@ from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from redis import exceptions as redis_exceptions
+from redis._parsers import AsyncCommandsParser
 from redis.asyncio import cluster as async_cluster
 from redis.asyncio import connection as async_connection
 from redis.asyncio.retry import Retry as AsyncRetry
@@ -190,6 +191,23 @@ class AsyncMarkingClusterConnection(_AsyncMarkConnectFailures, async_connection.
 
 class AsyncMarkingClusterSSLConnection(_AsyncMarkConnectFailures, async_connection.SSLConnection):
     """The TLS twin of :class:`AsyncMarkingClusterConnection`."""
+
+
+class LazyCommandsParser(AsyncCommandsParser):
+    """redis-py's asyncio cluster client, as it initializes, asks its default node for
+    ``COMMAND``: a client per event loop, so with that node a dead primary every
+    evaluation of a new loop failed, on healthy slots too. ``EVALSHA``'s keys come from
+    its own arguments (redis-py reads them without the table), so ``COMMAND`` is asked
+    only when a command needs the table, on the node redis-py picked."""
+
+    async def initialize(self, node: Any = None) -> None:
+        if node is not None:
+            self.node = node
+
+    async def get_keys(self, *args: Any) -> Any:
+        if not self.commands:
+            await AsyncCommandsParser.initialize(self)
+        return await super().get_keys(*args)
 
 
 def contract_url(url: str) -> str:
@@ -424,10 +442,21 @@ class RedisClusterBackend:
         client = self._async_clients.get(loop)
         if client is None:
             with self._lock:
+                known = self._known_nodes()
                 for closed in [item for item in self._async_clients if item.is_closed()]:
                     abandon(cluster_connections(self._async_clients.pop(closed)))
                 options = {**self._options(), "retry": AsyncRetry(NoBackoff(), 0)}
                 client = async_cluster.RedisCluster.from_url(self.url, **options)
+                client.commands_parser = LazyCommandsParser()
+                # Every node the other clients know is a startup node too, so that a new
+                # loop's client still starts when the URL's node is the one that is down.
+                manager = client.nodes_manager
+                for host, port in known:
+                    name = f"{host}:{port}"
+                    if name not in manager.startup_nodes:
+                        manager.startup_nodes[name] = async_cluster.ClusterNode(
+                            host, port, **manager.connection_kwargs
+                        )
                 marking = (
                     AsyncMarkingClusterSSLConnection
                     if issubclass(
@@ -441,6 +470,15 @@ class RedisClusterBackend:
                     node.connection_class = marking
                 self._async_clients[loop] = client
         return client
+
+    def _known_nodes(self) -> list[tuple[str, int]]:
+        """(host, port) of every node the clients have learnt, in no particular order."""
+        known: dict[str, tuple[str, int]] = {}
+        for client in (self._client, *self._async_clients.values()):
+            if client is not None:
+                for node in list(client.nodes_manager.nodes_cache.values()):
+                    known[node.name] = (node.host, int(node.port))
+        return list(known.values())
 
     @property
     def async_client_count(self) -> int:
@@ -490,6 +528,10 @@ class RedisClusterBackend:
         source = self._sources[call.script]
         try:
             client = self._async()
+            # A new client routes its first command before it has learnt the slots, to a
+            # random primary (redis-py): a dead one fails it, a live one answers MOVED.
+            # Initialized first, it asks its startup nodes (a no-op once it is).
+            await client.initialize()
 
             async def execute(command: tuple[Any, ...]) -> Any:
                 if command[0] == "EVALSHA":
