@@ -31,7 +31,7 @@ from django.urls import path
 import django_quota
 from django_quota import limiter, policies
 from django_quota.backends.cluster import slot_of
-from django_quota.backends.redis import RedisBackend
+from django_quota.backends.redis import MAX_ASYNC_CLIENTS, RedisBackend
 from django_quota.decorators import quota as quota_view
 from tests import clock
 from tests.cluster import Cluster, redis_cluster
@@ -107,6 +107,7 @@ def test_async_evaluations_in_many_event_loops_keep_connections_bounded(
     assert peak <= start + CONNECTION_SLACK + 1, (start, peak)
     assert settled_clients(server, at_most=start + 1) <= start + 1
     assert limiter.get_backend().async_client_count == 1  # type: ignore[attr-defined]
+    assert_live_loops_bounded(subject)
 
 
 @pytest.mark.urls(__name__)
@@ -152,6 +153,21 @@ def test_async_cluster_evaluations_in_many_event_loops_keep_connections_bounded(
         assert peak <= bound, (start, peak)
         assert settled_clients(*cluster.nodes, at_most=start + 3) <= start + 3
         assert limiter.get_backend().async_client_count == 1  # type: ignore[attr-defined]
+        assert_live_loops_bounded(subjects[0])
+
+
+def assert_live_loops_bounded(subject: dict[str, str]) -> None:
+    """Loops that stay open keep their clients, up to ``MAX_ASYNC_CLIENTS``: past that the
+    oldest is forgotten."""
+    loops = [asyncio.new_event_loop() for _ in range(MAX_ASYNC_CLIENTS + 2)]
+    try:
+        for loop in loops:
+            outcome = loop.run_until_complete(django_quota.aevaluate("p", subject))
+            assert outcome.decision == "allowed"
+        assert limiter.get_backend().async_client_count == MAX_ASYNC_CLIENTS  # type: ignore[attr-defined]
+    finally:
+        for loop in loops:
+            loop.close()
 
 
 # -- 2. a full Redis under noeviction still denies ------------------------------------------

@@ -56,6 +56,7 @@ from redis.cluster import RedisCluster
 from redis.crc import key_slot
 
 from django_quota.backends.redis import (
+    MAX_ASYNC_CLIENTS,
     MarkingConnectionPool,
     abandon,
     client_options,
@@ -445,6 +446,8 @@ class RedisClusterBackend:
                 known = self._known_nodes()
                 for closed in [item for item in self._async_clients if item.is_closed()]:
                     abandon(cluster_connections(self._async_clients.pop(closed)))
+                while len(self._async_clients) >= MAX_ASYNC_CLIENTS:  # as the standalone's
+                    self._async_clients.pop(next(iter(self._async_clients)))
                 options = {**self._options(), "retry": AsyncRetry(NoBackoff(), 0)}
                 client = async_cluster.RedisCluster.from_url(self.url, **options)
                 client.commands_parser = LazyCommandsParser()
