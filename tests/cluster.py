@@ -22,9 +22,11 @@ NODE_TIMEOUT_MS = 30_000
 
 
 class Cluster:
-    """``size`` primaries (no replicas) covering all 16384 slots."""
+    """``size`` primaries (no replicas) covering all 16384 slots; ``options`` are more
+    ``redis-server`` arguments for every node (``"--cluster-require-full-coverage",
+    "no"``)."""
 
-    def __init__(self, size: int = 3) -> None:
+    def __init__(self, size: int = 3, *options: str) -> None:
         self.nodes: list[RedisProcess] = []
         for _ in range(size):
             node = RedisProcess()
@@ -37,6 +39,7 @@ class Cluster:
                 str(free_port()),
                 "--cluster-node-timeout",
                 str(NODE_TIMEOUT_MS),
+                *options,
             )
             self.nodes.append(node)
 
@@ -110,7 +113,7 @@ class Cluster:
 
 
 @contextlib.contextmanager
-def redis_cluster(size: int = 3) -> Iterator[Cluster]:
+def redis_cluster(size: int = 3, *options: str) -> Iterator[Cluster]:
     """A started :class:`Cluster`, every node killed at the end whatever happens.
 
     Skips locally and fails in CI (``CI=true``) without the ``redis-server`` or
@@ -122,7 +125,7 @@ def redis_cluster(size: int = 3) -> Iterator[Cluster]:
         if IN_CI:
             pytest.fail(message + "; in CI a missing Redis is a failure")
         pytest.skip(message)
-    cluster = Cluster(size)
+    cluster = Cluster(size, *options)
     try:
         cluster.start()
         yield cluster

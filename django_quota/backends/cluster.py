@@ -46,6 +46,7 @@ from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from redis import exceptions as redis_exceptions
+from redis._parsers import AsyncCommandsParser
 from redis.asyncio import cluster as async_cluster
 from redis.asyncio import connection as async_connection
 from redis.asyncio.retry import Retry as AsyncRetry
@@ -54,9 +55,9 @@ from redis.cluster import RedisCluster
 from redis.crc import key_slot
 
 from django_quota.backends.redis import (
+    MAX_ASYNC_CLIENTS,
     MarkingConnectionPool,
     abandon,
-    async_connections,
     client_options,
     peer_hung_up,
 )
@@ -189,6 +190,23 @@ class AsyncMarkingClusterConnection(_AsyncMarkConnectFailures, async_connection.
 
 class AsyncMarkingClusterSSLConnection(_AsyncMarkConnectFailures, async_connection.SSLConnection):
     """The TLS twin of :class:`AsyncMarkingClusterConnection`."""
+
+
+class LazyCommandsParser(AsyncCommandsParser):
+    """redis-py's asyncio cluster client, as it initializes, asks its default node for
+    ``COMMAND``: a client per event loop, so with that node a dead primary every
+    evaluation of a new loop failed, on healthy slots too. ``EVALSHA``'s keys come from
+    its own arguments (redis-py reads them without the table), so ``COMMAND`` is asked
+    only when a command needs the table, on the node redis-py picked."""
+
+    async def initialize(self, node: Any = None) -> None:
+        if node is not None:
+            self.node = node
+
+    async def get_keys(self, *args: Any) -> Any:
+        if not self.commands:
+            await AsyncCommandsParser.initialize(self)
+        return await super().get_keys(*args)
 
 
 def contract_url(url: str) -> str:
@@ -420,10 +438,23 @@ class RedisClusterBackend(ScriptedBackend):
         client = self._async_clients.get(loop)
         if client is None:
             with self._lock:
+                known = self._known_nodes()
                 for closed in [item for item in self._async_clients if item.is_closed()]:
-                    abandon(async_connections(self._async_clients.pop(closed)))
+                    abandon(cluster_connections(self._async_clients.pop(closed)))
+                while len(self._async_clients) >= MAX_ASYNC_CLIENTS:  # as the standalone's
+                    self._async_clients.pop(next(iter(self._async_clients)))
                 options = {**self._options(), "retry": AsyncRetry(NoBackoff(), 0)}
                 client = async_cluster.RedisCluster.from_url(self.url, **options)
+                client.commands_parser = LazyCommandsParser()
+                # Every node the other clients know is a startup node too, so that a new
+                # loop's client still starts when the URL's node is the one that is down.
+                manager = client.nodes_manager
+                for host, port in known:
+                    name = f"{host}:{port}"
+                    if name not in manager.startup_nodes:
+                        manager.startup_nodes[name] = async_cluster.ClusterNode(
+                            host, port, **manager.connection_kwargs
+                        )
                 marking = (
                     AsyncMarkingClusterSSLConnection
                     if issubclass(
@@ -437,6 +468,15 @@ class RedisClusterBackend(ScriptedBackend):
                     node.connection_class = marking
                 self._async_clients[loop] = client
         return client
+
+    def _known_nodes(self) -> list[tuple[str, int]]:
+        """(host, port) of every node the clients have learnt, in no particular order."""
+        known: dict[str, tuple[str, int]] = {}
+        for client in (self._client, *self._async_clients.values()):
+            if client is not None:
+                for node in list(client.nodes_manager.nodes_cache.values()):
+                    known[node.name] = (node.host, int(node.port))
+        return list(known.values())
 
     @property
     def async_client_count(self) -> int:
@@ -486,6 +526,10 @@ class RedisClusterBackend(ScriptedBackend):
         source = self._sources[call.script]
         try:
             client = self._async()
+            # A new client routes its first command before it has learnt the slots, to a
+            # random primary (redis-py): a dead one fails it, a live one answers MOVED.
+            # Initialized first, it asks its startup nodes (a no-op once it is).
+            await client.initialize()
 
             async def execute(command: tuple[Any, ...]) -> Any:
                 if command[0] == "EVALSHA":
@@ -598,7 +642,21 @@ class RedisClusterBackend(ScriptedBackend):
         with self._lock:
             clients, self._async_clients = self._async_clients, {}
         for async_client in clients.values():
-            abandon(async_connections(async_client))
+            abandon(cluster_connections(async_client))
+
+
+def cluster_connections(client: Any) -> list[Any]:
+    """Every connection an asyncio cluster client holds: its nodes' and its startup
+    nodes'. redis-py keeps the startup node it asked ``CLUSTER SLOTS`` as an object of
+    its own, with its own connection, beside the node of the same address in its node
+    cache: closing only the cache's would leave one connection per finished event loop
+    open until garbage collection."""
+    manager = client.nodes_manager
+    nodes = {
+        id(node): node
+        for node in (*manager.nodes_cache.values(), *manager.startup_nodes.values())
+    }  # by identity: ClusterNode compares equal by name
+    return [connection for node in nodes.values() for connection in node._connections]
 
 
 def _text(value: Any) -> str:
