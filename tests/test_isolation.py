@@ -251,7 +251,7 @@ def test_keys_after_sixty_decisions_equal_keys_after_one(
     assert after_one == 1
     assert redis_client.keys("*") == [key]
     fields = redis_client.hgetall(key)
-    assert len(fields[b"e"]) == 8 * 8  # the ledger holds the last 8 charged evaluations
+    assert len(fields[b"e"]) == 8 * 10  # the ledger holds the last 8 charged evaluations
     assert b"d" in fields  # and says when it last dropped one
 
 
