@@ -58,7 +58,11 @@ class RedisEngine:
         raw = {field.decode(): value for field, value in self.client.hgetall(key).items()}
         if not raw:
             return None, b""
-        records = raw.pop("e", b"")
+        prints, stamps = raw.pop("e", b""), raw.pop("s", b"")
+        # the model keeps one entry per evaluation: fingerprint (5 bytes), time (4 bytes)
+        records = b"".join(
+            prints[5 * i : 5 * i + 5] + stamps[4 * i : 4 * i + 4] for i in range(len(prints) // 5)
+        )
         return {field: int(value) for field, value in raw.items()}, records
 
 

@@ -390,8 +390,7 @@ def proxy_to(server: RedisProcess) -> Iterator[Proxy]:
 @dataclass(frozen=True, slots=True)
 class Ledger:
     """Per counter key: the count Redis holds (``c1``), the fingerprints of the charged
-    evaluations its evaluation-id ledger holds (field ``e``, 10-byte entries whose first
-    6 bytes are the fingerprint), and
+    evaluations its evaluation-id ledger holds (field ``e``, 5 bytes each), and
     whether that ledger dropped a young one (field ``d``), for single-window policies.
 
     While nothing was dropped, the ledger lists every evaluation that charged the
@@ -434,7 +433,7 @@ def read_ledger(client: redis.Redis, period_ms: int) -> Ledger:
             counts[key] = int(fields.get("c1", b"0"))
             starts[key] = int(fields["t"]) - int(fields["t"]) % period_ms
             ledger = fields.get("e", b"")
-            fingerprints[key] = [ledger[i : i + 6] for i in range(0, len(ledger), 10)]
+            fingerprints[key] = [ledger[i : i + 5] for i in range(0, len(ledger), 5)]
             if "d" in fields:
                 dropped.add(key)
     return Ledger(counts, starts, fingerprints, dropped)

@@ -12,10 +12,12 @@ State layout (one hash per (policy, revision, identity)), all integers but ``e``
   contains ``t``; token bucket, the whole part of the deficit ``D`` (see below).
 * ``p<i>``: sliding window, the count of the window before ``t``'s; token bucket, the
   remainder of the deficit (``D = c * P + p``, ``0 <= p < P``).
-* ``e``: the evaluation-id ledger, the last :data:`LEDGER_SIZE` charged evaluations,
-  oldest first, each :data:`ENTRY_BYTES` bytes: the evaluation id's
+* the evaluation-id ledger, the last :data:`LEDGER_SIZE` charged evaluations, oldest
+  first: here one byte string of :data:`ENTRY_BYTES`-byte entries (the evaluation id's
   :data:`FINGERPRINT_BYTES`-byte fingerprint, then the ``now`` it was charged at, modulo
-  2**32 ms (about 49.7 days), as 4 big-endian bytes.
+  2**32 ms, about 49.7 days, as 4 big-endian bytes); in Redis two fields, ``e`` (the
+  fingerprints) and ``s`` (the times), each small enough for Redis's compact hash
+  encoding (``hash-max-listpack-value``, 64 bytes).
 * ``d``: the charge time (ms) of the newest entry the ledger dropped to make room while
   it was younger than ``DEDUP_TTL``.
 
@@ -62,8 +64,8 @@ MODE_PEEK = 2  # decide as cost 1 would, write nothing
 
 #: How many charged evaluation ids each counter remembers.
 LEDGER_SIZE = 8
-#: Bytes of one evaluation id's fingerprint (48 bits).
-FINGERPRINT_BYTES = 6
+#: Bytes of one evaluation id's fingerprint (40 bits).
+FINGERPRINT_BYTES = 5
 #: Bytes of one ledger entry: the fingerprint, then the charge time modulo 2**32 ms.
 ENTRY_BYTES = FINGERPRINT_BYTES + 4
 STAMP_MODULUS = 2**32

@@ -40,8 +40,8 @@ def counter_key(prefix: str, policy: Policy, identity: Identity) -> str:
 
 
 def fingerprint(evaluation_id: str) -> bytes:
-    """The ledger fingerprint of an evaluation id: the 6-byte (48-bit) BLAKE2b digest of
-    its UTF-8 bytes. Two ids share one with probability 2**-48."""
+    """The ledger fingerprint of an evaluation id: the 5-byte (40-bit) BLAKE2b digest of
+    its UTF-8 bytes. Two ids share one with probability 2**-40."""
     return hashlib.blake2b(evaluation_id.encode(), digest_size=FINGERPRINT_BYTES).digest()
 
 

@@ -13,7 +13,7 @@ ARGV:
   2  max clock regression, ms; -1 = clamp silently (server clock)
   3  mode: 0 = a fresh evaluation id; 1 = it may repeat an earlier one (search the
      ledgers first); 2 = peek (decide as cost 1 would and write nothing)
-  4  the evaluation id's fingerprint (6 bytes; "" when peeking)
+  4  the evaluation id's fingerprint (5 bytes; "" when peeking)
   5  DEDUP_TTL, ms: a charged counter lives at least this long; ledger entries younger
      than this are remembered, and dropping one makes a possible repeat indeterminate
   6  cleanup grace (CLEANUP_GRACE), ms
@@ -29,19 +29,22 @@ Reply (integers only):
                      then per window: remaining, reset_after (ms),
                                       retry_after (ms, -1 unless this window denied),
                                       replenish_after (ms until remaining next rises) }
-Writes: for each charged policy, one HSET (t, c<i>, p<i>, e, and d when the ledger
-dropped a fingerprint) and one PEXPIRE. A denial, a peek and a replay write nothing.
+Writes: for each charged policy, one HSET (t, c<i>, p<i>, e, s, and d when the ledger
+dropped a young entry) and one PEXPIRE. A denial, a peek and a replay write nothing.
 
-State hash fields: t = last accepted now (ms); c<i>, p<i> per window i; e = ledger of
-the last 8 charged evaluations, oldest first, 10 bytes each (6-byte fingerprint, then the
-charge time modulo 2^32 ms, big-endian); d = charge time (ms) of the newest entry dropped
-while younger than DEDUP_TTL (see model.py).
+State hash fields: t = last accepted now (ms); c<i>, p<i> per window i; the ledger of
+the last 8 charged evaluations, oldest first: e = their 5-byte fingerprints, s = their
+charge times modulo 2^32 ms (4 bytes big-endian each); d = charge time (ms) of the
+newest entry dropped while younger than DEDUP_TTL (see model.py).
 ]]
 
-local LEDGER_BYTES = 80  -- 8 entries: a 6-byte fingerprint, a 4-byte charge time
-local ENTRY = 10
-local FINGERPRINT = 6
-local STAMP = 4294967296  -- charge times are kept modulo 2^32 ms
+-- The ledger: 8 entries, kept in two fields so that each stays a small hash value
+-- (under Redis's 64-byte hash-max-listpack-value): e = their 5-byte fingerprints,
+-- s = their 4-byte charge times (modulo 2^32 ms, big-endian), oldest first.
+local LEDGER_PRINTS = 40
+local FINGERPRINT = 5
+local STAMP_BYTES = 4
+local STAMP = 4294967296
 
 local function floor_div(a, b)
   local q = math.floor(a / b)
@@ -176,9 +179,10 @@ local function window_result(out, algorithm, limit, period, capacity, used, prev
   return ttl
 end
 
--- Milliseconds since the ledger entry at start was charged (modulo 2^32).
-local function stamp_age(records, start, now)
-  local b1, b2, b3, b4 = string.byte(records, start + FINGERPRINT, start + ENTRY - 1)
+-- Milliseconds since the ledger entry whose charge time starts at byte start of s was
+-- charged (modulo 2^32).
+local function stamp_age(stamps, start, now)
+  local b1, b2, b3, b4 = string.byte(stamps, start, start + STAMP_BYTES - 1)
   local at = ((b1 * 256 + b2) * 256 + b3) * 256 + b4
   return mod(now - at, STAMP)
 end
@@ -194,11 +198,12 @@ local function stamp(now)
   return string.char(b1, b2, b3, x - b3 * 256)
 end
 
-local function remembers(records, fingerprint, now, dedup_ttl)
-  if not records then return false end
-  for start = 1, #records, ENTRY do
-    if string.sub(records, start, start + FINGERPRINT - 1) == fingerprint
-        and stamp_age(records, start, now) < dedup_ttl then
+local function remembers(prints, stamps, fingerprint, now, dedup_ttl)
+  if not prints then return false end
+  local entries = #prints / FINGERPRINT
+  for i = 0, entries - 1 do
+    if string.sub(prints, FINGERPRINT * i + 1, FINGERPRINT * (i + 1)) == fingerprint
+        and stamp_age(stamps, STAMP_BYTES * i + 1, now) < dedup_ttl then
       return true
     end
   end
@@ -218,7 +223,7 @@ local dedup_ttl = tonumber(ARGV[5])
 local grace = tonumber(ARGV[6])
 local n = tonumber(ARGV[7])
 
--- Read every counter: t, d, e, then c<w>, p<w> per window, in one HMGET each.
+-- Read every counter: t, d, e, s, then c<w>, p<w> per window, in one HMGET each.
 local calls = {}
 local position = 8
 for i = 1, n do
@@ -231,15 +236,16 @@ for i = 1, n do
     first = position + 4,
   }
   position = position + 4 + 3 * m
-  local names = {'t', 'd', 'e'}
+  local names = {'t', 'd', 'e', 's'}
   for w = 1, m do
-    names[2 * w + 2] = 'c' .. w
-    names[2 * w + 3] = 'p' .. w
+    names[2 * w + 3] = 'c' .. w
+    names[2 * w + 4] = 'p' .. w
   end
   local stored = redis.call('HMGET', KEYS[i], unpack(names))
   call.last = tonumber(stored[1])
   call.dropped = tonumber(stored[2])
-  call.records = stored[3]
+  call.prints = stored[3]
+  call.stamps = stored[4]
   call.stored = stored
   local effective = now
   if call.last ~= nil and now < call.last then
@@ -255,7 +261,7 @@ end
 local replay = false
 if mode == 1 then
   for i = 1, n do
-    if remembers(calls[i].records, fingerprint, calls[i].now, dedup_ttl) then
+    if remembers(calls[i].prints, calls[i].stamps, fingerprint, calls[i].now, dedup_ttl) then
       replay = true
       break
     end
@@ -281,7 +287,7 @@ for i = 1, n do
   for w = 1, call.m do
     local limit, period = tonumber(ARGV[p]), tonumber(ARGV[p + 1])
     local used, prev = view(call.algorithm, limit, period, call.last,
-      tonumber(call.stored[2 * w + 2]), tonumber(call.stored[2 * w + 3]), call.now)
+      tonumber(call.stored[2 * w + 3]), tonumber(call.stored[2 * w + 4]), call.now)
     call.views[w] = {used, prev}
     if not allows(call.algorithm, limit, period, tonumber(ARGV[p + 2]), used, prev,
         call.now, cost) then
@@ -305,7 +311,9 @@ for i = 1, n do
   elseif replay then
     -- charged by the earlier evaluation when its ledger holds the id (cluster refunds)
     status = 2
-    if remembers(call.records, fingerprint, call.now, dedup_ttl) then status = 1 end
+    if remembers(call.prints, call.stamps, fingerprint, call.now, dedup_ttl) then
+      status = 1
+    end
   elseif call.allows then
     status = 2
   end
@@ -322,21 +330,22 @@ for i = 1, n do
     p = p + 3
   end
   if charged then
-    local records = call.records or ''
+    local prints = call.prints or ''
+    local stamps = call.stamps or ''
     local fields = {'t', call.now}
-    local entry = fingerprint .. stamp(call.now)
-    if #records >= LEDGER_BYTES then
-      local age = stamp_age(records, 1, call.now)
+    if #prints >= LEDGER_PRINTS then
+      local age = stamp_age(stamps, 1, call.now)
       if age < dedup_ttl then
         fields[3] = 'd'
         fields[4] = call.now - age
       end
-      records = string.sub(records, ENTRY + 1) .. entry
-    else
-      records = records .. entry
+      prints = string.sub(prints, FINGERPRINT + 1)
+      stamps = string.sub(stamps, STAMP_BYTES + 1)
     end
     fields[#fields + 1] = 'e'
-    fields[#fields + 1] = records
+    fields[#fields + 1] = prints .. fingerprint
+    fields[#fields + 1] = 's'
+    fields[#fields + 1] = stamps .. stamp(call.now)
     p = call.first
     for w = 1, call.m do
       local v = call.views[w]

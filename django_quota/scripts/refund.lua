@@ -12,7 +12,8 @@ KEYS (1 per policy i = 1..n, all in one hash slot):
   KEYS[i]  the counter hash evaluate.lua charged for policy i
 ARGV:
   1  n, the number of policies
-  2  the evaluation's fingerprint (6 bytes), whose entries leave each counter's ledger
+  2  the evaluation's fingerprint (5 bytes), whose entries leave each counter's ledger
+     (fields e and s)
      (field e), so that a later repeat of the refused evaluation is decided afresh
   then per policy: algorithm (1 fixed_window, 2 sliding_window, 3 token_bucket),
        cost (integer >= 1, the units charged),
@@ -57,15 +58,20 @@ for i = 1, n do
   local m = tonumber(ARGV[position + 3])
   position = position + 4
   local last = tonumber(redis.call('HGET', KEYS[i], 't'))
-  local records = redis.call('HGET', KEYS[i], 'e')
-  if records then
-    local kept = ''
-    for start = 1, #records, 10 do  -- entries: 6-byte fingerprint, 4-byte charge time
-      if string.sub(records, start, start + 5) ~= fingerprint then
-        kept = kept .. string.sub(records, start, start + 9)
+  local prints = redis.call('HGET', KEYS[i], 'e')
+  if prints then
+    local stamps = redis.call('HGET', KEYS[i], 's') or ''
+    local kept_prints, kept_stamps = '', ''
+    for j = 0, #prints / 5 - 1 do  -- 5-byte fingerprints in e, their 4-byte times in s
+      local print = string.sub(prints, 5 * j + 1, 5 * j + 5)
+      if print ~= fingerprint then
+        kept_prints = kept_prints .. print
+        kept_stamps = kept_stamps .. string.sub(stamps, 4 * j + 1, 4 * j + 4)
       end
     end
-    if kept ~= records then redis.call('HSET', KEYS[i], 'e', kept) end
+    if kept_prints ~= prints then
+      redis.call('HSET', KEYS[i], 'e', kept_prints, 's', kept_stamps)
+    end
   end
   for w = 1, m do
     local period = tonumber(ARGV[position + w - 1])
