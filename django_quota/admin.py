@@ -19,10 +19,13 @@ from django.template.response import TemplateResponse
 from django.urls import URLPattern, path
 
 from django_quota import conf, limiter, metrics, policies, references
-from django_quota.core.breaker import CLOSED
+from django_quota.core.breaker import CLOSED, HALF_OPEN, OPEN
 from django_quota.core.errors import BackendError, ConfigurationError
 from django_quota.core.policy import ALGORITHMS, DIMENSIONS, parse_policy
 from django_quota.models import QuotaPolicy, QuotaWindow, revision_batch
+
+#: Breaker states from the best to the worst, for the status page's summary.
+_BREAKER_SEVERITY = (CLOSED, HALF_OPEN, OPEN)
 
 
 class QuotaPolicyForm(forms.ModelForm):  # type: ignore[type-arg]
@@ -255,8 +258,12 @@ class QuotaPolicyAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
             raise PermissionDenied
         settings = conf.get_settings()
         registry = policies.get_registry()
-        breaker = limiter.get_breaker()
-        backend = limiter.get_backend()
+        current = limiter.get_limiter()
+        # One breaker per backend node (each primary of a cluster): the worst one is the
+        # state shown, and each node is listed.
+        nodes = {name: guard.breaker.state for name, guard in sorted(current.guards().items())}
+        worst = max(nodes.values(), key=_BREAKER_SEVERITY.index, default=CLOSED)
+        backend = current.backend
         counts = sorted(metrics.outcome_counts().items())
         context = {
             **self.admin_site.each_context(request),
@@ -277,9 +284,10 @@ class QuotaPolicyAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
             "backend_mode": backend.mode,
             "redis_url": _redacted(settings.redis_url),
             "fallback": settings.local_fallback_enabled,
-            "breaker_state": breaker.state,
-            "degraded": breaker.state != CLOSED,
-            "recent_errors": list(reversed(breaker.recent_errors)),
+            "breaker_state": worst,
+            "breaker_nodes": nodes,
+            "degraded": worst != CLOSED,
+            "recent_errors": list(reversed(current.recent_errors)),
             "counts": [
                 {"policy": key[0], "decision": key[1], "reason": key[2], "count": value}
                 for key, value in counts

@@ -388,6 +388,20 @@ def test_status_page_shows_policies_backend_and_outcomes(
     assert cells(response, "quota-errors") == [["None since this process started."]]
 
 
+def test_status_page_lists_each_nodes_breaker_and_shows_the_worst(
+    admin_client: Client, quota: Any
+) -> None:
+    quota(POLICIES={"p": {"windows": "5/m"}})
+    current = limiter.get_limiter()
+    for _ in range(limiter.BREAKER_THRESHOLD):  # one cluster primary failing, one healthy
+        current.guard("127.0.0.1:7001").breaker.failure("backend_unavailable", "refused")
+    current.guard("127.0.0.1:7002").breaker.success()
+    page = admin_client.get(STATUS).content.decode()
+    assert '<td id="quota-breaker">open</td>' in page
+    assert '<td id="quota-nodes">127.0.0.1:7001: open, 127.0.0.1:7002: closed</td>' in page
+    assert '<td id="quota-degraded">yes</td>' in page
+
+
 def test_status_page_shows_recent_backend_errors_and_the_open_breaker(
     admin_client: Client, quota: Any
 ) -> None:
@@ -405,6 +419,7 @@ def test_status_page_shows_recent_backend_errors_and_the_open_breaker(
     assert f"redis://***@127.0.0.1:{port}/0" in page
     assert "s3cret" not in page
     assert '<td id="quota-breaker">open</td>' in page
+    assert '<td id="quota-nodes">default: open</td>' in page
     assert '<td id="quota-degraded">yes</td>' in page
     errors = cells(response, "quota-errors")
     assert len(errors) == limiter.BREAKER_THRESHOLD

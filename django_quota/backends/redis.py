@@ -269,7 +269,7 @@ class RedisBackend(ScriptedBackend):
             try:
                 return send(pool, ("EVALSHA", source.sha1, len(call.keys), *call.keys, *call.args))
             except redis_exceptions.NoScriptError:
-                return run_script(source, call, lambda command: send(pool, command))
+                return run_script(source, call, lambda command: send(pool, command), missing=True)
         except Exception as exc:
             raise classify(exc) from exc
 

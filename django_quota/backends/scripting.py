@@ -22,7 +22,7 @@ from django_quota.core.protocol import GroupReply, GroupRequest, parse_reply
 from django_quota.scripts import ScriptSource, load
 
 #: EVALSHA attempts when SCRIPT FLUSH keeps racing the reload (each one ran nothing).
-NOSCRIPT_ATTEMPTS = 5
+NOSCRIPT_ATTEMPTS = 8
 
 _CONNECT_ERRORS = (redis_exceptions.ConnectionError, redis_exceptions.TimeoutError, OSError)
 #: Replies that say the server refuses this client, whatever it sends: never the fallback.
@@ -115,19 +115,23 @@ Command = tuple[Any, ...]
 T = TypeVar("T")
 
 
-def script_steps(source: ScriptSource, call: Call) -> Generator[Command, Any, Any]:
+def script_steps(
+    source: ScriptSource, call: Call, *, missing: bool = False
+) -> Generator[Command, Any, Any]:
     """Run ``call``: ``EVALSHA``; on ``NOSCRIPT`` (restart, failover, ``SCRIPT FLUSH``)
     ``SCRIPT LOAD`` and again, up to :data:`NOSCRIPT_ATTEMPTS` times: a script that did not
-    run charged nothing. Yields commands, receives their replies (redis-py exceptions
+    run charged nothing. ``missing``: an ``EVALSHA`` already answered ``NOSCRIPT``, so
+    start with the load. Yields commands, receives their replies (redis-py exceptions
     are thrown in), returns the script's reply."""
     evalsha = ("EVALSHA", source.sha1, len(call.keys), *call.keys, *call.args)
     for attempt in range(NOSCRIPT_ATTEMPTS):
+        if missing or attempt:
+            yield ("SCRIPT", "LOAD", source.source)
         try:
             return (yield evalsha)
         except redis_exceptions.NoScriptError:
             if attempt == NOSCRIPT_ATTEMPTS - 1:
                 raise
-            yield ("SCRIPT", "LOAD", source.source)
     raise AssertionError("unreachable")  # pragma: no cover
 
 
@@ -172,9 +176,12 @@ async def adrive(
         return result
 
 
-def run_script(source: ScriptSource, call: Call, execute: Callable[[Command], Any]) -> Any:
+def run_script(
+    source: ScriptSource, call: Call, execute: Callable[[Command], Any], *, missing: bool = False
+) -> Any:
     """Run :func:`script_steps` with ``execute`` sending each command (sync)."""
-    return drive(script_steps(source, call), execute, (redis_exceptions.NoScriptError,))
+    steps = script_steps(source, call, missing=missing)
+    return drive(steps, execute, (redis_exceptions.NoScriptError,))
 
 
 async def arun_script(
