@@ -209,3 +209,41 @@ class OperatorSurfaceInABrowser(StaticLiveServerTestCase):
         self.assertNotEqual(header.value_of_css_property("background-color"), "rgba(0, 0, 0, 0)")
         self.screenshot(SCREENSHOT)
         self.assertGreater(os.path.getsize(SCREENSHOT), 10_000)
+
+    def log_in_as(self, username: str) -> None:
+        self.open("/admin/login/?next=/admin/")
+        self.fill("username", username)
+        self.fill("password", PASSWORD)
+        self.field("password").submit()
+
+    def test_a_view_only_operator_reads_policies_and_status_but_changes_nothing(self) -> None:
+        from django.contrib.auth.models import Permission
+        from selenium.webdriver.common.by import By
+
+        policy = QuotaPolicy.objects.create(name="shop-api", selector=["ip"], routes=["/api"])
+        policy.windows.create(name="burst", limit=2, period=60)
+        users = get_user_model().objects
+        viewer = users.create_user("viewer", "viewer@example.com", PASSWORD, is_staff=True)
+        viewer.user_permissions.add(
+            *Permission.objects.filter(codename__in=["view_quotapolicy", "view_quotawindow"])
+        )
+        users.create_user("stranger", "stranger@example.com", PASSWORD, is_staff=True)
+
+        self.log_in_as("viewer")
+        self.open("/admin/django_quota/quotapolicy/")
+        self.assertIn("shop-api", self.text())
+        # No action can run: "Disable selected policies" and "Reset counters" need change.
+        self.assertEqual(self.driver.find_elements(By.NAME, "action"), [])
+        self.open(f"/admin/django_quota/quotapolicy/{policy.pk}/change/")
+        self.assertEqual(self.driver.find_elements(By.NAME, "_save"), [])
+        self.open("/admin/django_quota/quotapolicy/status/")
+        self.assertEqual(self.driver.title, "Quota status | Django site admin")
+        self.assertEqual(self.driver.find_element(By.ID, "quota-breaker").text, "closed")
+
+        self.driver.delete_all_cookies()
+        self.log_in_as("stranger")
+        self.open("/admin/django_quota/quotapolicy/status/")
+        self.assertIn("403", self.text())
+        self.assertEqual(self.driver.find_elements(By.ID, "quota-breaker"), [])
+        policy.refresh_from_db()
+        self.assertTrue(policy.enabled)
