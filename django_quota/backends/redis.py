@@ -36,7 +36,7 @@ from django_quota.backends.scripting import (
 )
 from django_quota.core.errors import BackendError
 from django_quota.core.outcome import BACKEND_MODE_REDIS
-from django_quota.core.protocol import GroupReply, GroupRequest
+from django_quota.core.protocol import GroupReply, GroupRequest, reset_keys
 
 __all__ = [
     "NOSCRIPT_ATTEMPTS",
@@ -298,11 +298,12 @@ class RedisBackend:
 
     def reset(self, counter: str, window_count: int) -> int:
         """Run ``reset.lua`` for one counter."""
-        return int(self.run(Call("reset", [counter], [window_count])))
+        return int(self.run(Call("reset", reset_keys(counter, window_count), [window_count])))
 
     async def areset(self, counter: str, window_count: int) -> int:
         """Async twin of :meth:`reset`."""
-        return int(await self.arun(Call("reset", [counter], [window_count])))
+        call = Call("reset", reset_keys(counter, window_count), [window_count])
+        return int(await self.arun(call))
 
     def ttl_ms(self, counter: str) -> int:
         """``PTTL`` of ``counter`` (-2: no such key). Not on the hot path."""

@@ -52,6 +52,12 @@ def log_key(counter: str, index: int) -> str:
     return f"{counter[:brace]}l{index}{counter[brace:]}"
 
 
+def reset_keys(counter: str, window_count: int) -> list[str]:
+    """KEYS for ``reset.lua``: the counter and the sliding-log list of each window (an
+    algorithm without logs has none of those keys; deleting them is a no-op)."""
+    return [counter, *(log_key(counter, index) for index in range(1, window_count + 1))]
+
+
 def fingerprint(evaluation_id: str) -> str:
     """The 8-character ledger fingerprint of an evaluation id: 48 bits of BLAKE2b of its
     UTF-8 bytes, base64url. Two ids share one with probability 2**-48."""
