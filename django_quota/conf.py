@@ -53,7 +53,7 @@ DEFAULTS: dict[str, Any] = {
     "POLICIES": {},
     "POLICY_SOURCES": ["settings", "database"],
     "POLICY_CACHE_TTL": 5.0,
-    "DRF_ALGORITHM": "sliding_window",
+    "DRF_ALGORITHM": "sliding_log",  # the drop-ins decide as DRF's history log does
 }
 HEADER_STYLES = ("ietf", "legacy", "both", "none")
 BACKENDS = ("redis", "memory")

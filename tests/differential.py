@@ -12,7 +12,10 @@ from django_quota.backends.memory import MemoryBackend
 from django_quota.backends.redis import RedisBackend
 from django_quota.core.errors import BackendError
 from django_quota.core.model import State
-from django_quota.core.protocol import GroupReply, GroupRequest
+from django_quota.core.protocol import GroupReply, GroupRequest, log_key
+
+#: The most windows a generated policy has (tests/test_differential.py).
+MAX_WINDOWS = 3
 
 #: Sequences run per (algorithm or "group", engine), printed at the end of the session.
 SEQUENCES: Counter[tuple[str, str]] = Counter()
@@ -35,6 +38,25 @@ class ModelEngine:
 
     def state(self, key: str) -> tuple[State | None, bytes]:
         return self.backend.peek_state(key), self.backend.peek_records(key)
+
+    def logs(self, key: str) -> dict[int, list[int]]:
+        """The sliding-log lists of counter ``key``, by window, as Redis would hold them
+        (an empty list is no key)."""
+        return {
+            index: list(log)
+            for index, log in enumerate(self.backend.peek_logs(key), 1)
+            if log
+        }
+
+    def keys(self, counters: tuple[str, ...]) -> set[str]:
+        """Every key the model's state amounts to in Redis."""
+        found = set()
+        for counter in counters:
+            state, records = self.state(counter)
+            if state or records:
+                found.add(counter)
+            found.update(log_key(counter, index) for index in self.logs(counter))
+        return found
 
 
 class RedisEngine:
@@ -64,6 +86,17 @@ class RedisEngine:
             prints[5 * i : 5 * i + 5] + stamps[4 * i : 4 * i + 4] for i in range(len(prints) // 5)
         )
         return {field: int(value) for field, value in raw.items()}, records
+
+    def logs(self, key: str) -> dict[int, list[int]]:
+        found = {}
+        for index in range(1, MAX_WINDOWS + 1):
+            values = self.client.lrange(log_key(key, index), 0, -1)
+            if values:
+                found[index] = [int(value) for value in values]
+        return found
+
+    def keys(self, counters: tuple[str, ...]) -> set[str]:
+        return {key.decode() for key in self.client.keys("*")}
 
 
 @dataclass

@@ -13,10 +13,12 @@ from django_quota.core.model import (
     ALLOWED,
     ALLOWED_UNCHARGED,
     DENIED,
+    Log,
     PolicyCall,
     PolicyResult,
     State,
     evaluate_group,
+    log_units,
 )
 from django_quota.core.policy import Window
 
@@ -338,3 +340,244 @@ def test_a_young_ledger_drop_makes_an_unknown_id_indeterminate_and_a_kept_one_a_
     # Once the dropped entry is older than DEDUP_TTL, an unknown id is decided afresh.
     later = _charge_with_id(state, records, T0 + 5_000, "never-seen")
     assert later.status == 0 and later.results[0].status == ALLOWED
+
+
+# -- sliding log (5.3) --------------------------------------------------------------------------
+#: A sliding_log counter as the model stores it: the hash numbers and one log per window.
+LogCounter = tuple[State | None, tuple[Log, ...]]
+EMPTY: LogCounter = (None, ())
+
+
+def slog(
+    windows: tuple[Window, ...],
+    counter: LogCounter,
+    now: int,
+    cost: int = 1,
+    peek: bool = False,
+) -> tuple[PolicyResult, LogCounter]:
+    state, logs = counter
+    group = evaluate_group(
+        [PolicyCall("sliding_log", windows, cost)], [state], now, peek=peek, logs=[logs]
+    )
+    if group.writes:
+        write = group.writes[0]
+        return group.results[0], (write.state, write.logs)
+    return group.results[0], counter
+
+
+def slog_run(
+    windows: tuple[Window, ...], times: list[int], cost: int = 1
+) -> tuple[list[PolicyResult], LogCounter]:
+    counter = EMPTY
+    results = []
+    for now in times:
+        result, counter = slog(windows, counter, now, cost)
+        results.append(result)
+    return results, counter
+
+
+def units(counter: LogCounter, window: int = 0) -> int:
+    """Units a window's log holds, expired or not (the bound of contract 5.3)."""
+    state, logs = counter
+    assert state is not None
+    return log_units(state[f"c{window + 1}"], logs[window])
+
+
+def test_sliding_log_counts_every_unit_for_exactly_one_period() -> None:
+    windows = (W("default", 3, 10_000, 3),)
+    results, counter = slog_run(windows, [T0, T0 + 1_000, T0 + 2_000, T0 + 3_000])
+    assert [r.status for r in results] == [ALLOWED, ALLOWED, ALLOWED, DENIED]
+    assert [r.windows[0].remaining for r in results] == [2, 1, 0, 0]
+    # the oldest unit (T0) leaves at T0 + 10_000: 7_000 ms from T0 + 3_000
+    assert results[3].windows[0].retry_after_ms == 7_000
+    # reset: the newest unit (T0 + 2_000) leaves 9_000 ms later; t: the oldest, 7_000
+    assert results[3].windows[0].reset_after_ms == 9_000
+    assert results[3].windows[0].replenish_after_ms == 7_000
+    # the window is (now - P, now]: at T0 + 9_999 the unit of T0 still counts, at T0 + 10_000 not
+    before, _ = slog(windows, counter, T0 + 9_999, peek=True)
+    at, _ = slog(windows, counter, T0 + 10_000, peek=True)
+    assert (before.status, before.windows[0].remaining) == (DENIED, 0)
+    assert (at.status, at.windows[0].remaining) == (ALLOWED_UNCHARGED, 1)
+
+
+def test_sliding_log_request_exactly_retry_after_later_is_allowed_one_ms_earlier_denied() -> None:
+    windows = (W("default", 2, 60_000, 2),)
+    _, counter = slog_run(windows, [T0 + 500, T0 + 20_000])
+    denied, _ = slog(windows, counter, T0 + 30_000)
+    assert denied.status == DENIED
+    wait = denied.windows[0].retry_after_ms
+    assert wait == T0 + 500 + 60_000 - (T0 + 30_000) == 30_500
+    early, _ = slog(windows, counter, T0 + 30_000 + wait - 1)
+    exact, after = slog(windows, counter, T0 + 30_000 + wait)
+    assert early.status == DENIED and early.windows[0].retry_after_ms == 1
+    assert exact.status == ALLOWED and exact.windows[0].remaining == 0
+    # no wait 1 ms longer than DRF's: the next unit leaves exactly 60 s after T0 + 20_000
+    denied_again, _ = slog(windows, after, T0 + 60_500)
+    assert denied_again.windows[0].retry_after_ms == 20_000 + 60_000 - 60_500
+
+
+def test_sliding_log_retry_after_for_a_cost_waits_for_enough_units_to_leave() -> None:
+    windows = (W("default", 5, 10_000, 5),)
+    _, counter = slog_run(windows, [T0, T0 + 1_000, T0 + 2_000, T0 + 3_000, T0 + 4_000])
+    # cost 3 fits once three units have left: the third oldest (T0 + 2_000) leaves last
+    result, _ = slog(windows, counter, T0 + 5_000, cost=3)
+    assert result.status == DENIED and result.windows[0].retry_after_ms == 7_000
+    early, _ = slog(windows, counter, T0 + 11_999, cost=3)
+    exact, _ = slog(windows, counter, T0 + 12_000, cost=3)
+    assert (early.status, exact.status) == (DENIED, ALLOWED)
+
+
+def test_sliding_log_cost_records_that_many_units_at_one_time() -> None:
+    windows = (W("default", 5, 10_000, 5),)
+    results, counter = slog_run(windows, [T0, T0 + 4_000], cost=2)
+    assert [r.windows[0].remaining for r in results] == [3, 1]
+    assert units(counter) == 4
+    # both units of T0 leave together: 2 + 1 = 3 remain at T0 + 10_000
+    at, _ = slog(windows, counter, T0 + 10_000, peek=True)
+    assert at.windows[0].remaining == 3
+    assert at.windows[0].reset_after_ms == 4_000 and at.windows[0].replenish_after_ms == 4_000
+
+
+def test_sliding_log_empty_window_reports_zero_reset_and_replenish() -> None:
+    windows = (W("default", 4, 1_000, 4),)
+    result, _ = slog(windows, EMPTY, T0, peek=True)
+    assert result.status == ALLOWED_UNCHARGED
+    assert (result.windows[0].remaining, result.windows[0].reset_after_ms) == (4, 0)
+    assert result.windows[0].replenish_after_ms == 0
+    _, counter = slog_run(windows, [T0])
+    later, _ = slog(windows, counter, T0 + 1_000, peek=True)
+    assert (later.windows[0].remaining, later.windows[0].reset_after_ms) == (4, 0)
+    assert later.windows[0].replenish_after_ms == 0
+
+
+def test_sliding_log_charge_reports_numbers_after_consumption() -> None:
+    windows = (W("default", 4, 1_000, 4),)
+    results, _ = slog_run(windows, [T0, T0 + 300])
+    second = results[1].windows[0]
+    assert (second.remaining, second.retry_after_ms) == (2, -1)
+    assert second.reset_after_ms == 1_000  # the unit just recorded leaves last
+    assert second.replenish_after_ms == 700  # the unit of T0 leaves first
+
+
+def test_sliding_log_denial_records_nothing() -> None:
+    windows = (W("burst", 2, 1_000, 2), W("sustained", 3, 60_000, 3))
+    results, counter = slog_run(windows, [T0, T0, T0, T0 + 1_000, T0 + 1_000])
+    assert [r.status for r in results] == [ALLOWED, ALLOWED, DENIED, ALLOWED, DENIED]
+    # the sustained window denied the last one; burst was not charged for it
+    assert results[4].windows[0].retry_after_ms == -1
+    assert results[4].windows[1].retry_after_ms == 59_000
+    assert [units(counter, 0), units(counter, 1)] == [1, 3]
+    again = evaluate_group(
+        [PolicyCall("sliding_log", windows, 1)], [counter[0]], T0 + 1_500, logs=[counter[1]]
+    )
+    assert again.results[0].status == DENIED and again.writes == ()
+
+
+def test_sliding_log_state_is_bounded_by_the_limit_whatever_the_attempts() -> None:
+    windows = (W("default", 50, 60_000, 50),)
+    counter = EMPTY
+    admitted = 0
+    for attempt in range(200):
+        result, counter = slog(windows, counter, T0 + attempt * 7, cost=1 + attempt % 3)
+        admitted += result.status == ALLOWED
+    assert units(counter) <= 50
+    assert len(counter[1][0]) <= 2 * 50  # one (time, cumulative count) pair per event
+    # and over several periods the expired units are dropped when the next one is charged
+    for attempt in range(200):
+        result, counter = slog(windows, counter, T0 + attempt * 1_000, cost=1)
+        assert units(counter) <= 50
+    assert admitted > 0
+
+
+def test_sliding_log_clock_never_runs_backwards() -> None:
+    windows = (W("default", 1, 1_000, 1),)
+    _, counter = slog_run(windows, [T0 + 1_500])
+    result, _ = slog(windows, counter, T0 + 900)
+    assert result.status == DENIED and result.now_ms == T0 + 1_500
+    assert result.windows[0].retry_after_ms == 1_000
+
+
+def test_sliding_log_is_drf_history_exactly() -> None:
+    """DRF's SimpleRateThrottle keeps request times newer than now - duration and allows
+    while fewer than num_requests remain; its wait() (once full) is duration minus the age
+    of the oldest. The model agrees on every step of a long random walk."""
+    import random
+
+    rng = random.Random(12)
+    limit, period = 5, 3_000
+    windows = (W("default", limit, period, limit),)
+    history: list[int] = []
+    counter = EMPTY
+    now = T0
+    for _ in range(2_000):
+        now += rng.choice([0, 1, 7, 300, 599, 600, 601, 2_999, 3_000, 3_001])
+        history = [t for t in history if t > now - period]
+        drf_allows = len(history) < limit
+        result, counter = slog(windows, counter, now)
+        assert (result.status == ALLOWED) == drf_allows
+        if drf_allows:
+            history.insert(0, now)
+        else:
+            assert result.windows[0].retry_after_ms == period - (now - history[-1])
+        assert result.windows[0].remaining == limit - len(history)
+
+
+def _slog_allowed_at(
+    windows: tuple[Window, ...], counter: LogCounter, now: int, cost: int, index: int
+) -> bool:
+    """Whether window ``index`` alone would allow ``cost`` at ``now``."""
+    state, logs = counter
+    projected: LogCounter = EMPTY
+    if state is not None:
+        projected = ({"t": state["t"], "c1": state[f"c{index + 1}"]}, (logs[index],))
+    result, _ = slog((windows[index],), projected, now, cost)
+    return result.status == ALLOWED
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    limits=st.lists(st.integers(1, 9), min_size=1, max_size=2),
+    period=st.sampled_from([1_000, 2_000, 7_000]),
+    history=histories,
+    cost=st.integers(1, 4),
+)
+def test_sliding_log_retry_after_and_replenish_are_exact_against_brute_force(
+    limits: list[int], period: int, history: Any, cost: int
+) -> None:
+    windows = tuple(
+        W(f"w{i}", limit, period * (i + 1), limit) for i, limit in enumerate(limits)
+    )
+    smallest = min(limits)
+    cost = min(cost, smallest)
+    counter = EMPTY
+    now = T0 + 123
+    for step, step_cost in history:
+        now += step
+        _, counter = slog(windows, counter, now, min(step_cost, smallest))
+    result, _ = slog(windows, counter, now, cost)
+    for index, window in enumerate(result.windows):
+        wait = window.retry_after_ms
+        if wait == -1:
+            assert _slog_allowed_at(windows, counter, now, cost, index)
+            continue
+        assert wait >= 1
+        assert _slog_allowed_at(windows, counter, now + wait, cost, index)
+        assert not _slog_allowed_at(windows, counter, now + wait - 1, cost, index)
+    here, _ = slog(windows, counter, now, peek=True)
+    for index, window in enumerate(here.windows):
+        single = (windows[index],)
+        state, logs = counter
+        projected: LogCounter = EMPTY
+        if state is not None:
+            projected = ({"t": state["t"], "c1": state[f"c{index + 1}"]}, (logs[index],))
+        if window.remaining == windows[index].limit:
+            assert window.replenish_after_ms == 0 and window.reset_after_ms == 0
+            continue
+        later, _ = slog(single, projected, now + window.replenish_after_ms, peek=True)
+        assert later.windows[0].remaining > window.remaining
+        before, _ = slog(single, projected, now + window.replenish_after_ms - 1, peek=True)
+        assert before.windows[0].remaining == window.remaining
+        empty, _ = slog(single, projected, now + window.reset_after_ms, peek=True)
+        assert empty.windows[0].remaining == windows[index].limit
+        not_yet, _ = slog(single, projected, now + window.reset_after_ms - 1, peek=True)
+        assert not_yet.windows[0].remaining < windows[index].limit

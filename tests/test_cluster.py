@@ -31,9 +31,9 @@ from django_quota.backends.cluster import (
 )
 from django_quota.backends.scripting import drive
 from django_quota.core.errors import BackendError
-from django_quota.core.model import GROUP_CLOCK_UNSAFE, PolicyResult, WindowResult
+from django_quota.core.model import GROUP_CLOCK_UNSAFE, PolicyResult, WindowResult, log_units
 from django_quota.core.outcome import Outcome
-from django_quota.core.protocol import GroupReply, encode_reply
+from django_quota.core.protocol import GroupReply, encode_reply, log_key
 from django_quota.scripts import all_scripts
 from tests import clock
 from tests.cluster import Cluster, redis_cluster
@@ -41,7 +41,7 @@ from tests.cluster import Cluster, redis_cluster
 pytestmark = pytest.mark.redis
 
 START = 1_764_000_000.0  # a whole hour: fixed windows of an hour start here
-ALGORITHMS = ("fixed_window", "sliding_window", "token_bucket")
+ALGORITHMS = ("fixed_window", "sliding_window", "sliding_log", "token_bucket")
 
 
 @pytest.fixture(scope="module")
@@ -83,6 +83,15 @@ def state(cluster: Cluster, key: str) -> dict[str, int]:
     with contextlib.closing(cluster.client(cluster.node_of(key))) as client:
         fields = client.hgetall(key)
         return {k.decode(): int(v) for k, v in fields.items() if k not in (b"e", b"s")}
+
+
+def logs(cluster: Cluster, key: str, window_count: int = 1) -> list[list[int]]:
+    """The sliding-log lists of a counter (one per window; empty for other algorithms)."""
+    with contextlib.closing(cluster.client(cluster.node_of(key))) as client:
+        return [
+            [int(v) for v in client.lrange(log_key(key, index), 0, -1)]
+            for index in range(1, window_count + 1)
+        ]
 
 
 def evalsha_calls(cluster: Cluster, port: int | None = None) -> int:
@@ -356,6 +365,9 @@ def test_a_group_on_two_slots_charges_both_or_refunds_the_first(
     assert evalsha_calls(cluster) - before == 2  # one per slot
     charged_a, charged_b = state(cluster, a_key), state(cluster, b_key)
     assert (charged_a["c1"], charged_b["c1"]) == (1, 1)
+    logged_a, logged_b = logs(cluster, a_key), logs(cluster, b_key)
+    if algorithm == "sliding_log":  # one event each: (time, units before it)
+        assert logged_a == logged_b == [[int(START * 1000), 0]]
 
     before = evalsha_calls(cluster)
     refused = limiter.evaluate_policies([a, b], subject)
@@ -363,6 +375,7 @@ def test_a_group_on_two_slots_charges_both_or_refunds_the_first(
     assert refused[1].reason == "default_quota_exhausted"
     assert evalsha_calls(cluster) - before == 3  # a charged, b denied, a refunded
     assert state(cluster, a_key) == charged_a and state(cluster, b_key) == charged_b
+    assert logs(cluster, a_key) == logged_a and logs(cluster, b_key) == logged_b
 
     before = evalsha_calls(cluster)
     reversed_order = limiter.evaluate_policies([b, a], subject)
@@ -372,6 +385,7 @@ def test_a_group_on_two_slots_charges_both_or_refunds_the_first(
     ]
     assert evalsha_calls(cluster) - before == 2  # b denied, then a decided, not charged
     assert state(cluster, a_key) == charged_a
+    assert logs(cluster, a_key) == logged_a
 
 
 def test_the_async_api_splits_and_refunds_the_same_way(on_cluster: Any, cluster: Cluster) -> None:
@@ -448,6 +462,10 @@ def test_sixteen_threads_admit_exactly_the_limit_on_the_cluster(
     # 192 evaluations charged "a" and 169 of them were refunded: exactly 23 remain.
     assert state(cluster, counter_of("a", {"user": subject["user"]}))["c1"] == 23
     assert state(cluster, counter_of("b", {"ip": subject["ip"]}))["c1"] == 23
+    if algorithm == "sliding_log":  # the refunds removed every unit they gave back
+        a_key = counter_of("a", {"user": subject["user"]})
+        for key in (a_key, counter_of("b", {"ip": subject["ip"]})):
+            assert log_units(state(cluster, key)["c1"], tuple(logs(cluster, key)[0])) == 23
 
 
 # -- scripts ------------------------------------------------------------------------------------

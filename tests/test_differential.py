@@ -1,7 +1,8 @@
 """Differential tests (contract 5): hypothesis-generated sequences of (time step, cost,
 subject, peek, repeated evaluation id) for every algorithm, multi-window policies and
 multi-policy groups. The Lua script on fakeredis and on a real redis-server must return
-exactly what the Python model returns, every field, and store exactly the same state."""
+exactly what the Python model returns, every field, and store exactly the same state
+(counter hashes, sliding-log lists, and no other key)."""
 
 from __future__ import annotations
 
@@ -156,8 +157,16 @@ def _run(
             )
         for counter in counters:
             want = engines[0].state(counter)  # numbers and evaluation-id ledger
+            want_logs = engines[0].logs(counter)  # sliding_log lists
             for engine in engines[1:]:
                 assert engine.state(counter) == want, f"{engine.name} stored another state"
+                assert engine.logs(counter) == want_logs, f"{engine.name} stored another log"
+        every_counter = tuple(
+            f"q:{{s{other}}}:p{index}:r" for other in range(3) for index in range(len(group))
+        )
+        want_keys = engines[0].keys(every_counter)
+        for engine in engines[1:]:
+            assert engine.keys(every_counter) == want_keys, f"{engine.name} holds other keys"
     for engine in engines:
         SEQUENCES[(label, engine.name)] += 1
 
@@ -194,5 +203,37 @@ def test_lua_matches_model_for_policy_groups(engines: list[Any]) -> None:
         sequence = data.draw(steps(min(max_limit, 20)))
         dedup_ttl = data.draw(st.sampled_from(DEDUP_TTLS_MS))
         _run(engines, "group", group, sequence, -1, dedup_ttl)
+
+    check()
+
+
+@st.composite
+def long_log_steps(draw: Any) -> list[tuple[Any, int, int, bool, bool]]:
+    """Many admissions inside one period, some steps landing on a reply's times: long
+    sliding logs whose oldest events expire one by one (binary searches, trims)."""
+    count = draw(st.integers(20, 120))
+    out = []
+    for _ in range(count):
+        step = draw(st.one_of(FOLLOW, st.integers(0, 3), st.integers(0, 400)))
+        out.append((step, draw(st.integers(0, 4)), 0, draw(st.integers(0, 9)) == 0, False))
+    return out
+
+
+def test_lua_matches_model_for_long_sliding_logs(engines: list[Any]) -> None:
+    @settings(
+        max_examples=max(1, EXAMPLES // 5),
+        deadline=None,
+        suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+    )
+    @given(data=st.data())
+    def check(data: Any) -> None:
+        limit = data.draw(st.integers(4, 80))
+        period = data.draw(st.sampled_from([1_000, 2_000, 3_000]))
+        windows = (
+            Window("w0", limit, period, limit),
+            Window("w1", limit * 2, period * 3, limit * 2),
+        )
+        sequence = data.draw(long_log_steps())
+        _run(engines, "sliding_log:long", [("sliding_log", windows, True)], sequence, -1)
 
     check()

@@ -67,4 +67,4 @@ def test_the_repository_list_names_only_the_tests_drf_ships(lane: ModuleType) ->
     assert "SimpleRateThrottleTests::test_wait_returns_correct_waiting_time_without_history" in (
         memory
     )
-    assert len(memory) == 8
+    assert len(memory) == 1  # every other DRF test passes against the drop-ins

@@ -7,16 +7,17 @@ documented behaviour, with its ``timer`` seam (a class attribute ``timer = lambd
 value``) and ``APIRequestFactory`` requests sent straight to the view.
 
 The implementations running each scenario: ``drf`` (DRF's classes, a sliding log in the
-cache), ``fixed`` (ours with ``DRF_ALGORITHM = "fixed_window"``), ``sliding`` (ours with
-the default ``sliding_window``) on the memory backend, and ``sliding-redis``, the same on
-a real Redis. DRF's timer starts at 0, on a window boundary, so
+cache), ``log`` (ours with the default ``DRF_ALGORITHM``, ``sliding_log``) on the memory
+backend and ``log-redis``, the same on a real Redis, ``fixed`` (ours with
+``DRF_ALGORITHM = "fixed_window"``) and ``sliding`` (ours with ``sliding_window``). The
+sliding log is DRF's own algorithm, so ``log`` and ``log-redis`` must give DRF's
+statuses and ``Retry-After`` exactly. DRF's timer starts at 0, on a window boundary, so
 wherever DRF's log and a fixed window agree (every scenario here), ``fixed`` must give
-DRF's statuses and ``Retry-After`` exactly. The sliding window counter legitimately
-differs: just after a window boundary it still weighs the whole previous window
-(contract 5.2), so it refuses where DRF's log (which forgets requests one by one) and a
-fixed window (which forgets all at once) admit, and its ``retry_after`` is 1 ms after
-the boundary. Those expectations are computed from the contract's arithmetic and
-commented where they appear.
+them too. The sliding window counter legitimately differs: just after a window boundary
+it still weighs the whole previous window (contract 5.2), so it refuses where DRF's log
+(which forgets requests one by one) and a fixed window (which forgets all at once)
+admit, and its ``retry_after`` is 1 ms after the boundary. Those expectations are
+computed from the contract's arithmetic and commented where they appear.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ import django_quota.throttling as quota_throttling
 
 pytestmark = pytest.mark.django_db
 
-DRF, FIXED, SLIDING, SLIDING_REDIS = "drf", "fixed", "sliding", "sliding-redis"
+DRF, LOG, LOG_REDIS, FIXED, SLIDING = "drf", "log", "log-redis", "fixed", "sliding"
 
 
 class Impl:
@@ -51,15 +52,18 @@ class Impl:
         self.module: types.ModuleType = drf_throttling if name == DRF else quota_throttling
 
     def expect(self, same: Any, sliding: Any) -> Any:
-        """DRF's value (``fixed`` gives the same), or the sliding window counter's."""
-        return sliding if self.name in (SLIDING, SLIDING_REDIS) else same
+        """DRF's value (the sliding log and ``fixed`` give the same), or the sliding
+        window counter's."""
+        return sliding if self.name == SLIDING else same
 
 
-@pytest.fixture(params=[DRF, FIXED, SLIDING, SLIDING_REDIS])
+@pytest.fixture(params=[DRF, LOG, LOG_REDIS, FIXED, SLIDING])
 def impl(request: pytest.FixtureRequest, quota: Any) -> Impl:
     cache.clear()  # DRF's throttles keep their history in the default cache
-    if request.param == SLIDING_REDIS:
-        quota(REDIS_URL=request.getfixturevalue("redis_url"))
+    if request.param == LOG_REDIS:
+        quota(REDIS_URL=request.getfixturevalue("redis_url"))  # the default algorithm
+    elif request.param == LOG:
+        quota()
     else:
         algorithm = "sliding_window" if request.param == SLIDING else "fixed_window"
         quota(DRF_ALGORITHM=algorithm)
@@ -159,7 +163,7 @@ def test_request_throttling_multiple_throttles(impl: Impl) -> None:
     # 4 requests in one second: the 4th is refused by 3/sec and still charged by 6/min
     # (DRF asks every throttle). Sliding: the 3/sec refusal waits 1.001 s, rounded up.
     assert retry_afters(view, [0, 0, 0, 0], request)[-1] == impl.expect("1", "2")
-    if impl.name in (SLIDING, SLIDING_REDIS):
+    if impl.name == SLIDING:
         # At 1.000 s the 3/sec window still weighs 3 (refused, 1 ms to wait), while
         # 6/min admits and charges its 5th; at 1.001 s both admit (6th), then 6/min
         # refuses: 1 ms into the next minute its 6 requests still weigh floor(6 *

@@ -349,6 +349,29 @@ def test_ietf_headers_of_token_bucket_and_sliding_window(quota: Any) -> None:
     )
 
 
+def test_ietf_headers_of_the_sliding_log_wait_for_the_oldest_unit(quota: Any) -> None:
+    from tests import clock
+
+    quota(CLOCK="tests.clock.now", POLICIES={"log": {**API, "algorithm": "sliding_log"}})
+    client = Client()
+    start = clock.current
+    try:
+        for offset in (0.0, 10.0, 25.5):
+            clock.set_to(start + offset)
+            response = client.get("/api/items/")
+        # three units, at 0, 10 and 25.5 s: r rises when the oldest leaves, at 60 s
+        assert ietf(response) == ([("log", {"q": 3, "w": 60})], [("log", {"r": 0, "t": 35})])
+        clock.set_to(start + 30.2)
+        denied = client.get("/api/items/")
+        assert denied.status_code == 429
+        assert ietf(denied)[1] == [("log", {"r": 0, "t": 30})]
+        assert denied["Retry-After"] == "30"  # 29.8 s, rounded up: never before t
+        clock.set_to(start + 60)
+        assert client.get("/api/items/").status_code == 200
+    finally:
+        clock.set_to(start)
+
+
 @pytest.mark.redis
 def test_ietf_headers_on_redis_match_the_memory_backend(quota: Any, redis_url: str) -> None:
     quota(REDIS_URL=redis_url, CLOCK=CLOCK, POLICIES={"api": BURST})

@@ -133,8 +133,8 @@ def test_a_new_policy_draws_the_next_revision() -> None:
 
 @pytest.mark.parametrize(
     ("field", "value"),
-    [("algorithm", "sliding_window"), ("algorithm", "token_bucket"), ("selector", ["user"]),
-     ("selector", ["route", "ip"])],
+    [("algorithm", "sliding_window"), ("algorithm", "sliding_log"), ("algorithm", "token_bucket"),
+     ("selector", ["user"]), ("selector", ["route", "ip"])],
 )
 def test_revision_bumps_when_the_policy_meaning_changes(field: str, value: Any) -> None:
     policy = make_policy()
@@ -275,6 +275,18 @@ def test_counter_keys_carry_the_integer_revision(quota: Any, redis_url: str,
     assert [key.rsplit(":", 1)[1] for key in counters] == ["1", "2"]
     assert all(":orders:" in key for key in counters)
     assert not any("203.0.113.9" in key for key in keys)
+
+
+def test_an_admin_sliding_log_policy_is_the_exact_log(backend: str) -> None:
+    policy = make_policy(windows=(("default", 2, 60),), selector=["ip"], algorithm="sliding_log")
+    policy.full_clean()
+    assert [django_quota.evaluate("orders", IP).decision for _ in range(3)] == [
+        "allowed",
+        "allowed",
+        "denied",
+    ]
+    outcome = django_quota.peek("orders", IP)
+    assert (outcome.certainty, outcome.retry_after, outcome.reset_after) == ("exact", 60.0, 60.0)
 
 
 def test_unchanged_meaning_keeps_the_counters(backend: str) -> None:

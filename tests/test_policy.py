@@ -264,9 +264,13 @@ def test_policy_that_is_not_a_dict_is_rejected(raw: object) -> None:
     assert error.key == KEY
 
 
-@pytest.mark.parametrize("algorithm", ["fixed_window", "sliding_window", "token_bucket"])
+@pytest.mark.parametrize(
+    "algorithm", ["fixed_window", "sliding_window", "sliding_log", "token_bucket"]
+)
 def test_each_algorithm_is_accepted(algorithm: str) -> None:
-    assert parse_policy("orders", orders(algorithm=algorithm)).algorithm == algorithm
+    policy = parse_policy("orders", orders(algorithm=algorithm))
+    assert policy.algorithm == algorithm
+    assert policy.certainty == ("approximate" if algorithm == "sliding_window" else "exact")
 
 
 @pytest.mark.parametrize("algorithm", ["leaky_bucket", "Fixed_Window", "", None, 1])
@@ -446,7 +450,7 @@ def test_capacity_defaults_to_limit() -> None:
     assert [window.capacity for window in policy.windows] == [10, 1000]
 
 
-@pytest.mark.parametrize("algorithm", ["fixed_window", "sliding_window"])
+@pytest.mark.parametrize("algorithm", ["fixed_window", "sliding_window", "sliding_log"])
 def test_capacity_outside_token_bucket_is_rejected(algorithm: str) -> None:
     error = rejection(orders(algorithm=algorithm, capacity=20))
     assert error.key == f"{KEY}['capacity']"

@@ -94,7 +94,7 @@ def test_defaults_table_is_the_contract_table() -> None:
         "POLICIES": {},
         "POLICY_SOURCES": ["settings", "database"],
         "POLICY_CACHE_TTL": 5.0,
-        "DRF_ALGORITHM": "sliding_window",
+        "DRF_ALGORITHM": "sliding_log",
     }
 
 
@@ -138,7 +138,7 @@ def test_empty_or_absent_quota_parses_to_every_contract_default(raw: object) -> 
     assert parsed.policies == {}
     assert parsed.policy_sources == ("settings", "database")
     assert parsed.policy_cache_ttl == 5.0
-    assert parsed.drf_algorithm == "sliding_window"
+    assert parsed.drf_algorithm == "sliding_log"
 
 
 def test_get_settings_without_quota_setting_gives_defaults(settings: Any) -> None:

@@ -595,7 +595,7 @@ def test_drf_algorithm_setting_chooses_the_algorithm(quota: Any, rates: Any) -> 
     quota(CLOCK=CLOCK)
     rates(user="2/min")
     APIClient().get("/drf/user/")
-    assert policies.get_policy("drf:user").algorithm == "sliding_window"
+    assert policies.get_policy("drf:user").algorithm == "sliding_log"  # DRF's own semantics
     quota(CLOCK=CLOCK, DRF_ALGORITHM="token_bucket")
     APIClient().get("/drf/user/")
     generated = policies.get_policy("drf:user")
@@ -611,8 +611,29 @@ def test_configured_policy_with_a_drf_id_replaces_the_generated_one(quota: Any, 
     assert statuses(APIClient(), "/drf/user/", 2) == [200, 429]
 
 
-def test_wait_is_exact_on_a_frozen_timer_for_the_sliding_window(quota: Any, rates: Any) -> None:
+def test_wait_is_drfs_own_on_a_frozen_timer_by_default(quota: Any, rates: Any) -> None:
     quota()
+    rates(frozen="3/min")
+    throttle = FrozenUserThrottle()
+    view = FrozenUserView()
+    assert [throttle.allow_request(drf_request(), view) for _ in range(4)] == [
+        True,
+        True,
+        True,
+        False,
+    ]
+    # The sliding log (contract 5.3), as DRF's history: the three requests leave exactly
+    # 60 s after they were made, so DRF's wait() is 60 s and so is ours.
+    assert throttle.wait() == 60.0
+    Clock.now = FROZEN_NOW + 59.999
+    assert throttle.allow_request(drf_request(), view) is False
+    assert throttle.wait() == 0.001
+    Clock.now = FROZEN_NOW + 60
+    assert throttle.allow_request(drf_request(), view) is True
+
+
+def test_wait_is_exact_on_a_frozen_timer_for_the_sliding_window(quota: Any, rates: Any) -> None:
+    quota(DRF_ALGORITHM="sliding_window")
     rates(frozen="3/min")
     throttle = FrozenUserThrottle()
     view = FrozenUserView()

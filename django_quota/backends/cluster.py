@@ -93,8 +93,8 @@ from django_quota.core.outcome import (
     BACKEND_UNAVAILABLE,
     INDETERMINATE,
 )
-from django_quota.core.policy import FIXED_WINDOW, TOKEN_BUCKET, Window
-from django_quota.core.protocol import GroupReply, GroupRequest
+from django_quota.core.policy import FIXED_WINDOW, SLIDING_LOG, TOKEN_BUCKET, Window
+from django_quota.core.protocol import GroupReply, GroupRequest, log_key
 
 logger = logging.getLogger("django_quota")
 
@@ -265,19 +265,23 @@ def dry_run(request: GroupRequest) -> GroupRequest:
 
 def refund_call(request: GroupRequest, results: Sequence[PolicyResult]) -> Call | None:
     """The ``refund.lua`` call giving back what ``results`` charged (None: nothing), and
-    removing the evaluation's fingerprint from those counters' ledgers."""
+    removing the evaluation's fingerprint from those counters' ledgers. A sliding log's
+    lists follow the counters in KEYS, as for ``evaluate.lua``."""
     keys: list[str] = []
+    logs: list[str] = []
     args: list[int | bytes] = [0, request.fingerprint]
     for counter, call, result in zip(request.counters, request.calls, results, strict=True):
         if result.status != ALLOWED:
             continue
         keys.append(counter)
+        if call.algorithm == SLIDING_LOG:
+            logs += [log_key(counter, index) for index in range(1, len(call.windows) + 1)]
         args += [ALGORITHM_CODES[call.algorithm], call.cost, result.now_ms, len(call.windows)]
         args += [window.period_ms for window in call.windows]
     if not keys:
         return None
     args[0] = len(keys)
-    return Call("refund", keys, args)
+    return Call("refund", keys + logs, args)
 
 
 def uncharged(call: PolicyCall, result: PolicyResult) -> PolicyResult:

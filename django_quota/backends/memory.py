@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable
 
 from django_quota.core.errors import BackendError
-from django_quota.core.model import COUNT_FIELDS, EXTRA_FIELDS, State, evaluate_group
+from django_quota.core.model import COUNT_FIELDS, EXTRA_FIELDS, Log, State, evaluate_group
 from django_quota.core.outcome import BACKEND_MODE_MEMORY, BACKEND_UNAVAILABLE
 from django_quota.core.protocol import GroupReply, GroupRequest
 
@@ -22,15 +22,19 @@ def wall_clock_ms() -> int:
 
 
 class _Entry:
-    """One counter: its numbers, its evaluation-id ledger and when it expires (wall
-    clock, ms), as one Redis hash with a TTL."""
+    """One counter: its numbers, its evaluation-id ledger, a sliding log's lists and when
+    it expires (wall clock, ms), as one Redis hash with a TTL (the lists expire with it:
+    a unit that has left the window is never counted, whenever it is dropped)."""
 
-    __slots__ = ("expires_at", "records", "state")
+    __slots__ = ("expires_at", "logs", "records", "state")
 
-    def __init__(self, state: State, records: bytes, expires_at: int) -> None:
+    def __init__(
+        self, state: State, records: bytes, expires_at: int, logs: tuple[Log, ...] = ()
+    ) -> None:
         self.state = state
         self.records = records
         self.expires_at = expires_at
+        self.logs = logs
 
 
 class MemoryBackend:
@@ -92,6 +96,7 @@ class MemoryBackend:
                 fingerprint=request.fingerprint,
                 may_repeat=request.may_repeat,
                 dedup_ttl_ms=request.dedup_ttl_ms,
+                logs=[() if entry is None else entry.logs for entry in entries],
             )
             if group.writes:
                 new_keys = sum(1 for write in group.writes if entries[write.index] is None)
@@ -100,7 +105,7 @@ class MemoryBackend:
                 for write in group.writes:
                     # Expiry follows the wall clock, like a Redis TTL, whatever `now` was used.
                     self._counters[request.counters[write.index]] = _Entry(
-                        write.state, write.records, clock_now + write.ttl_ms
+                        write.state, write.records, clock_now + write.ttl_ms, write.logs
                     )
         return GroupReply(group.status, group.results)
 
@@ -118,6 +123,7 @@ class MemoryBackend:
             state = entry.state
             had = sum(1 for index in range(1, window_count + 1) if COUNT_FIELDS[index] in state)
             state.pop("t", None)
+            entry.logs = ()
             for index in range(1, window_count + 1):
                 state.pop(COUNT_FIELDS[index], None)
                 state.pop(EXTRA_FIELDS[index], None)
@@ -134,6 +140,12 @@ class MemoryBackend:
         with self._lock:
             entry = self._entry(counter, self._clock_ms())
             return None if entry is None else dict(entry.state)
+
+    def peek_logs(self, counter: str) -> tuple[Log, ...]:
+        """The sliding-log lists of ``counter``, one per window (``()`` when none)."""
+        with self._lock:
+            entry = self._entry(counter, self._clock_ms())
+            return () if entry is None else entry.logs
 
     def peek_records(self, counter: str) -> bytes:
         """The evaluation-id ledger of ``counter`` (``b""`` when none; for tests)."""

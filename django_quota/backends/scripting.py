@@ -18,7 +18,7 @@ from django_quota.core.outcome import (
     BACKEND_UNAVAILABLE,
     INDETERMINATE,
 )
-from django_quota.core.protocol import GroupReply, GroupRequest, parse_reply
+from django_quota.core.protocol import GroupReply, GroupRequest, parse_reply, reset_keys
 from django_quota.scripts import ScriptSource, load
 
 #: EVALSHA attempts when SCRIPT FLUSH keeps racing the reload (each one ran nothing).
@@ -217,12 +217,14 @@ class ScriptedBackend:
         return await adrive(self.plan(request), self.arun)
 
     def reset(self, counter: str, window_count: int) -> int:
-        """Run ``reset.lua`` for one counter; how many of its windows had state."""
-        return int(self.run(Call("reset", [counter], [window_count])))
+        """Run ``reset.lua`` for one counter (and its sliding-log lists); how many of its
+        windows had state."""
+        return int(self.run(Call("reset", reset_keys(counter, window_count), [window_count])))
 
     async def areset(self, counter: str, window_count: int) -> int:
         """Async twin of :meth:`reset`."""
-        return int(await self.arun(Call("reset", [counter], [window_count])))
+        call = Call("reset", reset_keys(counter, window_count), [window_count])
+        return int(await self.arun(call))
 
 
 def sources() -> dict[str, ScriptSource]:

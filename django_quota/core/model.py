@@ -9,7 +9,8 @@ State layout (one hash per (policy, revision, identity)), all integers but ``e``
 * ``t``: the last ``now`` (ms) the counter accepted; fixed and sliding windows derive
   their stored window start from it, the token bucket its last refill.
 * ``c<i>`` for window ``i`` (1-based): fixed and sliding, the count of the window that
-  contains ``t``; token bucket, the whole part of the deficit ``D`` (see below).
+  contains ``t``; token bucket, the whole part of the deficit ``D`` (see below); sliding
+  log, every unit the window ever recorded, modulo :data:`LOG_MODULUS` (see below).
 * ``p<i>``: sliding window, the count of the window before ``t``'s; token bucket, the
   remainder of the deficit (``D = c * P + p``, ``0 <= p < P``).
 * the evaluation-id ledger, the last :data:`LEDGER_SIZE` charged evaluations, oldest
@@ -28,6 +29,18 @@ A missing hash therefore reads as a full bucket and as empty windows alike. The 
 is split into two fields so that every stored number stays below 10**14 (exact in any
 Lua number formatting).
 
+The sliding log keeps, beside the hash, one Redis list per window (its key:
+:func:`~django_quota.core.protocol.log_key`), newest event first, two integers an event:
+the ``now`` (ms) of an admission and ``c<i>`` just before it, so an event holds the units
+between its number and the next newer one's (``c<i>`` for the newest). Admissions at one
+``now`` share an event. So the units inside the window ``(now - P, now]`` are ``c<i>``
+minus the number of the oldest event inside, the newest unit that must leave for a cost
+to fit is found by a binary search on those numbers, and a charge trims every event that
+has left: at most ``L`` events and ``L`` units stay, whatever the attempts, and a cost of
+any size is one event. Counts are kept modulo :data:`LOG_MODULUS` (above any limit), so
+they never grow past exact doubles; the differences read are always ``<= L``. The model
+holds each list as a flat tuple in that same order (:data:`Log`).
+
 Evaluation ids (``docs/failures.md``): a charged evaluation appends its fingerprint and
 time to the ledger of every counter it charged. An evaluation that may repeat an earlier
 one (a retry, or an id the caller chose) first looks for its fingerprint among the
@@ -44,7 +57,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from django_quota.core.policy import FIXED_WINDOW, SLIDING_WINDOW, TOKEN_BUCKET, Window
+from django_quota.core.policy import (
+    FIXED_WINDOW,
+    SLIDING_LOG,
+    SLIDING_WINDOW,
+    TOKEN_BUCKET,
+    Window,
+)
 
 #: Policy statuses, as the script returns them.
 DENIED = 0
@@ -70,9 +89,14 @@ FINGERPRINT_BYTES = 5
 ENTRY_BYTES = FINGERPRINT_BYTES + 4
 STAMP_MODULUS = 2**32
 
-ALGORITHM_CODES = {FIXED_WINDOW: 1, SLIDING_WINDOW: 2, TOKEN_BUCKET: 3}
+ALGORITHM_CODES = {FIXED_WINDOW: 1, SLIDING_WINDOW: 2, TOKEN_BUCKET: 3, SLIDING_LOG: 4}
 
 State = dict[str, int]
+#: One window's sliding log, as its Redis list: newest event first, each event its time
+#: (ms) then the window's unit count before it (``(t1, n1, t2, n2, ...)``).
+Log = tuple[int, ...]
+#: Sliding-log counts wrap at this (above every limit, far below 2**53).
+LOG_MODULUS = 10**12
 
 #: ``c<i>``/``p<i>`` field names, 1-based (index 0 unused).
 COUNT_FIELDS = tuple(f"c{i}" for i in range(64))
@@ -157,12 +181,14 @@ class PolicyResult(NamedTuple):
 
 class Write(NamedTuple):
     """The new state of policy ``index``'s counter (numbers, and the ledger ``records``),
-    with a time to live in milliseconds."""
+    with a time to live in milliseconds; a sliding log's new lists in ``logs``, one per
+    window (``()`` for the other algorithms)."""
 
     index: int  # type: ignore[assignment]  # the field shadows tuple.index on purpose
     state: State
     ttl_ms: int
     records: bytes = b""
+    logs: tuple[Log, ...] = ()
 
 
 class GroupResult(NamedTuple):
@@ -249,6 +275,8 @@ def sliding_wait(prev: int, cur: int, elapsed: int, period: int, target: int) ->
 def _allows(algorithm: str, window: Window, used: int, prev: int, now: int, cost: int) -> bool:
     if algorithm == FIXED_WINDOW:
         return used + cost <= window.limit
+    if algorithm == SLIDING_LOG:
+        return used + cost <= window.limit
     period = window.period_ms
     if algorithm == TOKEN_BUCKET:
         return used + cost * period <= window.capacity * period
@@ -292,6 +320,119 @@ def _window_result(
     return WindowResult(remaining, reset_after, retry_after, replenish), reset_after + period
 
 
+@dataclass(frozen=True, slots=True)
+class LogView:
+    """A sliding log seen at ``now``: ``used`` units inside the window, held by the
+    ``inside`` newest events; ``newest`` and ``oldest`` are the times of the newest event
+    and of the oldest one inside (0 when ``inside`` is 0); ``events`` stored (-1: not
+    read, as for a counter without ``t``)."""
+
+    used: int
+    inside: int
+    newest: int
+    oldest: int
+    events: int
+
+
+def _log_time(log: Log, event: int) -> int:
+    """The time of the ``event``-th newest event (1-based), as ``LINDEX 2e-2``."""
+    return log[2 * event - 2]
+
+
+def _log_before(log: Log, event: int) -> int:
+    """The window's count before the ``event``-th newest event, as ``LINDEX 2e-1``."""
+    return log[2 * event - 1]
+
+
+def log_units(count: int, log: Log) -> int:
+    """Units a sliding log holds, expired ones included: ``count`` (``c<i>``) minus the
+    oldest event's number (0 for an empty log)."""
+    if not log:
+        return 0
+    return (count - log[-1]) % LOG_MODULUS
+
+
+def _log_view(window: Window, count: int, log: Log, now: int) -> LogView:
+    """The units of ``log`` inside ``(now - P, now]``: events are newest first, so the
+    ones inside are a prefix, found by a binary search when the oldest has left."""
+    events = floor_div(len(log), 2)
+    if events == 0:
+        return LogView(0, 0, 0, 0, 0)
+    edge = now - window.period_ms  # a unit recorded at or before it has left
+    newest = _log_time(log, 1)
+    if newest <= edge:
+        return LogView(0, 0, 0, 0, events)
+    inside = events
+    oldest = _log_time(log, events)
+    if oldest <= edge:
+        low, high = 1, events  # low is inside, high is not
+        oldest = newest
+        while high - low > 1:
+            middle = floor_div(low + high, 2)
+            time = _log_time(log, middle)
+            if time > edge:
+                low, oldest = middle, time
+            else:
+                high = middle
+        inside = low
+    used = (count - _log_before(log, inside)) % LOG_MODULUS
+    return LogView(used, inside, newest, oldest, events)
+
+
+def _log_wait(window: Window, view: LogView, count: int, log: Log, now: int, cost: int) -> int:
+    """ms until ``cost`` fits in a window it does not fit now: until the unit of rank
+    ``L - cost + 1`` (newest first) leaves, at its time ``+ P``. A cost above the limit
+    never fits: then until the window is empty (a whole period when it is)."""
+    if view.inside == 0:
+        return window.period_ms
+    rank = max(1, window.limit - cost + 1)
+    low, high = 0, view.inside  # events 1..low hold fewer than rank units, 1..high enough
+    while high - low > 1:
+        middle = floor_div(low + high, 2)
+        if (count - _log_before(log, middle)) % LOG_MODULUS >= rank:
+            high = middle
+        else:
+            low = middle
+    return _log_time(log, high) + window.period_ms - now
+
+
+def _log_result(
+    window: Window,
+    view: LogView,
+    count: int,
+    log: Log,
+    now: int,
+    cost: int,
+    charged: bool,
+) -> tuple[WindowResult, int]:
+    """A sliding log window's reported numbers and its time to live (ms) after the call:
+    until the newest unit leaves (a whole period after a charge)."""
+    period = window.period_ms
+    limit = window.limit
+    if charged:
+        counted = view.used + cost
+        reset_after = period
+        replenish = period if view.inside == 0 else view.oldest + period - now
+    else:
+        counted = view.used
+        reset_after = 0 if view.inside == 0 else view.newest + period - now
+        replenish = 0 if view.inside == 0 else view.oldest + period - now
+    retry_after = -1
+    if view.used + cost > limit:
+        retry_after = _log_wait(window, view, count, log, now, cost)
+    remaining = limit - counted if counted < limit else 0
+    return WindowResult(remaining, reset_after, retry_after, replenish), reset_after
+
+
+def _charged_log(view: LogView, count: int, log: Log, now: int) -> Log:
+    """The log after charging at ``now``: a new newest event (its number the count before
+    it) unless the newest is already at ``now``, and no event that has left."""
+    kept = log[: 2 * view.inside]
+    if view.inside > 0 and view.newest == now:
+        return kept
+    return (now, count, *kept)
+
+
 def _charged_state(
     call: PolicyCall, views: Sequence[tuple[int, int]], now: int, old: Mapping[str, int]
 ) -> State:
@@ -305,6 +446,9 @@ def _charged_state(
             whole = floor_div(deficit, window.period_ms)
             state[COUNT_FIELDS[index]] = whole
             state[EXTRA_FIELDS[index]] = deficit - whole * window.period_ms
+        elif call.algorithm == SLIDING_LOG:
+            count = old.get(COUNT_FIELDS[index], 0)
+            state[COUNT_FIELDS[index]] = (count + call.cost) % LOG_MODULUS
         else:
             state[COUNT_FIELDS[index]] = used + call.cost
             if call.algorithm == SLIDING_WINDOW:
@@ -355,11 +499,13 @@ def evaluate_group(
     fingerprint: bytes = b"",
     may_repeat: bool = False,
     dedup_ttl_ms: int = 5000,
+    logs: Sequence[Sequence[Log]] | None = None,
 ) -> GroupResult:
     """Decide a group of policies at ``now_ms``, atomically.
 
-    ``states[i]`` is policy ``i``'s stored numbers (``None`` when absent) and
-    ``records[i]`` its evaluation-id ledger (``""`` when absent). ``peek`` decides as
+    ``states[i]`` is policy ``i``'s stored numbers (``None`` when absent),
+    ``records[i]`` its evaluation-id ledger (``""`` when absent) and ``logs[i]`` a
+    sliding log's lists, one per window (missing ones empty). ``peek`` decides as
     ``cost=1`` would and writes nothing. ``max_regression_ms >= 0`` (client clocks only)
     makes a ``now`` more than that behind a stored ``t`` unsafe. The group is allowed iff
     every enforced policy's every window allows; then every policy whose own windows
@@ -397,20 +543,45 @@ def evaluate_group(
 
     views: list[list[tuple[int, int]]] = []
     own_allows: list[bool] = []
+    # Sliding logs: per policy, each window's stored count, list and view (else empty).
+    log_counts: list[list[int]] = []
+    log_lists: list[list[Log]] = []
+    log_views: list[list[LogView]] = []
     commit = not peek and not replay
-    for index in range(count):
-        call = calls[index]
-        state = seen[index]
-        now = nows[index]
+    for number in range(count):
+        call = calls[number]
+        state = seen[number]
+        now = nows[number]
         cost = 1 if peek else call.cost
         algorithm = call.algorithm
-        policy_views = []
+        if algorithm == SLIDING_LOG:
+            stored = logs[number] if logs is not None else ()
+            counts = [state.get(COUNT_FIELDS[i], 0) for i in range(1, len(call.windows) + 1)]
+            lists = [stored[i] if i < len(stored) else () for i in range(len(call.windows))]
+            if "t" in state:
+                seen_logs = [
+                    _log_view(window, count, log, now)
+                    for window, count, log in zip(call.windows, counts, lists, strict=True)
+                ]
+            else:  # no numbers: whatever a list holds is not this counter's
+                seen_logs = [LogView(0, 0, 0, 0, -1) for _ in call.windows]
+            log_counts.append(counts)
+            log_lists.append(lists)
+            log_views.append(seen_logs)
+            policy_views = [(view.used, 0) for view in seen_logs]
+        else:
+            log_counts.append([])
+            log_lists.append([])
+            log_views.append([])
+            policy_views = [
+                _view(algorithm, window, position, state, now)
+                for position, window in enumerate(call.windows, 1)
+            ]
         allows = True
-        for position, window in enumerate(call.windows, 1):
-            used, prev = _view(algorithm, window, position, state, now)
-            policy_views.append((used, prev))
-            if allows and not _allows(algorithm, window, used, prev, now, cost):
+        for window, (used, prev) in zip(call.windows, policy_views, strict=True):
+            if not _allows(algorithm, window, used, prev, now, cost):
                 allows = False
+                break
         views.append(policy_views)
         own_allows.append(allows)
         if call.enforce and not allows:
@@ -425,10 +596,23 @@ def evaluate_group(
         charged = commit and own_allows[index] and call.cost > 0
         window_results = []
         ttl = 0
-        for window, (used, prev) in zip(call.windows, views[index], strict=True):
-            result, window_ttl = _window_result(
-                call.algorithm, window, used, prev, now, cost, charged
-            )
+        for number, (window, (used, prev)) in enumerate(
+            zip(call.windows, views[index], strict=True)
+        ):
+            if call.algorithm == SLIDING_LOG:
+                result, window_ttl = _log_result(
+                    window,
+                    log_views[index][number],
+                    log_counts[index][number],
+                    log_lists[index][number],
+                    now,
+                    cost,
+                    charged,
+                )
+            else:
+                result, window_ttl = _window_result(
+                    call.algorithm, window, used, prev, now, cost, charged
+                )
             if replay:
                 result = result._replace(retry_after_ms=-1)
             window_results.append(result)
@@ -440,8 +624,16 @@ def evaluate_group(
             ledger, dropped_at = appended(ledgers[index], fingerprint, now, dedup_ttl_ms)
             if dropped_at is not None:
                 state["d"] = dropped_at
-            lifetime = ttl + cleanup_grace_ms
-            writes.append(Write(index, state, max(lifetime, dedup_ttl_ms), ledger))
+            new_logs: tuple[Log, ...] = ()
+            if call.algorithm == SLIDING_LOG:
+                new_logs = tuple(
+                    _charged_log(view, count, log, now)
+                    for view, count, log in zip(
+                        log_views[index], log_counts[index], log_lists[index], strict=True
+                    )
+                )
+            lifetime = max(ttl + cleanup_grace_ms, dedup_ttl_ms)
+            writes.append(Write(index, state, lifetime, ledger, new_logs))
         elif replay:
             # Charged by the earlier evaluation when its ledger holds the id: the cluster
             # backend's refunds count it as charged.

@@ -14,8 +14,9 @@ from django_quota.core.rates import MAX_PRODUCT, Rate, check_rate_bounds, parse_
 
 FIXED_WINDOW = "fixed_window"
 SLIDING_WINDOW = "sliding_window"
+SLIDING_LOG = "sliding_log"
 TOKEN_BUCKET = "token_bucket"
-ALGORITHMS = (FIXED_WINDOW, SLIDING_WINDOW, TOKEN_BUCKET)
+ALGORITHMS = (FIXED_WINDOW, SLIDING_WINDOW, SLIDING_LOG, TOKEN_BUCKET)
 
 ENFORCE = "enforce"
 SHADOW = "shadow"

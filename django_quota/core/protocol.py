@@ -21,7 +21,7 @@ from django_quota.core.model import (
     PolicyCall,
     PolicyResult,
 )
-from django_quota.core.policy import Policy
+from django_quota.core.policy import SLIDING_LOG, Policy
 
 
 def counter_key(prefix: str, policy: Policy, identity: Identity) -> str:
@@ -37,6 +37,24 @@ def counter_key(prefix: str, policy: Policy, identity: Identity) -> str:
     if identity.route is not None and identity.pseudonym is not None:
         key += f":{identity.route}"
     return key
+
+
+def log_key(counter: str, index: int) -> str:
+    """The sliding-log list of window ``index`` (1-based) of ``counter``: the counter key
+    with ``l<index>`` before its ``{``, e.g. ``quota:l1{tag}:6:orders:1a2b3c4d``.
+
+    Same hash tag, so the same cluster slot; and never another counter's name, nor
+    another log's: a counter key has ``:`` right before its first ``{`` (``KEY_PREFIX``
+    has no braces), a log key a digit.
+    """
+    brace = counter.index("{")
+    return f"{counter[:brace]}l{index}{counter[brace:]}"
+
+
+def reset_keys(counter: str, window_count: int) -> list[str]:
+    """KEYS for ``reset.lua``: the counter and the sliding-log list of each window (an
+    algorithm without logs has none of those keys; deleting them is a no-op)."""
+    return [counter, *(log_key(counter, index) for index in range(1, window_count + 1))]
 
 
 def fingerprint(evaluation_id: str) -> bytes:
@@ -73,8 +91,13 @@ class GroupRequest(NamedTuple):
         return MODE_MAY_REPEAT if self.may_repeat else MODE_FRESH
 
     def keys(self) -> list[str]:
-        """KEYS for ``evaluate.lua``: one counter hash per policy."""
-        return list(self.counters)
+        """KEYS for ``evaluate.lua``: one counter hash per policy, then the sliding-log
+        lists (:func:`log_key`) of each sliding_log policy's windows, in call order."""
+        keys = list(self.counters)
+        for counter, call in zip(self.counters, self.calls, strict=True):
+            if call.algorithm == SLIDING_LOG:
+                keys += [log_key(counter, index) for index in range(1, len(call.windows) + 1)]
+        return keys
 
     def args(self) -> list[int | str | bytes]:
         """ARGV for ``evaluate.lua`` (see its header)."""

@@ -6,8 +6,10 @@ product stays below 2^53 (the policy bounds guarantee it), every division goes t
 floor_div, which corrects the rounding of the double quotient. No number is ever
 formatted into a string (field names are built from small loop indexes only).
 
-KEYS (1 per policy i = 1..n, in call order):
+KEYS (1 per policy i = 1..n, in call order, then the sliding logs):
   KEYS[i]  the counter hash of (policy, revision, identity)
+  then, for each sliding_log policy in call order, one list per window w = 1..m: the
+  window's log (the counter key with l<w> before its "{": same hash tag, same slot)
 ARGV:
   1  now, integer ms since the epoch; -1 = read Redis TIME (µs floored to ms)
   2  max clock regression, ms; -1 = clamp silently (server clock)
@@ -19,7 +21,7 @@ ARGV:
   6  cleanup grace (CLEANUP_GRACE), ms
   7  n, the number of policies
   then per policy: cost (integer >= 0), algorithm (1 fixed_window, 2 sliding_window,
-       3 token_bucket), enforce (1 enforce, 0 shadow), window count m,
+       3 token_bucket, 4 sliding_log), enforce (1 enforce, 0 shadow), window count m,
        then per window: limit, period (ms), capacity
 Reply (integers only):
   { group status (0 decided, 1 clock unsafe, 2 indeterminate, 3 replayed),
@@ -30,12 +32,23 @@ Reply (integers only):
                                       retry_after (ms, -1 unless this window denied),
                                       replenish_after (ms until remaining next rises) }
 Writes: for each charged policy, one HSET (t, c<i>, p<i>, e, s, and d when the ledger
-dropped a young entry) and one PEXPIRE. A denial, a peek and a replay write nothing.
+dropped a young entry) and one PEXPIRE; a sliding log also, per window: LPUSH of a new
+event (none when its newest event is at now), LTRIM of the events that left (only when
+some did; DEL instead when all did) and PEXPIRE (period + grace: until the unit just
+recorded leaves). A denial, a peek and a replay write nothing.
 
 State hash fields: t = last accepted now (ms); c<i>, p<i> per window i; the ledger of
 the last 8 charged evaluations, oldest first: e = their 5-byte fingerprints, s = their
 charge times modulo 2^32 ms (4 bytes big-endian each); d = charge time (ms) of the
 newest entry dropped while younger than DEDUP_TTL (see model.py).
+
+Sliding log (algorithm 4, docs/arithmetic.md): c<i> counts every unit window i ever
+recorded, modulo LOG_MODULUS; its list holds, newest event first, two integers an event:
+the now (ms) of an admission, then c<i> just before it. Admissions at one now share an
+event. Reads per window: LLEN, LINDEX of the newest time, of the oldest time and of the
+oldest inside's count; a binary search (LINDEX) only when some events have left, and
+one more (over the counts) only when the window denies. So O(log L) commands, and O(1)
+per charge whatever its cost.
 ]]
 
 -- The ledger: 8 entries, kept in two fields so that each stays a small hash value
@@ -45,6 +58,7 @@ local LEDGER_PRINTS = 40
 local FINGERPRINT = 5
 local STAMP_BYTES = 4
 local STAMP = 4294967296
+local LOG_MODULUS = 1000000000000  -- sliding-log counts wrap here (model.LOG_MODULUS)
 
 local function floor_div(a, b)
   local q = math.floor(a / b)
@@ -87,6 +101,104 @@ local function sliding_wait(prev, cur, elapsed, period, target)
   return math.max(1, period - elapsed + offset)
 end
 
+-- A sliding log seen at now (model._log_view): the units inside (now - period, now], held
+-- by the `inside` newest events; the newest time and the oldest inside's (0 when
+-- inside is 0); the events stored.
+local function log_view(key, count, now, period)
+  local size = redis.call('LLEN', key)
+  local events = floor_div(size, 2)
+  if events == 0 then return {used = 0, inside = 0, newest = 0, oldest = 0, events = 0} end
+  local edge = now - period  -- a unit recorded at or before it has left
+  local newest = tonumber(redis.call('LINDEX', key, 0))
+  if newest <= edge then
+    return {used = 0, inside = 0, newest = 0, oldest = 0, events = events}
+  end
+  local inside = events
+  local oldest = tonumber(redis.call('LINDEX', key, 2 * events - 2))
+  if oldest <= edge then
+    local low, high = 1, events  -- low is inside, high is not
+    oldest = newest
+    while high - low > 1 do
+      local middle = floor_div(low + high, 2)
+      local time = tonumber(redis.call('LINDEX', key, 2 * middle - 2))
+      if time > edge then
+        low = middle
+        oldest = time
+      else
+        high = middle
+      end
+    end
+    inside = low
+  end
+  local used = mod(count - tonumber(redis.call('LINDEX', key, 2 * inside - 1)), LOG_MODULUS)
+  return {used = used, inside = inside, newest = newest, oldest = oldest, events = events}
+end
+
+-- ms until cost fits in a window it does not fit now (model._log_wait): until the unit of
+-- rank limit - cost + 1 (newest first) leaves, at its time + period.
+local function log_wait(key, limit, period, lv, count, now, cost)
+  if lv.inside == 0 then return period end
+  local rank = math.max(1, limit - cost + 1)
+  local low, high = 0, lv.inside  -- events 1..low hold fewer than rank units, 1..high enough
+  while high - low > 1 do
+    local middle = floor_div(low + high, 2)
+    local before = tonumber(redis.call('LINDEX', key, 2 * middle - 1))
+    if mod(count - before, LOG_MODULUS) >= rank then
+      high = middle
+    else
+      low = middle
+    end
+  end
+  return tonumber(redis.call('LINDEX', key, 2 * high - 2)) + period - now
+end
+
+-- Appends a sliding log window's numbers to out (model._log_result); returns the ttl.
+local function log_result(out, key, limit, period, lv, count, now, cost, charged, replay)
+  local counted, reset_after, replenish
+  if charged then
+    counted = lv.used + cost
+    reset_after = period
+    replenish = period
+    if lv.inside > 0 then replenish = lv.oldest + period - now end
+  else
+    counted = lv.used
+    reset_after = 0
+    replenish = 0
+    if lv.inside > 0 then
+      reset_after = lv.newest + period - now
+      replenish = lv.oldest + period - now
+    end
+  end
+  local retry_after = -1
+  if lv.used + cost > limit then
+    retry_after = log_wait(key, limit, period, lv, count, now, cost)
+  end
+  if replay then retry_after = -1 end
+  local remaining = 0
+  if counted < limit then remaining = limit - counted end
+  local size = #out
+  out[size + 1] = remaining
+  out[size + 2] = reset_after
+  out[size + 3] = retry_after
+  out[size + 4] = replenish
+  return reset_after
+end
+
+-- Records a charge at now in a sliding log (model._charged_log): a new newest event
+-- (time, count before it) unless the newest is at now; drops the events that left.
+local function log_charge(key, period, lv, count, now, grace)
+  if lv.inside > 0 and lv.newest == now then
+    if lv.inside < lv.events then redis.call('LTRIM', key, 0, 2 * lv.inside - 1) end
+  else
+    if lv.inside == 0 and lv.events ~= 0 then redis.call('DEL', key) end
+    redis.call('LPUSH', key, count, now)
+    if lv.inside > 0 and lv.inside < lv.events then
+      redis.call('LTRIM', key, 0, 2 * lv.inside + 1)
+    end
+  end
+  redis.call('PEXPIRE', key, period + grace)
+end
+
 -- The window's state seen at now: used (fixed count, sliding cur, bucket deficit), prev.
 local function view(algorithm, limit, period, last, count, extra, now)
   if last == nil then return 0, 0 end
@@ -111,6 +223,9 @@ end
 
 local function allows(algorithm, limit, period, capacity, used, prev, now, cost)
   if algorithm == 1 then
+    return used + cost <= limit
+  end
+  if algorithm == 4 then
     return used + cost <= limit
   end
   if algorithm == 3 then
@@ -226,6 +341,7 @@ local n = tonumber(ARGV[7])
 -- Read every counter: t, d, e, s, then c<w>, p<w> per window, in one HMGET each.
 local calls = {}
 local position = 8
+local log_position = n + 1  -- KEYS index of the next sliding log
 for i = 1, n do
   local m = tonumber(ARGV[position + 3])
   local call = {
@@ -236,6 +352,10 @@ for i = 1, n do
     first = position + 4,
   }
   position = position + 4 + 3 * m
+  if call.algorithm == 4 then
+    call.logs = log_position
+    log_position = log_position + m
+  end
   local names = {'t', 'd', 'e', 's'}
   for w = 1, m do
     names[2 * w + 3] = 'c' .. w
@@ -286,9 +406,21 @@ for i = 1, n do
   local p = call.first
   for w = 1, call.m do
     local limit, period = tonumber(ARGV[p]), tonumber(ARGV[p + 1])
-    local used, prev = view(call.algorithm, limit, period, call.last,
-      tonumber(call.stored[2 * w + 3]), tonumber(call.stored[2 * w + 4]), call.now)
-    call.views[w] = {used, prev}
+    local used, prev
+    if call.algorithm == 4 then
+      local count = tonumber(call.stored[2 * w + 3]) or 0
+      local lv = {used = 0, inside = 0, newest = 0, oldest = 0, events = -1}
+      if call.last ~= nil then  -- no numbers: whatever a list holds is not this counter's
+        lv = log_view(KEYS[call.logs + w - 1], count, call.now, period)
+      end
+      lv.count = count
+      used, prev = lv.used, 0
+      call.views[w] = {used, prev, lv}
+    else
+      used, prev = view(call.algorithm, limit, period, call.last,
+        tonumber(call.stored[2 * w + 3]), tonumber(call.stored[2 * w + 4]), call.now)
+      call.views[w] = {used, prev}
+    end
     if not allows(call.algorithm, limit, period, tonumber(ARGV[p + 2]), used, prev,
         call.now, cost) then
       call.allows = false
@@ -323,9 +455,15 @@ for i = 1, n do
   local p = call.first
   for w = 1, call.m do
     local v = call.views[w]
-    local window_ttl = window_result(reply, call.algorithm, tonumber(ARGV[p]),
-      tonumber(ARGV[p + 1]), tonumber(ARGV[p + 2]), v[1], v[2], call.now, cost, charged,
-      replay)
+    local window_ttl
+    if call.algorithm == 4 then
+      window_ttl = log_result(reply, KEYS[call.logs + w - 1], tonumber(ARGV[p]),
+        tonumber(ARGV[p + 1]), v[3], v[3].count, call.now, cost, charged, replay)
+    else
+      window_ttl = window_result(reply, call.algorithm, tonumber(ARGV[p]),
+        tonumber(ARGV[p + 1]), tonumber(ARGV[p + 2]), v[1], v[2], call.now, cost, charged,
+        replay)
+    end
     if window_ttl > ttl then ttl = window_ttl end
     p = p + 3
   end
@@ -357,6 +495,11 @@ for i = 1, n do
         fields[#fields + 1] = whole
         fields[#fields + 1] = 'p' .. w
         fields[#fields + 1] = deficit - whole * period
+      elseif call.algorithm == 4 then
+        local lv = v[3]
+        fields[#fields + 1] = 'c' .. w
+        fields[#fields + 1] = mod(lv.count + call.cost, LOG_MODULUS)
+        log_charge(KEYS[call.logs + w - 1], period, lv, lv.count, call.now, grace)
       else
         fields[#fields + 1] = 'c' .. w
         fields[#fields + 1] = v[1] + call.cost

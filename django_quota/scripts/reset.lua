@@ -2,13 +2,14 @@
 docs/failures.md, "reset").
 
 KEYS:
-  KEYS[1]  the counter hash of (policy, revision, identity)
+  KEYS[1]        the counter hash of (policy, revision, identity)
+  KEYS[2..m+1]   its sliding-log lists, one per window (absent for other algorithms)
 ARGV:
   1  m, the policy's window count
 Reply (integer): how many windows had state (fields c1..cm present).
-Deletes the numbers (t, c1..cm, p1..pm); the evaluation-id ledger (e, d) stays, so that a
-retry of an evaluation charged before the reset still never charges twice. A hash left
-with no field is removed by Redis itself.
+Deletes the numbers (t, c1..cm, p1..pm) and the sliding-log lists; the evaluation-id
+ledger (e, d) stays, so that a retry of an evaluation charged before the reset still never
+charges twice. A hash left with no field is removed by Redis itself.
 ]]
 
 local m = tonumber(ARGV[1])
@@ -22,4 +23,7 @@ for w = 1, m do
   names[#names + 1] = 'p' .. w
 end
 redis.call('HDEL', KEYS[1], unpack(names))
+if #KEYS > 1 then
+  redis.call('DEL', unpack(KEYS, 2))
+end
 return with_state
