@@ -44,6 +44,7 @@ from django_quota.core.outcome import (
     FAILED_CLOSED,
     FAILED_OPEN,
     INDETERMINATE,
+    POLICY_UNKNOWN,
     SELECTOR_IDENTITY_MISSING,
     SHADOW_DENIED,
     SKIPPED,
@@ -676,6 +677,52 @@ def prepare(
     )
 
 
+# -- policies named but not defined ---------------------------------------------------------
+_unknown_logged: set[str] = set()
+
+
+def policy_unknown(
+    policy_id: str,
+    failure_mode: str | None = None,
+    *,
+    cause: str | None = None,
+) -> Outcome:
+    """The outcome of ``policy_id`` when a view, throttle or decorator names it but no
+    source defines it: the failure mode (``failure_mode``, else ``FAILURE_MODE``) with
+    reason ``policy_unknown``, never an exception. Counted in the metrics; logged as an
+    error once per policy id and process (``cause`` completes that line).
+    """
+    settings = conf.get_settings()
+    mode = failure_mode or settings.failure_mode
+    if policy_id not in _unknown_logged:
+        _unknown_logged.add(policy_id)
+        logger.error(
+            "quota policy %r %s; its failure mode (%s) applies with reason policy_unknown",
+            policy_id,
+            cause or "is named but not defined (django_quota.E009)",
+            mode,
+        )
+    backend_mode = get_limiter().backend_mode
+    if mode == "open":
+        outcome = Outcome(policy_id, FAILED_OPEN, POLICY_UNKNOWN, backend_mode=backend_mode)
+    else:
+        retry_after = float(settings.failure_retry_after)
+        outcome = Outcome(
+            policy_id, FAILED_CLOSED, POLICY_UNKNOWN, retry_after=retry_after,
+            backend_mode=backend_mode,
+        )
+    metrics.record_outcomes((), [outcome])
+    return outcome
+
+
+def forget_unknown_policies() -> None:
+    """Log the next :func:`policy_unknown` of every id again (settings changed)."""
+    _unknown_logged.clear()
+
+
+conf.on_change(forget_unknown_policies)
+
+
 # -- public API ----------------------------------------------------------------------------
 def evaluate_policies(
     group: Sequence[Policy],
@@ -868,5 +915,6 @@ __all__ = [
     "get_limiter",
     "inspect",
     "peek",
+    "policy_unknown",
     "reset",
 ]
