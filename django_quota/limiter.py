@@ -53,7 +53,13 @@ from django_quota.core.outcome import (
     outcome_from_result,
 )
 from django_quota.core.policy import TOKEN_BUCKET, Policy
-from django_quota.core.protocol import GroupReply, GroupRequest, counter_key, fingerprint
+from django_quota.core.protocol import (
+    GroupReply,
+    GroupRequest,
+    check_evaluation_id,
+    counter_key,
+    fingerprint,
+)
 
 logger = logging.getLogger("django_quota")
 
@@ -338,6 +344,8 @@ class Limiter:
         caller_id = evaluation_id is not None
         if evaluation_id is None:
             evaluation_id = new_evaluation_id()
+        else:
+            check_evaluation_id(evaluation_id)
         backend_mode = self.backend_mode
         compiled_group: list[Compiled] = []
         outcomes: list[Outcome | None] = []
@@ -763,9 +771,11 @@ def evaluate(
     ``subject`` maps dimensions to raw identities (``{"user": "42"}``,
     ``{"ip": "203.0.113.9"}``), normalised as the middleware normalises them. Never
     raises for backend trouble: failures come back as outcomes. Raises
-    :class:`~django_quota.policies.UnknownPolicy`, ``TypeError`` or ``ValueError`` for a
-    bad cost. ``evaluation_id``, when given, makes a repeat of a charged evaluation
-    charge nothing (``docs/failures.md``).
+    :class:`~django_quota.policies.UnknownPolicy`; ``TypeError`` or ``ValueError`` for a
+    bad cost or ``evaluation_id``; ``TypeError`` for an identity value that is not
+    ``str``, ``int`` or ``uuid.UUID``. ``evaluation_id`` (printable, 1 to 128
+    characters), when given, makes a repeat of a charged evaluation charge nothing
+    (``docs/failures.md``).
     """
     limiter = get_limiter()
     policy = policies.get_policy(policy_id)

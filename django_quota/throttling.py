@@ -523,7 +523,8 @@ class SimpleRateThrottle(QuotaThrottle):
             self.key = self.get_cache_key(request, view)
             if self.key is None:
                 return True
-            identified = (CACHE_KEY_DIMENSION,), {CACHE_KEY_DIMENSION: self.key}
+            key = http.identity_value(self.key)
+            identified = (CACHE_KEY_DIMENSION,), {CACHE_KEY_DIMENSION: key}
         else:
             identified = self._identify(request)
             if identified is None:

@@ -39,6 +39,38 @@ def counter_key(prefix: str, policy: Policy, identity: Identity) -> str:
     return key
 
 
+#: The longest evaluation id a caller may give, in characters.
+MAX_EVALUATION_ID_LENGTH = 128
+
+
+def check_evaluation_id(evaluation_id: object) -> str:
+    """Return a caller's evaluation id when it is printable text of 1 to 128 characters.
+
+    Raises ``TypeError`` for anything but a ``str`` and ``ValueError`` for an empty id
+    (one id shared by every call would make each a repeat that charges nothing), a longer
+    one, or one with control characters or lone surrogates (which UTF-8 cannot carry to
+    Redis), so every backend refuses the same ids before any call.
+    """
+    if not isinstance(evaluation_id, str):
+        raise TypeError(f"evaluation_id must be a str, not {type(evaluation_id).__name__}")
+    if not 1 <= len(evaluation_id) <= MAX_EVALUATION_ID_LENGTH:
+        raise ValueError(
+            f"evaluation_id must be 1 to {MAX_EVALUATION_ID_LENGTH} characters, "
+            f"not {len(evaluation_id)}"
+        )
+    try:
+        evaluation_id.encode()
+    except UnicodeEncodeError:
+        printable = False
+    else:
+        printable = evaluation_id.isprintable()
+    if not printable:
+        raise ValueError(
+            "evaluation_id must be printable text (no control characters or lone surrogates)"
+        )
+    return evaluation_id
+
+
 def fingerprint(evaluation_id: str) -> bytes:
     """The ledger fingerprint of an evaluation id: the 5-byte (40-bit) BLAKE2b digest of
     its UTF-8 bytes. Two ids share one with probability 2**-40."""
