@@ -32,7 +32,7 @@ from django_quota.core.admission import NodeGuard
 from django_quota.core.breaker import BreakerError, CircuitBreaker
 from django_quota.core.errors import BackendError
 from django_quota.core.identity import Identity, IdentityError, build_identity
-from django_quota.core.model import PolicyCall
+from django_quota.core.model import ALLOWED_UNCHARGED, PolicyCall
 from django_quota.core.outcome import (
     BACKEND_ERROR,
     BACKEND_MODE_FALLBACK,
@@ -148,6 +148,8 @@ class Prepared:
     started: float
     peek: bool
     backend_mode: str
+    #: Ids whose own windows allowed but whose group was refused: nothing charged.
+    group_denied: tuple[str, ...] = ()
 
     @property
     def policies(self) -> tuple[Policy, ...]:
@@ -418,6 +420,7 @@ class Limiter:
             return self.failed(prepared, INDETERMINATE, backend_mode)
         outcomes = prepared.outcomes
         compiled = prepared.compiled
+        uncharged: list[str] = []
         for index, result in zip(prepared.sent, reply.results, strict=True):
             outcomes[index] = outcome_from_result(
                 compiled[index].policy,
@@ -425,6 +428,10 @@ class Limiter:
                 backend_mode=backend_mode,
                 evaluation_id=prepared.evaluation_id,
             )
+            if result.status == ALLOWED_UNCHARGED:
+                uncharged.append(compiled[index].policy.id)
+        if uncharged and not (prepared.peek or reply.replayed):
+            prepared.group_denied = tuple(uncharged)
         return [outcome for outcome in outcomes if outcome is not None]
 
     def failed(self, prepared: Prepared, reason: str, backend_mode: str) -> list[Outcome]:
@@ -544,7 +551,7 @@ class Limiter:
 
     def _recorded(self, prepared: Prepared, outcomes: list[Outcome]) -> list[Outcome]:
         if not prepared.peek:
-            metrics.record_outcomes(prepared.compiled, outcomes)
+            metrics.record_outcomes(prepared.compiled, outcomes, prepared.group_denied)
         return outcomes
 
     def run(self, prepared: Prepared) -> list[Outcome]:
