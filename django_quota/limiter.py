@@ -52,10 +52,18 @@ from django_quota.core.outcome import (
     bare_outcome,
     outcome_from_result,
 )
-from django_quota.core.policy import TOKEN_BUCKET, Policy
+from django_quota.core.policy import (
+    DEFAULT_WINDOW,
+    FIXED_WINDOW,
+    TOKEN_BUCKET,
+    Policy,
+    Window,
+    settings_revision,
+)
 from django_quota.core.protocol import (
     GroupReply,
     GroupRequest,
+    Probe,
     check_evaluation_id,
     counter_key,
     fingerprint,
@@ -907,11 +915,34 @@ def preload() -> list[tuple[str, str]]:
     return get_backend().preload()
 
 
+#: The probe ``quota check`` evaluates: a route-only identity, so its key stays readable
+#: (``<KEY_PREFIX>:{quota-check}:…``), and a one-second window, so it never lingers.
+PROBE_POLICY = Policy(
+    id="quota-check",
+    algorithm=FIXED_WINDOW,
+    windows=(Window(DEFAULT_WINDOW, 2, 1000, 2),),
+    selector=("route",),
+    revision=settings_revision(FIXED_WINDOW, ("route",), (Window(DEFAULT_WINDOW, 2, 1000, 2),)),
+    source="check",
+)
+
+
+def probe() -> Probe:
+    """The probe of ``quota check``: a peek and a charge of :data:`PROBE_POLICY`, built
+    as every evaluation is (this process's clock, prefix and lifetimes)."""
+    limiter = get_limiter()
+    subject = {"route": "quota-check"}
+    peeking = limiter.prepare([PROBE_POLICY], subject, 1, peek=True).request
+    charging = limiter.prepare([PROBE_POLICY], subject, 1).request
+    assert peeking is not None and charging is not None
+    return Probe(charging.counters[0], PROBE_POLICY.windows[0].limit, peeking, charging)
+
+
 def diagnose() -> list[tuple[str, str, str]]:
-    """(check, status, detail) rows about the backend, for ``quota check``."""
-    settings = conf.get_settings()
+    """(check, status, detail) rows about the backend, for ``quota check``: the backend
+    runs the :func:`probe` too."""
     backend: Any = get_backend()
-    return list(backend.diagnose(f"{settings.key_prefix}:{{check}}:quota-check"))
+    return list(backend.diagnose(probe()))
 
 
 __all__ = [

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import NamedTuple
 
 from django_quota.core.identity import Identity
@@ -151,6 +152,18 @@ class GroupReply(NamedTuple):
     def replayed(self) -> bool:
         """A repeat of a charged evaluation: allowed, nothing charged."""
         return self.status == GROUP_REPLAYED
+
+
+@dataclass(frozen=True, slots=True)
+class Probe:
+    """What ``quota check`` runs on a backend: ``peek`` and then ``charge`` (cost 1) of
+    the one-window ``counter`` with ``limit`` units, both through the real evaluation
+    script; then the counter is reset and removed."""
+
+    counter: str
+    limit: int
+    peek: GroupRequest
+    charge: GroupRequest
 
 
 def parse_reply(reply: Sequence[int], window_counts: Sequence[int]) -> GroupReply:
