@@ -99,17 +99,29 @@ class _Limit:
         return self.cost(request) if callable(self.cost) else self.cost
 
 
-def _reuse(request: Any, policy: Policy) -> list[Outcome] | None:
-    decided = http.live_memo(request).get(policy.id)
+def _reuse(request: Any, policy_id: str) -> list[Outcome] | None:
+    decided = http.live_memo(request).get(policy_id)
     return None if decided is None else [decided]
+
+
+def _unknown(request: Any, limit: _Limit, lease: http.Lease) -> Outcome | None:
+    """The refusal, if any, when the named policy is not defined: its failure mode with
+    reason ``policy_unknown`` (never a 500, ``docs/failures.md``)."""
+    assert limit.policy_id is not None
+    found = _reuse(request, limit.policy_id) or [limiter.policy_unknown(limit.policy_id)]
+    http.record_leased(request, found, lease)
+    return http.refusal(found)
 
 
 def _check(request: Any, limit: _Limit, lease: http.Lease) -> tuple[Outcome | None, bool]:
     """Decide the view's policy: ``(refusing outcome, whether the layer ran)``."""
     if not conf.get_settings().enabled:
         return None, False
-    policy = limit.policy()
-    found = _reuse(request, policy)
+    try:
+        policy = limit.policy()
+    except policies.UnknownPolicy:
+        return _unknown(request, limit, lease), True
+    found = _reuse(request, policy.id)
     if found is None:
         found = limiter.evaluate_policies(
             [policy], http.RequestSubject(request).for_policy, limit.cost_of(request)
@@ -122,8 +134,11 @@ async def _acheck(request: Any, limit: _Limit, lease: http.Lease) -> tuple[Outco
     """Async twin of :func:`_check`."""
     if not conf.get_settings().enabled:
         return None, False
-    policy = limit.policy()
-    found = _reuse(request, policy)
+    try:
+        policy = limit.policy()
+    except policies.UnknownPolicy:
+        return _unknown(request, limit, lease), True
+    found = _reuse(request, policy.id)
     if found is None:
         subject = http.RequestSubject(request)
         await subject.aload([policy])

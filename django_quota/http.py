@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import uuid
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -15,7 +16,7 @@ from django.urls import Resolver404, ResolverMatch, resolve
 from django.utils.module_loading import import_string
 
 from django_quota import conf, policies
-from django_quota.core.identity import IdentityError, client_ip
+from django_quota.core.identity import INVALID_VALUE, IdentityError, client_ip
 from django_quota.core.outcome import (
     DENIED_DECISION,
     FAILED_CLOSED,
@@ -140,6 +141,23 @@ def request_ip(request: HttpRequest, *, default_proxy_count: int | None = None) 
     )
 
 
+def identity_value(value: object) -> object:
+    """A value read from a request (a resolver's answer, DRF's ``request.auth``) as the
+    core takes it, so that a request never raises ``TypeError``: ``str``, ``int``,
+    ``uuid.UUID`` and ``None`` as they are, UTF-8 bytes as their text; anything else
+    (other bytes, ``bool``, an object) is an invalid identity."""
+    if value is None or isinstance(value, str | uuid.UUID):
+        return value
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, bytes):
+        try:
+            return value.decode()
+        except UnicodeDecodeError:
+            return INVALID_VALUE
+    return INVALID_VALUE
+
+
 def _call(path: str | None, request: Any) -> object:
     if path is None:
         return None
@@ -169,7 +187,7 @@ class RequestSubject:
 
     def _value(self, name: str) -> object:
         if name not in self._values:
-            self._values[name] = self._read(name)
+            self._values[name] = identity_value(self._read(name))
         return self._values[name]
 
     def _read(self, name: str) -> object:

@@ -32,7 +32,7 @@ from django_quota.core.admission import NodeGuard
 from django_quota.core.breaker import BreakerError, CircuitBreaker
 from django_quota.core.errors import BackendError
 from django_quota.core.identity import Identity, IdentityError, build_identity
-from django_quota.core.model import PolicyCall
+from django_quota.core.model import ALLOWED_UNCHARGED, PolicyCall
 from django_quota.core.outcome import (
     BACKEND_ERROR,
     BACKEND_MODE_FALLBACK,
@@ -44,6 +44,7 @@ from django_quota.core.outcome import (
     FAILED_CLOSED,
     FAILED_OPEN,
     INDETERMINATE,
+    POLICY_UNKNOWN,
     SELECTOR_IDENTITY_MISSING,
     SHADOW_DENIED,
     SKIPPED,
@@ -51,8 +52,22 @@ from django_quota.core.outcome import (
     bare_outcome,
     outcome_from_result,
 )
-from django_quota.core.policy import TOKEN_BUCKET, Policy
-from django_quota.core.protocol import GroupReply, GroupRequest, counter_key, fingerprint
+from django_quota.core.policy import (
+    DEFAULT_WINDOW,
+    FIXED_WINDOW,
+    TOKEN_BUCKET,
+    Policy,
+    Window,
+    settings_revision,
+)
+from django_quota.core.protocol import (
+    GroupReply,
+    GroupRequest,
+    Probe,
+    check_evaluation_id,
+    counter_key,
+    fingerprint,
+)
 
 logger = logging.getLogger("django_quota")
 
@@ -141,6 +156,8 @@ class Prepared:
     started: float
     peek: bool
     backend_mode: str
+    #: Ids whose own windows allowed but whose group was refused: nothing charged.
+    group_denied: tuple[str, ...] = ()
 
     @property
     def policies(self) -> tuple[Policy, ...]:
@@ -337,6 +354,8 @@ class Limiter:
         caller_id = evaluation_id is not None
         if evaluation_id is None:
             evaluation_id = new_evaluation_id()
+        else:
+            check_evaluation_id(evaluation_id)
         backend_mode = self.backend_mode
         compiled_group: list[Compiled] = []
         outcomes: list[Outcome | None] = []
@@ -409,6 +428,7 @@ class Limiter:
             return self.failed(prepared, INDETERMINATE, backend_mode)
         outcomes = prepared.outcomes
         compiled = prepared.compiled
+        uncharged: list[str] = []
         for index, result in zip(prepared.sent, reply.results, strict=True):
             outcomes[index] = outcome_from_result(
                 compiled[index].policy,
@@ -416,6 +436,10 @@ class Limiter:
                 backend_mode=backend_mode,
                 evaluation_id=prepared.evaluation_id,
             )
+            if result.status == ALLOWED_UNCHARGED:
+                uncharged.append(compiled[index].policy.id)
+        if uncharged and not (prepared.peek or reply.replayed):
+            prepared.group_denied = tuple(uncharged)
         return [outcome for outcome in outcomes if outcome is not None]
 
     def failed(self, prepared: Prepared, reason: str, backend_mode: str) -> list[Outcome]:
@@ -535,7 +559,7 @@ class Limiter:
 
     def _recorded(self, prepared: Prepared, outcomes: list[Outcome]) -> list[Outcome]:
         if not prepared.peek:
-            metrics.record_outcomes(prepared.compiled, outcomes)
+            metrics.record_outcomes(prepared.compiled, outcomes, prepared.group_denied)
         return outcomes
 
     def run(self, prepared: Prepared) -> list[Outcome]:
@@ -676,6 +700,52 @@ def prepare(
     )
 
 
+# -- policies named but not defined ---------------------------------------------------------
+_unknown_logged: set[str] = set()
+
+
+def policy_unknown(
+    policy_id: str,
+    failure_mode: str | None = None,
+    *,
+    cause: str | None = None,
+) -> Outcome:
+    """The outcome of ``policy_id`` when a view, throttle or decorator names it but no
+    source defines it: the failure mode (``failure_mode``, else ``FAILURE_MODE``) with
+    reason ``policy_unknown``, never an exception. Counted in the metrics; logged as an
+    error once per policy id and process (``cause`` completes that line).
+    """
+    settings = conf.get_settings()
+    mode = failure_mode or settings.failure_mode
+    if policy_id not in _unknown_logged:
+        _unknown_logged.add(policy_id)
+        logger.error(
+            "quota policy %r %s; its failure mode (%s) applies with reason policy_unknown",
+            policy_id,
+            cause or "is named but not defined (django_quota.E009)",
+            mode,
+        )
+    backend_mode = get_limiter().backend_mode
+    if mode == "open":
+        outcome = Outcome(policy_id, FAILED_OPEN, POLICY_UNKNOWN, backend_mode=backend_mode)
+    else:
+        retry_after = float(settings.failure_retry_after)
+        outcome = Outcome(
+            policy_id, FAILED_CLOSED, POLICY_UNKNOWN, retry_after=retry_after,
+            backend_mode=backend_mode,
+        )
+    metrics.record_outcomes((), [outcome])
+    return outcome
+
+
+def forget_unknown_policies() -> None:
+    """Log the next :func:`policy_unknown` of every id again (settings changed)."""
+    _unknown_logged.clear()
+
+
+conf.on_change(forget_unknown_policies)
+
+
 # -- public API ----------------------------------------------------------------------------
 def evaluate_policies(
     group: Sequence[Policy],
@@ -716,9 +786,11 @@ def evaluate(
     ``subject`` maps dimensions to raw identities (``{"user": "42"}``,
     ``{"ip": "203.0.113.9"}``), normalised as the middleware normalises them. Never
     raises for backend trouble: failures come back as outcomes. Raises
-    :class:`~django_quota.policies.UnknownPolicy`, ``TypeError`` or ``ValueError`` for a
-    bad cost. ``evaluation_id``, when given, makes a repeat of a charged evaluation
-    charge nothing (``docs/failures.md``).
+    :class:`~django_quota.policies.UnknownPolicy`; ``TypeError`` or ``ValueError`` for a
+    bad cost or ``evaluation_id``; ``TypeError`` for an identity value that is not
+    ``str``, ``int`` or ``uuid.UUID``. ``evaluation_id`` (printable, 1 to 128
+    characters), when given, makes a repeat of a charged evaluation charge nothing
+    (``docs/failures.md``).
     """
     limiter = get_limiter()
     policy = policies.get_policy(policy_id)
@@ -843,11 +915,34 @@ def preload() -> list[tuple[str, str]]:
     return get_backend().preload()
 
 
+#: The probe ``quota check`` evaluates: a route-only identity, so its key stays readable
+#: (``<KEY_PREFIX>:{quota-check}:…``), and a one-second window, so it never lingers.
+PROBE_POLICY = Policy(
+    id="quota-check",
+    algorithm=FIXED_WINDOW,
+    windows=(Window(DEFAULT_WINDOW, 2, 1000, 2),),
+    selector=("route",),
+    revision=settings_revision(FIXED_WINDOW, ("route",), (Window(DEFAULT_WINDOW, 2, 1000, 2),)),
+    source="check",
+)
+
+
+def probe() -> Probe:
+    """The probe of ``quota check``: a peek and a charge of :data:`PROBE_POLICY`, built
+    as every evaluation is (this process's clock, prefix and lifetimes)."""
+    limiter = get_limiter()
+    subject = {"route": "quota-check"}
+    peeking = limiter.prepare([PROBE_POLICY], subject, 1, peek=True).request
+    charging = limiter.prepare([PROBE_POLICY], subject, 1).request
+    assert peeking is not None and charging is not None
+    return Probe(charging.counters[0], PROBE_POLICY.windows[0].limit, peeking, charging)
+
+
 def diagnose() -> list[tuple[str, str, str]]:
-    """(check, status, detail) rows about the backend, for ``quota check``."""
-    settings = conf.get_settings()
+    """(check, status, detail) rows about the backend, for ``quota check``: the backend
+    runs the :func:`probe` too."""
     backend: Any = get_backend()
-    return list(backend.diagnose(f"{settings.key_prefix}:{{check}}:quota-check"))
+    return list(backend.diagnose(probe()))
 
 
 __all__ = [
@@ -868,5 +963,6 @@ __all__ = [
     "get_limiter",
     "inspect",
     "peek",
+    "policy_unknown",
     "reset",
 ]

@@ -4,7 +4,9 @@ ids, decisions, reasons, selector dimension names and backend modes, never an id
 
 Families (contract 9):
 
-- ``django_quota_outcomes_total{policy,decision,reason,selector_dimensions,backend_mode}``
+- ``django_quota_outcomes_total{policy,decision,reason,selector_dimensions,backend_mode}``:
+  ``reason`` is the outcome's, or ``group_denied`` for an allowed outcome whose group
+  another policy refused (it charged nothing)
 - ``django_quota_backend_health_total{backend_mode,reason}``: ``reason`` is ``ok`` or a
   failure reason (``backend_timeout``, ``backend_unavailable``, ``backend_error``,
   ``indeterminate``, ``clock_unsafe``)
@@ -20,10 +22,11 @@ import logging
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from typing import Any, Protocol
 
 from django_quota.core.outcome import (
+    ALLOWED,
     DENIED_DECISION,
     FAILED_CLOSED,
     FAILED_OPEN,
@@ -35,6 +38,8 @@ from django_quota.core.policy import Policy
 logger = logging.getLogger("django_quota")
 
 OK = "ok"
+#: The ``reason`` label of an allowed outcome whose group another policy refused.
+GROUP_DENIED = "group_denied"
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
 
 prometheus_client: Any
@@ -98,14 +103,22 @@ def _create(name: str) -> Any:
     )
 
 
-def record_outcomes(evaluated: Sequence[Evaluated | Policy], outcomes: Iterable[Outcome]) -> None:
+def record_outcomes(
+    evaluated: Sequence[Evaluated | Policy],
+    outcomes: Iterable[Outcome],
+    group_denied: Collection[str] = (),
+) -> None:
     """Count decided outcomes (never peeks) of one evaluation; log denials, shadow
     denials and failures (never an identity). ``evaluated`` holds the group's policies
-    (or objects naming them), in any order."""
+    (or objects naming them), in any order. An allowed outcome of a policy in
+    ``group_denied`` (its windows allowed, another policy of its group refused, nothing
+    charged) is counted with reason :data:`GROUP_DENIED`, not as admitting."""
     family = _family("outcomes")
     for outcome in outcomes:
         reason = outcome.reason or ""
         decision = outcome.decision
+        if group_denied and outcome.policy in group_denied and decision == ALLOWED:
+            reason = GROUP_DENIED
         with _counts_lock:
             _counts[(outcome.policy, decision, reason)] += 1
         if family is not None:

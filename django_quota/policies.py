@@ -27,7 +27,11 @@ logger = logging.getLogger("django_quota")
 
 
 class UnknownPolicy(QuotaError, LookupError):
-    """No policy has this id."""
+    """No policy has this id (``policy_id``)."""
+
+    def __init__(self, policy_id: str) -> None:
+        super().__init__(f"no policy named {policy_id!r}")
+        self.policy_id = policy_id
 
 
 @dataclass(frozen=True, slots=True)
@@ -210,7 +214,7 @@ def get_policy(policy_id: str) -> Policy:
         or _declared.get(policy_id)
     )
     if policy is None:
-        raise UnknownPolicy(f"no policy named {policy_id!r}")
+        raise UnknownPolicy(policy_id)
     return policy
 
 

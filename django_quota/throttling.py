@@ -28,7 +28,7 @@ from django_quota import conf, http, limiter, policies
 from django_quota.checks import E_DRF_RATE
 from django_quota.core.errors import ConfigurationError
 from django_quota.core.identity import IdentityError
-from django_quota.core.outcome import DENIED_DECISION, FAILED_CLOSED, FAILED_OPEN, Outcome
+from django_quota.core.outcome import DENIED_DECISION, FAILED_CLOSED, Outcome
 from django_quota.core.policy import (
     AUTO,
     DEFAULT_WINDOW,
@@ -234,37 +234,6 @@ def scope_policy(scope: str) -> Policy | None:
     return _rate_policy(generated_policy_id("drf", scope), num_requests, duration, selector)
 
 
-# -- unusable rates ------------------------------------------------------------------------
-#: The reason of an outcome whose policy could not be built (contract 6).
-POLICY_UNKNOWN = "policy_unknown"
-_logged_rates: set[tuple[str, str]] = set()
-
-
-def _forget_logged_rates() -> None:
-    _logged_rates.clear()
-
-
-conf.on_change(_forget_logged_rates)
-
-
-def _log_unusable_rate(
-    policy_id: str, scope: str | None, rate: object, error: ImproperlyConfigured
-) -> None:
-    key = (policy_id, repr(rate))
-    if key in _logged_rates:
-        return
-    _logged_rates.add(key)
-    logger.error(
-        "DRF throttle rate %r of scope %r cannot be used (%s); policy %s applies the "
-        "failure mode with reason policy_unknown (%s)",
-        rate,
-        scope,
-        error,
-        policy_id,
-        E_DRF_RATE,
-    )
-
-
 # -- the throttles -------------------------------------------------------------------------
 class _Dispatch:
     """What the throttles of one DRF dispatch share, kept on the ``HttpRequest``."""
@@ -316,24 +285,33 @@ class QuotaThrottle(BaseThrottle):
     def get_quota_policies(self, request: Any, view: Any) -> list[Policy]:
         """The policies this throttle applies to ``view`` (ids resolved at call time).
 
-        Raises :class:`~django_quota.policies.UnknownPolicy` for an unknown id.
+        An id no source defines is left out: :meth:`allow_request` applies the failure
+        mode to it with reason ``policy_unknown``. An override may raise
+        :class:`~django_quota.policies.UnknownPolicy`, with the same effect.
         """
-        names = named_policy_ids(view, self.quota_policies)
-        return [policies.get_policy(name) for name in dict.fromkeys(names)]
+        return self._named_policies(view)[0]
 
     def allow_request(self, request: Any, view: Any) -> bool:
         """Decide the view's policies together; False when one refuses.
 
-        Raises :class:`QuotaUnavailable` when the backend failed and a policy fails
-        closed.
+        Raises :class:`QuotaUnavailable` when the backend failed, or a named policy is
+        not defined, and a policy fails closed.
         """
         self._forget()
         if not conf.get_settings().enabled:
             return True
-        group = self.get_quota_policies(request, view)
-        if not group:
+        unknown: list[str] = []
+        if type(self).get_quota_policies is QuotaThrottle.get_quota_policies:
+            group, unknown = self._named_policies(view)
+        else:
+            try:
+                group = self.get_quota_policies(request, view)
+            except policies.UnknownPolicy as exc:
+                group, unknown = [], [exc.policy_id]
+        if not group and not unknown:
             return True
-        return self._decide(request, view, group, self._request_subject(request, view))
+        subject = self._request_subject(request, view)
+        return self._decide(request, view, group, subject, unknown=unknown)
 
     def wait(self) -> float | None:
         """Seconds until a retry can succeed (at least 0.001) after a quota denial; None
@@ -350,6 +328,17 @@ class QuotaThrottle(BaseThrottle):
     def _forget(self) -> None:
         self._quota_wait = None
         self._quota_outcomes = ()
+
+    def _named_policies(self, view: Any) -> tuple[list[Policy], list[str]]:
+        """The policies the view names, and the ids among them no source defines."""
+        found: list[Policy] = []
+        unknown: list[str] = []
+        for name in dict.fromkeys(named_policy_ids(view, self.quota_policies)):
+            try:
+                found.append(policies.get_policy(name))
+            except policies.UnknownPolicy:
+                unknown.append(name)
+        return found, unknown
 
     def _dispatch(self, request: Any, django_request: Any) -> _Dispatch:
         """This DRF dispatch's record on the ``HttpRequest``. A new dispatch of the same
@@ -396,23 +385,35 @@ class QuotaThrottle(BaseThrottle):
         return source
 
     def _decide(
-        self, request: Any, view: Any, group: Sequence[Policy], subject: SubjectSource
+        self,
+        request: Any,
+        view: Any,
+        group: Sequence[Policy],
+        subject: SubjectSource,
+        *,
+        unknown: Sequence[str] = (),
+        cause: str | None = None,
     ) -> bool:
         """Evaluate ``group`` as one layer, reusing outcomes already decided for the
-        request, and record the new outcomes on it."""
+        request, and record the new outcomes on it. Each of the ``unknown`` ids (named,
+        not defined) gets the ``policy_unknown`` outcome of its failure mode; ``cause``
+        completes its log line."""
         django_request = _django_request(request)
         dispatch = self._dispatch(request, django_request)
         lease = self._lease(dispatch)
         decided = http.live_memo(django_request)
+        missing = [
+            decided.get(name) or limiter.policy_unknown(name, cause=cause) for name in unknown
+        ]
         pending = [policy for policy in group if policy.id not in decided]
         fresh: list[Outcome] = []
-        if pending:
+        if pending and not any(outcome.decision == FAILED_CLOSED for outcome in missing):
             fresh = limiter.evaluate_policies(
                 pending, subject, self.get_quota_cost(request, view), clock=self._clock()
             )
-            http.record_leased(django_request, fresh, lease)
+        http.record_leased(django_request, [*missing, *fresh], lease)
         by_policy = {outcome.policy: outcome for outcome in fresh}
-        found = [
+        found = missing + [
             decided[policy.id] if policy.id in decided else by_policy[policy.id]
             for policy in group
             if policy.id in decided or policy.id in by_policy
@@ -522,7 +523,8 @@ class SimpleRateThrottle(QuotaThrottle):
             self.key = self.get_cache_key(request, view)
             if self.key is None:
                 return True
-            identified = (CACHE_KEY_DIMENSION,), {CACHE_KEY_DIMENSION: self.key}
+            key = http.identity_value(self.key)
+            identified = (CACHE_KEY_DIMENSION,), {CACHE_KEY_DIMENSION: key}
         else:
             identified = self._identify(request)
             if identified is None:
@@ -544,29 +546,16 @@ class SimpleRateThrottle(QuotaThrottle):
 
     # -- internals -------------------------------------------------------------------------
     def _unusable_rate(self, request: Any, view: Any, error: ImproperlyConfigured) -> bool:
-        """Decide a request whose rate cannot be parsed as an undefined policy is decided:
-        a policy configured under this throttle's id still applies; otherwise the
-        failure mode applies with reason ``policy_unknown`` and an error is logged (once
-        per policy and rate until settings change)."""
+        """Decide a request whose rate is missing or cannot be parsed as an undefined
+        policy is decided: a policy configured under this throttle's id still applies;
+        otherwise :func:`django_quota.limiter.policy_unknown` (the failure mode with
+        reason ``policy_unknown``, one error line per policy id and process)."""
         policy_id = self._policy_id()
         configured = policies.get_registry().policies.get(policy_id)
         if configured is not None:
             return self._decide(request, view, [configured], self._request_subject(request, view))
-        _log_unusable_rate(policy_id, self.scope, self.rate, error)
-        settings = conf.get_settings()
-        if settings.failure_mode == "open":
-            outcome = Outcome(policy=policy_id, decision=FAILED_OPEN, reason=POLICY_UNKNOWN)
-        else:
-            outcome = Outcome(
-                policy=policy_id,
-                decision=FAILED_CLOSED,
-                reason=POLICY_UNKNOWN,
-                retry_after=float(settings.failure_retry_after),
-            )
-        django_request = _django_request(request)
-        dispatch = self._dispatch(request, django_request)
-        http.record_leased(django_request, [outcome], self._lease(dispatch))
-        return self._conclude(request, dispatch, [outcome])
+        cause = f"has no usable DRF throttle rate for scope {self.scope!r} ({error}; {E_DRF_RATE})"
+        return self._decide(request, view, [], lambda policy: {}, unknown=[policy_id], cause=cause)
 
     def _policy_id(self) -> str:
         if self.scope:
@@ -642,7 +631,11 @@ class ScopedRateThrottle(SimpleRateThrottle):
         self.scope = getattr(view, self.scope_attr, None)
         if not self.scope:
             return True
-        self.rate = self.get_rate()
+        try:
+            self.rate = self.get_rate()
+        except ImproperlyConfigured as exc:  # the scope has no rate: never a 500
+            self.rate = None
+            return self._unusable_rate(request, view, exc)
         self._read_rate()
         return super().allow_request(request, view)
 

@@ -523,12 +523,16 @@ def test_quota_check_passes_on_the_cluster(on_cluster: Any) -> None:
         "connectivity",
         "latency",
         "scripts",
-        "permissions",
+        "evaluation",
         "clock offset",
         "maxmemory-policy",
     ]
     assert all(": ok - " in line for line in lines), lines
     assert lines[0] == "connectivity: ok - PING answered by 3 primaries"
+    assert lines[3] == (
+        "evaluation: ok - evaluate.lua peeked (2 of 2 left) and charged (1 of 2 left) a "
+        "probe counter, reset.lua reset it, and it was removed"
+    )
 
 
 # -- failures -----------------------------------------------------------------------------------

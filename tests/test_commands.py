@@ -331,7 +331,7 @@ def test_preload_on_a_dead_backend_fails_with_one_line(quota: Any) -> None:
 def test_check_on_a_live_redis_is_all_ok(on_redis: Any) -> None:
     lines = quota_command("check").splitlines()
     assert [line.split(":", 1)[0] for line in lines] == [
-        "connectivity", "latency", "scripts", "permissions", "clock offset", "maxmemory-policy"
+        "connectivity", "latency", "scripts", "evaluation", "clock offset", "maxmemory-policy"
     ]
     assert all(": ok - " in line for line in lines), lines
     assert lines[0] == "connectivity: ok - PING answered"

@@ -23,10 +23,13 @@ from prometheus_client import REGISTRY
 from prometheus_client.parser import text_string_to_metric_families
 
 import django_quota
-from django_quota import metrics
+from django_quota import limiter, metrics, policies
+from tests import test_limiter
 
 ROOT = Path(__file__).resolve().parent.parent
 CLOCK = "tests.test_middleware.frozen_clock"
+#: The fixture parametrised over memory, fakeredis and a real redis-server.
+configure = test_limiter.configure
 OUTCOMES = "django_quota_outcomes_total"
 HEALTH = "django_quota_backend_health_total"
 LATENCY = "django_quota_backend_latency_seconds"
@@ -155,6 +158,34 @@ def scrape(client: Client) -> dict[str, Any]:
     text = response.content.decode()
     assert_no_identity(text)
     return {family.name: family for family in text_string_to_metric_families(text)}
+
+
+def test_a_policy_refused_by_its_group_is_not_counted_as_admitting(configure: Any) -> None:
+    """The issue's case: 5 requests, 3 got through. The loose policy's own windows
+    allowed all 5, but the tight one refused the last 2, so the group charged nothing:
+    counted as 3 ``allowed`` and 2 ``allowed`` with ``reason="group_denied"``. The
+    outcomes themselves stay ``allowed`` with no reason."""
+    backend = configure.kind
+    tight, loose = f"gd-tight-{backend}", f"gd-loose-{backend}"
+    configure(CLOCK=CLOCK, POLICIES={
+        tight: {"algorithm": "fixed_window", "windows": "3/m", "selector": ["ip"]},
+        loose: {"algorithm": "fixed_window", "windows": "10/m", "selector": ["ip"]},
+    })
+    mode = "memory" if backend == "memory" else "redis"
+    group = [policies.get_policy(tight), policies.get_policy(loose)]
+    subject = {"ip": CLIENT_IP}
+    found = [limiter.evaluate_policies(group, subject) for _ in range(5)]
+    assert [[o.decision for o in outcomes] for outcomes in found] == (
+        [["allowed", "allowed"]] * 3 + [["denied", "allowed"]] * 2
+    )
+    assert [outcomes[1].reason for outcomes in found] == [None] * 5
+    assert outcome_count(loose, "allowed", "", "ip", mode) == 3
+    assert outcome_count(loose, "allowed", "group_denied", "ip", mode) == 2
+    assert outcome_count(tight, "allowed", "", "ip", mode) == 3
+    assert outcome_count(tight, "denied", "default_quota_exhausted", "ip", mode) == 2
+    assert django_quota.peek(loose, subject).remaining == 7
+    counts = metrics.outcome_counts()
+    assert (counts[(loose, "allowed", "")], counts[(loose, "allowed", "group_denied")]) == (3, 2)
 
 
 def test_the_view_exposes_every_family_through_http(quota: Any) -> None:

@@ -248,10 +248,11 @@ def test_view_without_policies_is_not_throttled(quota: Any) -> None:
     assert recorded(response) == []
 
 
-def test_unknown_policy_id_is_an_error(quota: Any) -> None:
+def test_unknown_policy_id_fails_closed_not_500(quota: Any) -> None:
     quota(CLOCK=CLOCK)
-    with pytest.raises(policies.UnknownPolicy):
-        APIClient().get("/drf/orders/")
+    response = APIClient().get("/drf/orders/")
+    assert response.status_code == 503
+    assert recorded(response) == [("orders", "failed_closed", "policy_unknown")]
 
 
 def test_policies_of_one_throttle_are_decided_together(quota: Any) -> None:
@@ -560,11 +561,15 @@ def test_scoped_throttle_counts_each_scope_apart(quota: Any, rates: Any) -> None
     assert recorded(client.get("/drf/y/")) == [("drf:y", "denied", "default_quota_exhausted")]
 
 
-def test_missing_rate_for_a_scope_is_improperly_configured(quota: Any, rates: Any) -> None:
+def test_missing_rate_for_a_scope_fails_closed_on_a_request(quota: Any, rates: Any) -> None:
+    """DRF answers 500 for a scoped view whose scope has no rate; the drop-in applies the
+    failure mode with reason policy_unknown (docs/drf.md). Building a throttle whose
+    class scope has no rate still raises, as DRF's does."""
     quota(CLOCK=CLOCK)
     rates(x="2/min")
-    with pytest.raises(ImproperlyConfigured, match="'y' scope"):
-        APIClient().get("/drf/y/")
+    response = APIClient().get("/drf/y/")
+    assert response.status_code == 503
+    assert recorded(response) == [("drf:y", "failed_closed", "policy_unknown")]
     with pytest.raises(ImproperlyConfigured, match="'user' scope"):
         UserRateThrottle()
 

@@ -54,6 +54,7 @@ from redis.backoff import NoBackoff
 from redis.cluster import RedisCluster
 from redis.crc import key_slot
 
+from django_quota.backends.probe import run_probe
 from django_quota.backends.redis import (
     MAX_ASYNC_CLIENTS,
     MarkingConnectionPool,
@@ -94,7 +95,7 @@ from django_quota.core.outcome import (
     INDETERMINATE,
 )
 from django_quota.core.policy import FIXED_WINDOW, SLIDING_LOG, TOKEN_BUCKET, Window
-from django_quota.core.protocol import GroupReply, GroupRequest, log_key
+from django_quota.core.protocol import GroupReply, GroupRequest, Probe, log_key
 
 logger = logging.getLogger("django_quota")
 
@@ -574,10 +575,11 @@ class RedisClusterBackend(ScriptedBackend):
             raise classify_cluster(exc) from exc
         return loaded
 
-    def diagnose(self, probe_key: str) -> list[tuple[str, str, str]]:
+    def diagnose(self, probe: Probe) -> list[tuple[str, str, str]]:
         """(check, status, detail) rows for ``quota check``, over every primary:
-        connectivity, latency, script load, permissions (on ``probe_key``'s primary),
-        clock offset (the worst) and ``maxmemory-policy`` (any that can evict)."""
+        connectivity, latency, script load, the evaluation ``probe`` (on its counter's
+        primary, :func:`~django_quota.backends.probe.run_probe`), clock offset (the
+        worst) and ``maxmemory-policy`` (any that can evict)."""
         rows: list[tuple[str, str, str]] = []
         try:
             client = self.client
@@ -599,11 +601,7 @@ class RedisClusterBackend(ScriptedBackend):
             rows.append(("scripts", "ok", f"{detail} (on {len(primaries)} primaries)"))
         except BackendError as exc:
             rows.append(("scripts", "error", str(exc)))
-        try:
-            self.reset(probe_key, 1)
-            rows.append(("permissions", "ok", "EVALSHA, HGETALL/HSET/DEL allowed"))
-        except BackendError as exc:
-            rows.append(("permissions", "error", str(exc)))
+        rows.append(run_probe(self, probe, client.delete))
         try:
             offsets = []
             for node in primaries:

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from django_quota.core.errors import BackendError
 from django_quota.core.model import COUNT_FIELDS, EXTRA_FIELDS, Log, State, evaluate_group
 from django_quota.core.outcome import BACKEND_MODE_MEMORY, BACKEND_UNAVAILABLE
-from django_quota.core.protocol import GroupReply, GroupRequest
+from django_quota.core.protocol import GroupReply, GroupRequest, Probe
 
 
 def wall_clock_ms() -> int:
@@ -164,8 +164,9 @@ class MemoryBackend:
         """Nothing to load: the memory backend runs the Python model."""
         return []
 
-    def diagnose(self, probe_key: str) -> list[tuple[str, str, str]]:
-        """(check, status, detail) rows for ``quota check``."""
+    def diagnose(self, probe: Probe) -> list[tuple[str, str, str]]:
+        """(check, status, detail) rows for ``quota check`` (the probe has nothing to
+        prove here: the model runs in this process)."""
         return [
             ("backend", "ok", f"memory: process-local, {len(self)} of {self.max_entries} "
                               "counters in use"),

@@ -20,6 +20,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 from redis.sentinel import SentinelConnectionPool
 
+from django_quota.backends.probe import run_probe
 from django_quota.backends.scripting import (
     NOSCRIPT_ATTEMPTS,
     Call,
@@ -33,6 +34,7 @@ from django_quota.backends.scripting import (
 )
 from django_quota.core.errors import BackendError
 from django_quota.core.outcome import BACKEND_MODE_REDIS
+from django_quota.core.protocol import Probe
 
 __all__ = [
     "NOSCRIPT_ATTEMPTS",
@@ -300,10 +302,11 @@ class RedisBackend(ScriptedBackend):
             raise classify(exc) from exc
         return loaded
 
-    def diagnose(self, probe_key: str) -> list[tuple[str, str, str]]:
+    def diagnose(self, probe: Probe) -> list[tuple[str, str, str]]:
         """(check, status, detail) rows for ``quota check``: connectivity, latency, script
-        load, permissions (the scripts run on ``probe_key``), clock offset and
-        ``maxmemory-policy``. ``status`` is ``ok``, ``warning`` or ``error``."""
+        load, the evaluation ``probe`` (:func:`~django_quota.backends.probe.run_probe`),
+        clock offset and ``maxmemory-policy``. ``status`` is ``ok``, ``warning`` or
+        ``error``."""
         import statistics
         import time
 
@@ -325,11 +328,7 @@ class RedisBackend(ScriptedBackend):
             rows.append(("scripts", "ok", ", ".join(f"{name} {sha}" for name, sha in loaded)))
         except BackendError as exc:
             rows.append(("scripts", "error", str(exc)))
-        try:
-            self.reset(probe_key, 1)  # EVALSHA, HEXISTS and DEL on a key of our prefix
-            rows.append(("permissions", "ok", "EVALSHA, HGETALL/HSET/DEL allowed"))
-        except BackendError as exc:
-            rows.append(("permissions", "error", str(exc)))
+        rows.append(run_probe(self, probe, client.delete))
         try:
             seconds, micros = client.time()
             offset = (seconds + micros / 1e6 - time.time()) * 1000

@@ -9,6 +9,7 @@ import hashlib
 import hmac
 import ipaddress
 import struct
+import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -24,6 +25,20 @@ MAX_FORWARDED_FOR_BYTES = 4096
 HMAC_DERIVATION_MESSAGE = b"django_quota.identity.v1"
 
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+
+class InvalidValue:
+    """The type of :data:`INVALID_VALUE`."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "INVALID_VALUE"
+
+
+#: A subject value an edge could not read (bytes that are not UTF-8, an object a resolver
+#: returned): always ``selector_identity_invalid``, whatever the dimension.
+INVALID_VALUE = InvalidValue()
 
 
 class IdentityError(QuotaError):
@@ -267,23 +282,35 @@ def _has_control_characters(value: str) -> bool:
 
 
 def normalize_value(dimension: str, value: object, ipv6_prefix: int) -> str:
-    """Turn one raw subject value into its normalised string form.
+    """Turn one raw subject value (``str``, ``int`` or ``uuid.UUID``) into its normalised
+    string form: an int as its decimal text, a UUID as its canonical text.
 
-    ``None``, ``""`` or ``b""`` raises ``IdentityError(selector_identity_missing)``.
+    Any other type (``bytes``, ``bool``, ``float``, an object whose ``str()`` may differ
+    per instance and mint a fresh budget per call) raises ``TypeError`` naming the
+    dimension and the type, never the value; :data:`INVALID_VALUE` (an edge's mark for a
+    value it could not read) is invalid. ``None`` or ``""`` raises
+    ``IdentityError(selector_identity_missing)``.
     ``IdentityError(selector_identity_invalid)`` is raised for an API key over 256 UTF-8
     bytes or with control characters, an IP that does not parse (one address, optionally
-    with a port or brackets; no chain, no zone id), bytes that are not UTF-8, and a route
-    with control characters or over 1 KiB (route values stay readable in keys and logs).
-    Other values (user ids, tenants) are only ever hashed: any non-empty text is valid.
+    with a port or brackets; no chain, no zone id), and a route with control characters
+    or over 1 KiB (route values stay readable in keys and logs). Other values (user ids,
+    tenants) are only ever hashed: any non-empty text is valid.
     """
-    if value is None or value in ("", b""):
+    if value is None or value == "":
         raise IdentityError(IDENTITY_MISSING, dimension)
-    if isinstance(value, bytes):
-        try:
-            value = value.decode()
-        except UnicodeDecodeError:
-            raise IdentityError(IDENTITY_INVALID, dimension) from None
-    text = value if isinstance(value, str) else str(value)
+    if isinstance(value, str):
+        text = value
+    elif isinstance(value, int) and not isinstance(value, bool):
+        text = str(int(value))  # an IntEnum member is its number, not its name
+    elif isinstance(value, uuid.UUID):
+        text = str(value)
+    elif value is INVALID_VALUE:
+        raise IdentityError(IDENTITY_INVALID, dimension)
+    else:
+        raise TypeError(
+            f"identity value of dimension {dimension!r} must be str, int or uuid.UUID, "
+            f"not {type(value).__name__}"
+        )
     if dimension == "ip":
         try:
             return _normalize_address(text, ipv6_prefix)
@@ -333,8 +360,9 @@ def build_identity(
 ) -> Identity:
     """Build the :class:`Identity` of ``subject`` (dimension -> raw value) for ``selector``.
 
-    Raises :class:`IdentityError` for a missing or invalid dimension; an unknown identity
-    is never replaced by another.
+    Raises :class:`IdentityError` for a missing or invalid dimension (an unknown identity
+    is never replaced by another) and ``TypeError`` for a value that is not ``str``,
+    ``int`` or ``uuid.UUID`` (:func:`normalize_value`).
     """
     dimensions = [resolve_auto(subject) if d == AUTO else d for d in selector]
     dimensions.sort(key=FRAMING_ORDER.index)

@@ -26,11 +26,19 @@ BACKEND_UNAVAILABLE = "backend_unavailable"
 BACKEND_ERROR = "backend_error"
 CLOCK_UNSAFE = "clock_unsafe"
 INDETERMINATE = "indeterminate"
+#: A view, throttle or decorator names a policy no source defines (docs/failures.md).
+POLICY_UNKNOWN = "policy_unknown"
 FAILURE_REASONS = frozenset(
     {BACKEND_TIMEOUT, BACKEND_UNAVAILABLE, BACKEND_ERROR, CLOCK_UNSAFE, INDETERMINATE}
 )
 FIXED_REASONS = frozenset(
-    {SELECTOR_IDENTITY_MISSING, SELECTOR_IDENTITY_INVALID, COST_EXCEEDS_LIMIT, *FAILURE_REASONS}
+    {
+        SELECTOR_IDENTITY_MISSING,
+        SELECTOR_IDENTITY_INVALID,
+        COST_EXCEEDS_LIMIT,
+        POLICY_UNKNOWN,
+        *FAILURE_REASONS,
+    }
 )
 
 BACKEND_MODE_REDIS = "redis"

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import NamedTuple
 
 from django_quota.core.identity import Identity
@@ -55,6 +56,38 @@ def reset_keys(counter: str, window_count: int) -> list[str]:
     """KEYS for ``reset.lua``: the counter and the sliding-log list of each window (an
     algorithm without logs has none of those keys; deleting them is a no-op)."""
     return [counter, *(log_key(counter, index) for index in range(1, window_count + 1))]
+
+
+#: The longest evaluation id a caller may give, in characters.
+MAX_EVALUATION_ID_LENGTH = 128
+
+
+def check_evaluation_id(evaluation_id: object) -> str:
+    """Return a caller's evaluation id when it is printable text of 1 to 128 characters.
+
+    Raises ``TypeError`` for anything but a ``str`` and ``ValueError`` for an empty id
+    (one id shared by every call would make each a repeat that charges nothing), a longer
+    one, or one with control characters or lone surrogates (which UTF-8 cannot carry to
+    Redis), so every backend refuses the same ids before any call.
+    """
+    if not isinstance(evaluation_id, str):
+        raise TypeError(f"evaluation_id must be a str, not {type(evaluation_id).__name__}")
+    if not 1 <= len(evaluation_id) <= MAX_EVALUATION_ID_LENGTH:
+        raise ValueError(
+            f"evaluation_id must be 1 to {MAX_EVALUATION_ID_LENGTH} characters, "
+            f"not {len(evaluation_id)}"
+        )
+    try:
+        evaluation_id.encode()
+    except UnicodeEncodeError:
+        printable = False
+    else:
+        printable = evaluation_id.isprintable()
+    if not printable:
+        raise ValueError(
+            "evaluation_id must be printable text (no control characters or lone surrogates)"
+        )
+    return evaluation_id
 
 
 def fingerprint(evaluation_id: str) -> bytes:
@@ -142,6 +175,18 @@ class GroupReply(NamedTuple):
     def replayed(self) -> bool:
         """A repeat of a charged evaluation: allowed, nothing charged."""
         return self.status == GROUP_REPLAYED
+
+
+@dataclass(frozen=True, slots=True)
+class Probe:
+    """What ``quota check`` runs on a backend: ``peek`` and then ``charge`` (cost 1) of
+    the one-window ``counter`` with ``limit`` units, both through the real evaluation
+    script; then the counter is reset and removed."""
+
+    counter: str
+    limit: int
+    peek: GroupRequest
+    charge: GroupRequest
 
 
 def parse_reply(reply: Sequence[int], window_counts: Sequence[int]) -> GroupReply:
