@@ -39,6 +39,7 @@ ALLOWED = "allowed"
 #: Row keys the goals are computed from.
 DQ_FIXED = f"{DQ}/fixed_window"
 DQ_SLIDING = f"{DQ}/sliding_window"
+DQ_SLIDING_LOG = f"{DQ}/sliding_log"
 DQ_TOKEN = f"{DQ}/token_bucket"
 DQ_TWO_WINDOWS = f"{DQ}/two_windows"
 DQ_TWO_POLICIES = f"{DQ}/two_policies"
@@ -46,6 +47,7 @@ DQ_ASYNC_FIXED = f"{DQ_ASYNC}/fixed_window"
 DQ_MEMORY_FIXED = f"{DQ_MEMORY}/fixed_window"
 LIMITS_FIXED = "limits/FixedWindowRateLimiter"
 LIMITS_SLIDING = "limits/SlidingWindowCounterRateLimiter"
+LIMITS_MOVING = "limits/MovingWindowRateLimiter"
 LIMITS_ASYNC_FIXED = f"{LIMITS_ASYNC}/FixedWindowRateLimiter"
 LIMITS_MEMORY_FIXED = f"{LIMITS_MEMORY}/FixedWindowRateLimiter"
 
@@ -264,7 +266,7 @@ def limits_contenders(
     shapes: list[tuple[str, str, str]] = [
         ("FixedWindowRateLimiter", "fixed_window", DQ_FIXED),
         ("SlidingWindowCounterRateLimiter", "sliding_window", DQ_SLIDING),
-        ("MovingWindowRateLimiter", "moving window (log)", DQ_FIXED),
+        ("MovingWindowRateLimiter", "moving window (log)", DQ_SLIDING_LOG),
     ]
     rows = []
     for class_name, algorithm, reference in shapes:

@@ -25,7 +25,7 @@ BULK_LIMIT = 1_000_000
 BULK_BURST = 100_000
 HMAC_KEY = "django-quota-benchmark-hmac-key"
 
-ALGORITHMS = ("fixed_window", "sliding_window", "token_bucket")
+ALGORITHMS = ("fixed_window", "sliding_window", "token_bucket", "sliding_log")
 TWO_WINDOWS = "two_windows"
 
 #: The whole-request rows' paths (``benchmarks.urls``) and the middleware's policy.

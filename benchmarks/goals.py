@@ -131,6 +131,8 @@ def evaluate(rows: Sequence[Row]) -> list[Goal]:
         _ratio_goal(by_key, "p50", c.DQ_FIXED, c.LIMITS_FIXED, 1.0, _p50),
         _ratio_goal(by_key, "p50", c.DQ_SLIDING, c.LIMITS_SLIDING, 1.0, _p50),
         _ratio_goal(by_key, "p50", c.DQ_TOKEN, c.LIMITS_FIXED, 1.0, _p50),
+        # The exact log beside limits' own log (MovingWindow): the same algorithm.
+        _ratio_goal(by_key, "p50", c.DQ_SLIDING_LOG, c.LIMITS_MOVING, 1.0, _p50),
         _ratio_goal(by_key, "p50", c.DQ_ASYNC_FIXED, c.LIMITS_ASYNC_FIXED, 1.0, _p50),
         _ratio_goal(by_key, "p50", c.DQ_TWO_WINDOWS, c.DQ_SLIDING, 1.15, _p50),
         _ratio_goal(by_key, "p50", c.DQ_TWO_POLICIES, c.DQ_FIXED, 1.15, _p50),
