@@ -159,7 +159,7 @@ def contenders(notes: list[str]) -> list[Contender]:
             ),
             _row(
                 f"DRF APIView + {DQ} AnonRateThrottle",
-                "sliding_window (drop-in)",
+                "sliding_log (drop-in default)",
                 DRF_QUOTA,
                 DRF_QUOTA,
                 request_maker(bench_settings.DRF_QUOTA_PATH),

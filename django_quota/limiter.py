@@ -811,7 +811,7 @@ async def aevaluate(
 def peek(policy_id: str, subject: Subject) -> Outcome:
     """What ``evaluate(cost=1)`` would decide now, ``remaining`` before consumption.
 
-    Writes nothing: no key, no TTL, no evaluation-id record.
+    Writes nothing: no key, no TTL, no evaluation-id ledger entry.
     """
     limiter = get_limiter()
     policy = policies.get_policy(policy_id)

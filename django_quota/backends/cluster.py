@@ -1,10 +1,10 @@
-"""The Redis Cluster backend (``QUOTA["CLUSTER"] = True``, contract 2, 5.4, 8, 11).
+"""The Redis Cluster backend (``QUOTA["CLUSTER"] = True``, ``docs/cluster.md``).
 
 The scripts of the standalone backend run on the primary of each key's hash slot. A
-counter key and its evaluation-id record share the identity's ``{hash tag}``, so one
-policy is always one slot, and the policies selecting one subject share a slot; a group
-is split by slot and decided one slot at a time (:func:`plan`), with refunds when a later
-slot refuses (best effort, contract 5.4).
+counter key (which holds its own evaluation-id ledger) and a sliding log's lists share
+the identity's ``{hash tag}``, so one policy is always one slot, and the policies
+selecting one subject share a slot; a group is split by slot and decided one slot at a
+time (:func:`plan`), with refunds when a later slot refuses (best effort).
 
 Retries are off at both levels of redis-py's cluster client: ``retry=Retry(NoBackoff(),
 0)`` is the cluster client's own retry (what ``cluster_error_retry_attempts`` used to
@@ -320,8 +320,8 @@ def plan(request: GroupRequest, slices: Sequence[Slice]) -> Plan:
     * A slice replaying an earlier attempt of the same evaluation reports the policies
       that attempt charged as charged, so that a later refusal refunds them once.
     * A failed call fails the group. ``indeterminate`` keeps the earlier charges: the
-      limiter's retry, with the same evaluation id, replays every slice that ran (its
-      evaluation-id records) and refunds at most once. Any other failure ran nothing in
+      limiter's retry, with the same evaluation id, replays every slice that charged
+      (the counters' ledgers hold its id) and refunds at most once. Any other failure ran nothing in
       its slot, so the earlier charges are refunded first.
     """
     if len(slices) == 1:

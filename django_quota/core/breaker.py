@@ -1,7 +1,7 @@
 """A circuit breaker for the backend: after ``threshold`` consecutive failures the
 backend is skipped for ``cool_down`` seconds; then one evaluation probes it, and its
 result closes or reopens the breaker. Pure and clock-injected; the limiter owns one per
-process."""
+backend node (``django_quota.core.admission.NodeGuard``)."""
 
 from __future__ import annotations
 
