@@ -34,7 +34,6 @@ from django_quota.core.errors import BackendError
 from django_quota.core.identity import Identity, IdentityError, build_identity
 from django_quota.core.model import ALLOWED_UNCHARGED, PolicyCall
 from django_quota.core.outcome import (
-    BACKEND_ERROR,
     BACKEND_MODE_FALLBACK,
     BACKEND_TIMEOUT,
     BACKEND_UNAVAILABLE,
@@ -66,6 +65,7 @@ from django_quota.core.protocol import (
     Probe,
     check_evaluation_id,
     counter_key,
+    counter_tail,
     fingerprint,
 )
 
@@ -115,7 +115,7 @@ class Compiled:
 
     def __init__(self, policy: Policy, settings: conf.QuotaSettings) -> None:
         self.policy = policy
-        self.key_tail = f"}}:{len(policy.id)}:{policy.id}:{policy.revision}"
+        self.key_tail = counter_tail(policy)
         bounds = [
             window.capacity if policy.algorithm == TOKEN_BUCKET else window.limit
             for window in policy.windows
@@ -137,11 +137,8 @@ class Compiled:
         return call
 
     def counter(self, prefix: str, identity: Identity) -> str:
-        """The counter key of ``identity`` (as :func:`~django_quota.core.protocol.counter_key`)."""
-        key = f"{prefix}:{{{identity.hash_tag}{self.key_tail}"
-        if identity.route is not None and identity.pseudonym is not None:
-            key += f":{identity.route}"
-        return key
+        """The counter key of ``identity`` (:func:`~django_quota.core.protocol.counter_key`)."""
+        return counter_key(prefix, self.policy, identity, self.key_tail)
 
 
 @dataclass(slots=True)
@@ -158,11 +155,6 @@ class Prepared:
     backend_mode: str
     #: Ids whose own windows allowed but whose group was refused: nothing charged.
     group_denied: tuple[str, ...] = ()
-
-    @property
-    def policies(self) -> tuple[Policy, ...]:
-        """The group's policies, in order."""
-        return tuple(compiled.policy for compiled in self.compiled)
 
 
 Steps = Generator[Any, Any, list[Outcome]]
@@ -946,7 +938,6 @@ def diagnose() -> list[tuple[str, str, str]]:
 
 
 __all__ = [
-    "BACKEND_ERROR",
     "Compiled",
     "Inspection",
     "Limiter",

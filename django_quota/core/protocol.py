@@ -25,16 +25,25 @@ from django_quota.core.model import (
 from django_quota.core.policy import SLIDING_LOG, Policy
 
 
-def counter_key(prefix: str, policy: Policy, identity: Identity) -> str:
+def counter_tail(policy: Policy) -> str:
+    """What follows a counter key's hash tag, the same for every subject of ``policy``:
+    ``}:<len(policy id)>:<policy id>:<revision>`` (the limiter computes it once)."""
+    return f"}}:{len(policy.id)}:{policy.id}:{policy.revision}"
+
+
+def counter_key(
+    prefix: str, policy: Policy, identity: Identity, tail: str | None = None
+) -> str:
     """``<prefix>:{<hash tag>}:<len(policy id)>:<policy id>:<revision>`` plus ``:<route>``
-    when the selector has a route besides other dimensions.
+    when the selector has a route besides other dimensions; ``tail`` is
+    :func:`counter_tail` of ``policy`` when the caller has it already.
 
     One hash per (policy, revision, identity), tagged so that the policies of one subject
     share a Redis Cluster slot. The policy id is length-prefixed and the revision never
     contains ``:``, so a route or policy id containing ``:`` can never make two counters
     share a name.
     """
-    key = f"{prefix}:{{{identity.hash_tag}}}:{len(policy.id)}:{policy.id}:{policy.revision}"
+    key = f"{prefix}:{{{identity.hash_tag}{tail or counter_tail(policy)}"
     if identity.route is not None and identity.pseudonym is not None:
         key += f":{identity.route}"
     return key
