@@ -2,7 +2,7 @@
 counts the admin status page shows. Labels are low-cardinality by construction: policy
 ids, decisions, reasons, selector dimension names and backend modes, never an identity.
 
-Families (contract 9):
+Families (docs/operations.md):
 
 - ``django_quota_outcomes_total{policy,decision,reason,selector_dimensions,backend_mode}``:
   ``reason`` is the outcome's, or ``group_denied`` for an allowed outcome whose group

@@ -1,4 +1,4 @@
-"""Admin-managed policies (contract 8): ``QuotaPolicy`` with its ``QuotaWindow`` rows.
+"""Admin-managed policies (docs/operations.md): ``QuotaPolicy`` with its ``QuotaWindow`` rows.
 
 A policy's ``revision`` is an integer drawn again whenever what its counters mean changes
 (algorithm, selector, or a window's name, limit, period or capacity), through the admin,
@@ -53,7 +53,7 @@ _POLICY_FIELDS = frozenset(
 )
 _KEY_FIELD_RE = re.compile(r"^policy\['([a-z_]+)'\]")
 
-#: The definition keys the revision covers (contract 3).
+#: The definition keys the revision covers (docs/policies.md).
 MEANING_KEYS = ("algorithm", "selector", "windows", "capacity")
 
 #: Primary keys of the policies touched inside :func:`revision_batch` (None: no batch).

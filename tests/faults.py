@@ -1,4 +1,4 @@
-"""Real faults for the failure tests (contract 6): a dedicated ``redis-server`` per test
+"""Real faults for the failure tests (docs/failures.md): a dedicated ``redis-server`` per test
 that can be stopped, killed with SIGKILL and restarted on the same port; a threaded
 loopback TCP proxy in front of it whose mode can be switched while clients use it; and a
 reader of what Redis really charged."""

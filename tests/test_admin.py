@@ -1,4 +1,4 @@
-"""The Django admin for quota policies (contract 8 and 9), through the test client: the
+"""The Django admin for quota policies (docs/operations.md), through the test client: the
 changelist, the add form with its inline windows (management form included), validation,
 revision bumps and fresh counters after an edit, the enable/disable and reset-counters
 actions, and the staff-only status page."""

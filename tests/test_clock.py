@@ -1,4 +1,4 @@
-"""Client clocks (contract 5.4): time injected through ``QUOTA["CLOCK"]``, counters that
+"""Client clocks (docs/arithmetic.md): time injected through ``QUOTA["CLOCK"]``, counters that
 never run backwards, and ``clock_unsafe`` beyond ``MAX_CLOCK_REGRESSION`` failing by the
 policy's failure mode, on every backend."""
 

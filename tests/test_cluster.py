@@ -1,6 +1,7 @@
 """``QUOTA["CLUSTER"] = True`` against a real Redis Cluster started here: three primaries on
 free loopback ports (``tests/cluster.py``), one cluster for the module, every node killed
-at the end (contract 2, 5.4, 5.5, 6, 8, 11)."""
+at the end (docs/settings.md, arithmetic.md, subjects.md, failures.md, operations.md,
+cluster.md)."""
 
 from __future__ import annotations
 

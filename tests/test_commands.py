@@ -1,4 +1,4 @@
-"""``manage.py quota preload | policies | inspect | reset | check`` (contract 8): exact
+"""``manage.py quota preload | policies | inspect | reset | check`` (docs/operations.md): exact
 outputs, ``--json`` shapes, read-only inspection (nothing consumed, nothing written), the
 confirmation of ``reset``, and failures as one-line ``CommandError`` s (exit status 1 in a
 real process)."""

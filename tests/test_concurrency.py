@@ -1,4 +1,4 @@
-"""Exactness under concurrency on a real redis-server (contract 5.4): 16 threads and 4
+"""Exactness under concurrency on a real redis-server (docs/arithmetic.md): 16 threads and 4
 processes on one subject admit exactly the limit, for every algorithm, for multi-window
 policies and for multi-policy groups, also while scripts are flushed mid-traffic."""
 

@@ -1,4 +1,4 @@
-"""Differential tests (contract 5): hypothesis-generated sequences of (time step, cost,
+"""Differential tests (docs/arithmetic.md): hypothesis-generated sequences of (time step, cost,
 subject, peek, repeated evaluation id) for every algorithm, multi-window policies and
 multi-policy groups. The Lua script on fakeredis and on a real redis-server must return
 exactly what the Python model returns, every field, and store exactly the same state

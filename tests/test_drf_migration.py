@@ -14,7 +14,7 @@ sliding log is DRF's own algorithm, so ``log`` and ``log-redis`` must give DRF's
 statuses and ``Retry-After`` exactly. DRF's timer starts at 0, on a window boundary, so
 wherever DRF's log and a fixed window agree (every scenario here), ``fixed`` must give
 them too. The sliding window counter legitimately differs: just after a window boundary
-it still weighs the whole previous window (contract 5.2), so it refuses where DRF's log
+it still weighs the whole previous window (docs/arithmetic.md), so it refuses where DRF's log
 (which forgets requests one by one) and a fixed window (which forgets all at once)
 admit, and its ``retry_after`` is 1 ms after the boundary. Those expectations are
 computed from the contract's arithmetic and commented where they appear.

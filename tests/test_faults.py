@@ -1,4 +1,4 @@
-"""Failure semantics under real faults (contract 6), on a dedicated redis-server per test
+"""Failure semantics under real faults (docs/failures.md), on a dedicated redis-server per test
 and a switchable TCP proxy (tests/faults.py): the exact outcome of every fault in both
 failure modes, with and without LOCAL_FALLBACK, through the Python API and through the
 middleware; latency bounded by DEADLINE; recovery without restarting Django; no double

@@ -1,4 +1,4 @@
-"""The Python API (contract 6) on every backend: the memory model, the Lua script on
+"""The Python API (docs/failures.md) on every backend: the memory model, the Lua script on
 fakeredis and on a real redis-server. Exact outcomes, cost rules, peek, reset,
 evaluation-id replay, NOSCRIPT recovery and TTL bounds read back from Redis."""
 

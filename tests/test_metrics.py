@@ -1,4 +1,4 @@
-"""Observability (contract 9): the Prometheus families, each outcome counted under its own
+"""Observability (docs/operations.md): the Prometheus families, each outcome counted under its own
 labels, backend health and latency, no identity in any label or log line, the
 ``django_quota.views.metrics`` view, and its multiprocess mode (gunicorn workers).
 

@@ -1,4 +1,4 @@
-"""The sliding log (contract 5.3) on a real redis-server: bounded state, a fixed set of
+"""The sliding log (docs/arithmetic.md) on a real redis-server: bounded state, a fixed set of
 keys per subject, TTLs, denials that write nothing, reset, ``quota inspect`` and the
 cluster refund of a unit that a later charge has already covered. The arithmetic itself
 is pinned by tests/test_arithmetic.py and held to the Lua script by

@@ -1,4 +1,4 @@
-"""A bounded soak (contract 6): eight threads evaluate a few subjects with minute-long
+"""A bounded soak (docs/failures.md): eight threads evaluate a few subjects with minute-long
 fixed windows (sync API, middleware, async API) while faults cycle underneath: server
 stop and start, CLIENT PAUSE, proxy latency above TIMEOUT, refused connections, dropped
 replies, SCRIPT FLUSH. No exception escapes, every reason is in the contract's

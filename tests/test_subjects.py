@@ -1,4 +1,4 @@
-"""Subjects users can trust, through the HTTP layer and on a real Redis (contract 4):
+"""Subjects users can trust, through the HTTP layer and on a real Redis (docs/subjects.md):
 the forwarded-chain table through ``request_ip``, the ``auto`` dimension, the API key
 sources, ``request.user`` read only when needed, identity errors and ``on_missing``,
 spoofed ``X-Forwarded-For``, the HMAC key settings, and a scan of every Redis key, value

@@ -1,4 +1,4 @@
-"""DRF throttles end to end through DRF's ``APIClient`` (contract 4, 5.4, 6 and 7):
+"""DRF throttles end to end through DRF's ``APIClient`` (docs/subjects.md, docs/arithmetic.md, docs/failures.md, docs/http.md):
 ``QuotaThrottle`` and the drop-in ``AnonRateThrottle``, ``UserRateThrottle`` and
 ``ScopedRateThrottle``, on the memory backend and on a real Redis.
 
@@ -364,7 +364,7 @@ def test_sliding_window_retry_after_is_never_earlier_than_the_items_t(quota: Any
     assert refused.status_code == 429
     ((_, params),) = parse_sf_list(refused["RateLimit"])
     assert int(refused["Retry-After"]) >= params["t"]
-    # 39.6 s to the window's end, then 1 ms until the estimate drops (contract 5.2).
+    # 39.6 s to the window's end, then 1 ms until the estimate drops (docs/arithmetic.md).
     assert refused["Retry-After"] == "40"
     assert sliding_wait(0, 3, 20_400, 60_000, 2) == 39_601
 
@@ -474,7 +474,7 @@ def test_get_quota_cost_charges_several_units(quota: Any) -> None:
     assert client.get("/drf/costly/?cost=2").status_code == 200
     assert client.get("/drf/costly/?cost=2").status_code == 429
     assert client.get("/drf/costly/?cost=1").status_code == 200
-    # Cost 0 answers what peek answers: what a cost of 1 would get now (contract 5.4).
+    # Cost 0 answers what peek answers: what a cost of 1 would get now (docs/arithmetic.md).
     assert client.get("/drf/costly/?cost=0").status_code == 429
     assert django_quota.peek("orders", {"ip": "127.0.0.1"}).remaining == 0
 
@@ -627,7 +627,7 @@ def test_wait_is_drfs_own_on_a_frozen_timer_by_default(quota: Any, rates: Any) -
         True,
         False,
     ]
-    # The sliding log (contract 5.3), as DRF's history: the three requests leave exactly
+    # The sliding log (docs/arithmetic.md), as DRF's history: the three requests leave exactly
     # 60 s after they were made, so DRF's wait() is 60 s and so is ours.
     assert throttle.wait() == 60.0
     Clock.now = FROZEN_NOW + 59.999
@@ -648,7 +648,7 @@ def test_wait_is_exact_on_a_frozen_timer_for_the_sliding_window(quota: Any, rate
         True,
         False,
     ]
-    # Sliding window counter (contract 5.2): 39.6 s to the next window, where the 3
+    # Sliding window counter (docs/arithmetic.md): 39.6 s to the next window, where the 3
     # requests count in full as "prev" at elapsed 0; 1 ms later the estimate is 2.
     assert throttle.wait() == 39.601
     Clock.now = FROZEN_NOW + 39.6

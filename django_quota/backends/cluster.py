@@ -155,7 +155,7 @@ def classify_cluster(exc: BaseException) -> BackendError:
 
 class _AsyncMarkConnectFailures:
     """asyncio connection mixin: what :class:`MarkingConnectionPool` does in
-    ``get_connection``, done right before a command is written (contract 6)."""
+    ``get_connection``, done right before a command is written (docs/failures.md)."""
 
     _quota_connecting = False
 

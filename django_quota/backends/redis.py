@@ -131,12 +131,12 @@ class AsyncMarkingSentinelConnectionPool(_AsyncMarkConnectFailures, AsyncSentine
     """redis-py's asyncio Sentinel pool, telling connect failures apart."""
 
 
-#: Connection options a URL may not override (contract 2).
+#: Connection options a URL may not override (docs/settings.md).
 CONTRACT_OPTIONS = ("retry", "socket_timeout", "socket_connect_timeout")
 
 
 def client_options(timeout: float, max_inflight: int) -> dict[str, Any]:
-    """Keyword arguments every pool gets: no hidden retry, timeouts, pool size (contract 2).
+    """Keyword arguments every pool gets: no hidden retry, timeouts, pool size (docs/settings.md).
 
     RESP2 is pinned (a ``protocol`` in the URL still wins): redis-py 8 defaults to RESP3,
     which turns on its "maintenance notifications", and with them its pools skip the

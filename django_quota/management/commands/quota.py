@@ -1,4 +1,4 @@
-"""``manage.py quota preload | policies | inspect | reset | check`` (contract 8).
+"""``manage.py quota preload | policies | inspect | reset | check`` (docs/operations.md).
 
 Thin: parse, call the library, write through ``self.stdout``; failures raise
 ``CommandError`` with a one-line reason (exit status 1).
