@@ -1,5 +1,6 @@
 """Unit tests of ``django_quota.http``: route matching, subjects, headers and problem
-responses, built from a ``RequestFactory`` and hand-made outcomes (docs/policies.md, docs/subjects.md, docs/http.md).
+responses, built from a ``RequestFactory`` and hand-made outcomes (docs/policies.md, subjects.md,
+http.md).
 
 Also home of :func:`parse_sf_list`, the tiny Structured Field parser (RFC 8941 lists of
 string items with integer parameters) that the header tests use."""

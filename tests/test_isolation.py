@@ -1,4 +1,5 @@
-"""Failures stay where they happen and state stays bounded (docs/arithmetic.md, docs/failures.md; issue 10),
+"""Failures stay where they happen and state stays bounded (docs/arithmetic.md, failures.md; issue
+10),
 on real servers started here on loopback ports (tests/faults.py, tests/cluster.py):
 
 * async clients and their connections stay bounded whatever the number of event loops;

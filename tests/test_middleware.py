@@ -1,4 +1,5 @@
-"""``QuotaMiddleware`` end to end through Django's test clients (docs/policies.md, docs/subjects.md, docs/failures.md, docs/http.md):
+"""``QuotaMiddleware`` end to end through Django's test clients (docs/policies.md, subjects.md,
+failures.md, http.md):
 refusals, route matching, rate-limit headers, backend failures, identity errors, the
 async path, ``DENIED_VIEW`` and policies decided together.
 

@@ -1,4 +1,5 @@
-"""``QuotaPolicy`` and ``QuotaWindow`` (docs/policies.md, docs/operations.md): defaults equal to the settings
+"""``QuotaPolicy`` and ``QuotaWindow`` (docs/policies.md, operations.md): defaults equal to the
+settings
 defaults, ``clean()`` through the settings validator, the integer revision and the fresh
 counters it gives a changed policy, on the memory backend and on a real Redis."""
 

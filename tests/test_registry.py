@@ -1,4 +1,4 @@
-"""The policy registry (docs/policies.md, docs/operations.md): settings and database policies merged in
+"""The policy registry (docs/policies.md, operations.md): settings and database policies merged in
 ``POLICY_SOURCES`` order, conflicts (settings win, a log line and check E007), invalid
 rows skipped, the last good registry kept through a database failure, edits reaching the
 registry at once in the saving process and within ``POLICY_CACHE_TTL`` elsewhere, no query

@@ -1,4 +1,5 @@
-"""DRF throttles end to end through DRF's ``APIClient`` (docs/subjects.md, docs/arithmetic.md, docs/failures.md, docs/http.md):
+"""DRF throttles end to end through DRF's ``APIClient`` (docs/subjects.md, arithmetic.md,
+failures.md, http.md):
 ``QuotaThrottle`` and the drop-in ``AnonRateThrottle``, ``UserRateThrottle`` and
 ``ScopedRateThrottle``, on the memory backend and on a real Redis.
 
