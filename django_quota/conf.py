@@ -59,6 +59,9 @@ HEADER_STYLES = ("ietf", "legacy", "both", "none")
 BACKENDS = ("redis", "memory")
 POLICY_SOURCE_NAMES = ("settings", "database")
 CLOCKS = ("redis", "client")
+#: The largest number of seconds a setting takes (about 31.7 years): times travel to the
+#: Redis scripts as milliseconds below 2**48.
+MAX_SECONDS = 1e9
 #: Settings whose change drops every cached configuration, connection and counter.
 WATCHED_SETTINGS = frozenset({"QUOTA", "SECRET_KEY", "REST_FRAMEWORK", "CACHES", "DEBUG"})
 
@@ -161,14 +164,18 @@ class _Parser:
         bad = isinstance(value, bool) or not isinstance(value, int | float)
         # NaN compares false with everything, so it would pass the bound checks below.
         if not bad and (
-            not math.isfinite(value) or value < minimum or (value == 0 and not allow_zero)
+            not math.isfinite(value)
+            or value < minimum
+            or value > MAX_SECONDS
+            or (value == 0 and not allow_zero)
         ):
             bad = True
         if bad:
             self.problem(
                 E_INVALID_VALUE,
                 self.key(name),
-                f"expected a number of seconds >= {minimum:g}, not {value!r}",
+                f"expected a number of seconds >= {minimum:g} and <= {MAX_SECONDS:g}, "
+                f"not {value!r}",
             )
             return float(DEFAULTS[name])
         return float(value)

@@ -11,8 +11,8 @@ from typing import Any
 from django_quota.backends.memory import MemoryBackend
 from django_quota.backends.redis import RedisBackend
 from django_quota.core.errors import BackendError
-from django_quota.core.model import State
-from django_quota.core.protocol import GroupReply, GroupRequest, log_key
+from django_quota.core.model import PolicyCall, State
+from django_quota.core.protocol import GroupReply, GroupRequest, decode_counter, log_key
 
 #: The most windows a generated policy has (tests/test_differential.py).
 MAX_WINDOWS = 3
@@ -36,7 +36,7 @@ class ModelEngine:
         except BackendError as exc:
             return exc.reason
 
-    def state(self, key: str) -> tuple[State | None, bytes]:
+    def state(self, key: str, call: PolicyCall | None = None) -> tuple[State | None, bytes]:
         return self.backend.peek_state(key), self.backend.peek_records(key)
 
     def logs(self, key: str) -> dict[int, list[int]]:
@@ -76,16 +76,10 @@ class RedisEngine:
         except BackendError as exc:
             return exc.reason
 
-    def state(self, key: str) -> tuple[State | None, bytes]:
-        raw = {field.decode(): value for field, value in self.client.hgetall(key).items()}
-        if not raw:
-            return None, b""
-        prints, stamps = raw.pop("e", b""), raw.pop("s", b"")
-        # the model keeps one entry per evaluation: fingerprint (5 bytes), time (4 bytes)
-        records = b"".join(
-            prints[5 * i : 5 * i + 5] + stamps[4 * i : 4 * i + 4] for i in range(len(prints) // 5)
-        )
-        return {field: int(value) for field, value in raw.items()}, records
+    def state(self, key: str, call: PolicyCall | None = None) -> tuple[State | None, bytes]:
+        """The counter read back in the model's terms (``decode_counter``)."""
+        assert call is not None
+        return decode_counter(self.client.get(key), call.algorithm, len(call.windows))
 
     def logs(self, key: str) -> dict[int, list[int]]:
         found = {}

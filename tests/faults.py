@@ -22,6 +22,7 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from django_quota.core.protocol import decode_counter
 from tests.conftest import require_redis_server
 
 FORWARD = "forward"
@@ -413,9 +414,10 @@ class Ledger:
         return sum(len(prints) for prints in self.fingerprints.values())
 
 
-def read_ledger(client: redis.Redis, period_ms: int) -> Ledger:
-    """Read every counter hash back (pipelined). Needs ``DEDUP_TTL`` longer than the
-    test, and cost-1 evaluations of one policy per call (windows of ``period_ms``)."""
+def read_ledger(client: redis.Redis, period_ms: int, algorithm: str = "fixed_window") -> Ledger:
+    """Read every counter back (pipelined, ``decode_counter``). Needs ``DEDUP_TTL`` longer
+    than the test, and cost-1 evaluations of one one-window policy per call (windows of
+    ``period_ms``)."""
     keys = [raw.decode() for raw in client.scan_iter(count=1000)]
     counts: dict[str, int] = {}
     starts: dict[str, int] = {}
@@ -425,16 +427,15 @@ def read_ledger(client: redis.Redis, period_ms: int) -> Ledger:
         batch = keys[offset : offset + 1000]
         pipe = client.pipeline(transaction=False)
         for key in batch:
-            pipe.hgetall(key)
+            pipe.get(key)
         for key, value in zip(batch, pipe.execute(), strict=True):
-            fields = {k.decode(): v for k, v in value.items()}
-            if "t" not in fields:
+            state, records = decode_counter(value, algorithm, 1)
+            if state is None or "t" not in state:
                 continue
-            counts[key] = int(fields.get("c1", b"0"))
-            starts[key] = int(fields["t"]) - int(fields["t"]) % period_ms
-            ledger = fields.get("e", b"")
-            fingerprints[key] = [ledger[i : i + 5] for i in range(0, len(ledger), 5)]
-            if "d" in fields:
+            counts[key] = state["c1"]
+            starts[key] = state["t"] - state["t"] % period_ms
+            fingerprints[key] = [records[i : i + 5] for i in range(0, len(records), 9)]
+            if "d" in state:
                 dropped.add(key)
     return Ledger(counts, starts, fingerprints, dropped)
 

@@ -1,7 +1,7 @@
 """``quota check`` runs the real scripts (``docs/operations.md``): a peek and a charge of a
 probe counter with ``evaluate.lua``, then ``reset.lua``, and the probe removed, so that it
 exits non-zero whenever evaluations cannot work. On a real redis-server: ACL users
-without ``HSET``, ``TIME`` or ``EVALSHA``, a full Redis (``maxmemory`` with
+without ``SET``, ``TIME`` or ``EVALSHA``, a full Redis (``maxmemory`` with
 ``noeviction``), a wrong password."""
 
 from __future__ import annotations
@@ -73,10 +73,10 @@ def test_a_healthy_redis_runs_the_probe_and_leaves_no_key(
     assert redis_client.keys("*") == []
 
 
-def test_an_acl_user_without_hset_fails_the_check(
+def test_an_acl_user_without_set_fails_the_check(
     quota: Any, acl_user: Any, redis_client: Any
 ) -> None:
-    lines, error = check(quota, acl_user("quota-no-hset", "-hset"))
+    lines, error = check(quota, acl_user("quota-no-set", "-set"))
     assert error is not None and error.startswith("evaluation: charge failed (backend_error): ")
     assert "The user executing the script can't run this command" in error
     assert row(lines, "evaluation").startswith("evaluation: error - charge failed")

@@ -34,7 +34,7 @@ from django_quota.backends.scripting import drive
 from django_quota.core.errors import BackendError
 from django_quota.core.model import GROUP_CLOCK_UNSAFE, PolicyResult, WindowResult, log_units
 from django_quota.core.outcome import Outcome
-from django_quota.core.protocol import GroupReply, encode_reply, log_key
+from django_quota.core.protocol import GroupReply, decode_counter, encode_reply, log_key
 from django_quota.scripts import all_scripts
 from tests import clock
 from tests.cluster import Cluster, redis_cluster
@@ -80,10 +80,13 @@ def counter_of(policy_id: str, subject: dict[str, str]) -> str:
 
 
 def state(cluster: Cluster, key: str) -> dict[str, int]:
-    """A counter hash read back from the node that serves it."""
+    """A counter's numbers read back from the node that serves it (``{}`` for none), in
+    the layout of the policy its key names."""
+    length, rest = key.split("}:", 1)[1].split(":", 1)
+    policy = policies.get_policy(rest[: int(length)])
     with contextlib.closing(cluster.client(cluster.node_of(key))) as client:
-        fields = client.hgetall(key)
-        return {k.decode(): int(v) for k, v in fields.items() if k not in (b"e", b"s")}
+        numbers, _ = decode_counter(client.get(key), policy.algorithm, len(policy.windows))
+        return numbers or {}
 
 
 def logs(cluster: Cluster, key: str, window_count: int = 1) -> list[list[int]]:
@@ -315,7 +318,8 @@ def test_keys_of_several_subjects_land_on_different_nodes(
         holders.add(port)
         with contextlib.closing(cluster.client(port)) as client:
             assert client.exists(key, other) == 2
-            assert len(client.hget(key, "e")) == 5  # one fingerprint in the counter's ledger
+            _, records = decode_counter(client.get(key), "fixed_window", 1)
+            assert len(records) == 9  # one evaluation in the counter's ledger
         for node in cluster.nodes:
             if node.port != port:
                 with contextlib.closing(cluster.client(node.port)) as client:

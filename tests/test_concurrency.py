@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from django_quota import limiter, policies
+from django_quota.core.protocol import decode_counter
 
 THREADS = 16
 PROCESSES = 4
@@ -62,13 +63,15 @@ def _configure(quota: Any, redis_url: str, definitions: dict[str, Any]) -> None:
     quota(REDIS_URL=redis_url, TIMEOUT=5.0, DEADLINE=10.0, POLICIES=definitions)
 
 
-def _counter_values(redis_client: Any) -> list[int]:
+def _counter_values(redis_client: Any, algorithm: str, window_count: int) -> list[int]:
+    """The window counts (``c<i>``) of every counter in Redis (sliding-log lists skipped)."""
     counts = []
     for key in redis_client.keys("*"):
-        if redis_client.type(key) != b"hash":  # sliding_log lists
+        if redis_client.type(key) != b"string":  # sliding_log lists
             continue
-        state = {k.decode(): v for k, v in redis_client.hgetall(key).items()}
-        counts += [int(v) for k, v in state.items() if k.startswith("c")]
+        state, _ = decode_counter(redis_client.get(key), algorithm, window_count)
+        assert state is not None
+        counts += [value for name, value in state.items() if name.startswith("c")]
     return counts
 
 
@@ -167,4 +170,4 @@ def test_script_flush_mid_traffic_loses_no_decision(
         stop.set()
         flushing.join()
     assert sum(results) == 53
-    assert sorted(_counter_values(redis_client)) == [53]
+    assert sorted(_counter_values(redis_client, "sliding_window", 1)) == [53]

@@ -155,11 +155,11 @@ def _run(
                 f"{engine.name} differs from the model at step {number} "
                 f"(now={now}, cost={cost}, peek={peek}): {reply} != {expected}"
             )
-        for counter in counters:
-            want = engines[0].state(counter)  # numbers and evaluation-id ledger
+        for counter, call in zip(counters, request.calls, strict=True):
+            want = engines[0].state(counter, call)  # numbers and evaluation-id ledger
             want_logs = engines[0].logs(counter)  # sliding_log lists
             for engine in engines[1:]:
-                assert engine.state(counter) == want, f"{engine.name} stored another state"
+                assert engine.state(counter, call) == want, f"{engine.name} stored another state"
                 assert engine.logs(counter) == want_logs, f"{engine.name} stored another log"
         every_counter = tuple(
             f"q:{{s{other}}}:p{index}:r" for other in range(3) for index in range(len(group))

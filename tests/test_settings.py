@@ -359,6 +359,8 @@ def test_boolean_setting_that_is_not_a_bool_is_e003(name: str, value: object) ->
         ("MAX_CLOCK_REGRESSION", -0.5),
         ("MAX_CLOCK_REGRESSION", float("nan")),
         ("CLEANUP_GRACE", -1),
+        ("DEDUP_TTL", 2e9),  # above MAX_SECONDS: the scripts take ms below 2**48
+        ("MAX_CLOCK_REGRESSION", 1e10),
         ("POLICY_CACHE_TTL", -1),
         ("POLICY_CACHE_TTL", "5"),
     ],

@@ -16,7 +16,7 @@ from django_quota.backends.cluster import refund_call
 from django_quota.backends.scripting import Call
 from django_quota.core.model import PolicyCall, log_units
 from django_quota.core.policy import Window
-from django_quota.core.protocol import GroupRequest, log_key
+from django_quota.core.protocol import GroupRequest, decode_counter, log_key
 from tests import clock
 
 pytestmark = pytest.mark.redis
@@ -53,15 +53,17 @@ def logged(redis_client: Any, counter: str, window: int = 1) -> tuple[int, ...]:
     return tuple(int(v) for v in redis_client.lrange(log_key(counter, window), 0, -1))
 
 
-def units(redis_client: Any, counter: str, window: int = 1) -> int:
-    count = int(redis_client.hget(counter, f"c{window}"))
+def units(redis_client: Any, counter: str, window: int = 1, window_count: int = 1) -> int:
+    state, _ = decode_counter(redis_client.get(counter), "sliding_log", window_count)
+    assert state is not None
+    count = state[f"c{window}"]
     return log_units(count, logged(redis_client, counter, window))
 
 
 def writes(redis_client: Any) -> int:
     """Write commands the server has executed so far (INFO commandstats)."""
     stats = redis_client.info("commandstats")
-    names = ("hset", "pexpire", "lpush", "ltrim", "del", "lset", "lrem", "lpop")
+    names = ("set", "hset", "pexpire", "lpush", "ltrim", "del", "lset", "lrem", "lpop")
     return sum(int(stats.get(f"cmdstat_{name}", {}).get("calls", 0)) for name in names)
 
 
@@ -120,12 +122,12 @@ def test_a_denial_writes_nothing(on_redis: Any, redis_client: Any) -> None:
     django_quota.evaluate("p", SUBJECT)
     django_quota.evaluate("p", SUBJECT)
     counter = counter_of("p")
-    before = (redis_client.hgetall(counter), logged(redis_client, counter), writes(redis_client))
+    before = (redis_client.get(counter), logged(redis_client, counter), writes(redis_client))
     clock.set_to(START + 1)
     outcome = django_quota.evaluate("p", SUBJECT)
     assert outcome.decision == "denied" and outcome.retry_after == 59.0
     assert django_quota.peek("p", SUBJECT).decision == "denied"
-    after = (redis_client.hgetall(counter), logged(redis_client, counter), writes(redis_client))
+    after = (redis_client.get(counter), logged(redis_client, counter), writes(redis_client))
     assert after == before
 
 
@@ -191,6 +193,6 @@ def test_refund_removes_exactly_the_refunded_units_behind_a_newer_charge(
     # events (time, units before it): t0 holds 1, t0 + 200 holds 2; t0 + 100 is gone
     assert units(redis_client, counter) == 3
     assert logged(redis_client, counter) == (t0 + 200, 1, t0, 0)
-    assert b"bbbbb" not in redis_client.hget(counter, "e")
+    assert b"bbbbb" not in decode_counter(redis_client.get(counter), "sliding_log", 1)[1]
     again = backend.evaluate(charge(t0 + 300, 7, b"ddddd"))
     assert again.results[0].windows[0].remaining == 0

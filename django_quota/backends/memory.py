@@ -23,7 +23,7 @@ def wall_clock_ms() -> int:
 
 class _Entry:
     """One counter: its numbers, its evaluation-id ledger, a sliding log's lists and when
-    it expires (wall clock, ms), as one Redis hash with a TTL (the lists expire with it:
+    it expires (wall clock, ms), as one Redis counter with a TTL (the lists expire with it:
     a unit that has left the window is never counted, whenever it is dropped)."""
 
     __slots__ = ("expires_at", "logs", "records", "state")

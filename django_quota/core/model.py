@@ -4,7 +4,9 @@ This is the memory backend's engine, the local fallback's engine and the oracle 
 differential tests: ``django_quota/scripts/evaluate.lua`` mirrors it function by function
 and must return identical results, and store identical state, for identical inputs.
 
-State layout (one hash per (policy, revision, identity)), all integers but ``e``:
+State layout (one counter per (policy, revision, identity); in Redis a binary string,
+``evaluate.lua``'s header and :func:`~django_quota.core.protocol.decode_counter` give its
+bytes), all integers:
 
 * ``t``: the last ``now`` (ms) the counter accepted; fixed and sliding windows derive
   their stored window start from it, the token bucket its last refill.
@@ -16,20 +18,18 @@ State layout (one hash per (policy, revision, identity)), all integers but ``e``
 * the evaluation-id ledger, the last :data:`LEDGER_SIZE` charged evaluations, oldest
   first: here one byte string of :data:`ENTRY_BYTES`-byte entries (the evaluation id's
   :data:`FINGERPRINT_BYTES`-byte fingerprint, then the ``now`` it was charged at, modulo
-  2**32 ms, about 49.7 days, as 4 big-endian bytes); in Redis two fields, ``e`` (the
-  fingerprints) and ``s`` (the times), each small enough for Redis's compact hash
-  encoding (``hash-max-listpack-value``, 64 bytes).
+  2**32 ms, about 49.7 days, as 4 big-endian bytes), the same bytes in Redis.
 * ``d``: the charge time (ms) of the newest entry the ledger dropped to make room while
   it was younger than ``DEDUP_TTL``.
 
 The token bucket stores the deficit ``D = C*P - T`` where ``T`` is the token level
 scaled by the period ``P`` (tokens * P), so refilling ``L`` tokens per ``P`` ms adds
 exactly ``L`` scaled units per millisecond: integer arithmetic only, never a float rate.
-A missing hash therefore reads as a full bucket and as empty windows alike. The deficit
-is split into two fields so that every stored number stays below 10**14 (exact in any
-Lua number formatting).
+A missing counter therefore reads as a full bucket and as empty windows alike. The
+deficit is split into two numbers so that every stored number stays below 2**48 (six
+bytes in Redis).
 
-The sliding log keeps, beside the hash, one Redis list per window (its key:
+The sliding log keeps, beside the counter, one Redis list per window (its key:
 :func:`~django_quota.core.protocol.log_key`), newest event first, two integers an event:
 the ``now`` (ms) of an admission and ``c<i>`` just before it, so an event holds the units
 between its number and the next newer one's (``c<i>`` for the newest). Admissions at one
@@ -53,6 +53,7 @@ afresh. So a repeated id never charges twice, and the ledger stays bounded.
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
@@ -98,6 +99,25 @@ Log = tuple[int, ...]
 #: Sliding-log counts wrap at this (above every limit, far below 2**53).
 LOG_MODULUS = 10**12
 
+#: The packed arguments of ``evaluate.lua`` (see its header): unsigned big-endian.
+#: The group's header: mode, policy count, now + 1 (0: Redis TIME), max clock regression
+#: + 1 (0: clamp), DEDUP_TTL and cleanup grace (ms).
+PACKED_HEADER = struct.Struct(">BH4Q")
+#: A policy: algorithm code, enforce (1 or 0), window count, cost.
+PACKED_POLICY = struct.Struct(">BBHQ")
+#: A window: limit, period (ms), capacity.
+PACKED_WINDOW = struct.Struct(">3Q")
+#: Every packed number stays below this: the script reads the low six bytes of each.
+PACKABLE = 2**48
+
+
+def check_packable(value: int) -> int:
+    """``value`` when ``0 <= value < 2**48`` (what the script reads), else ``ValueError``."""
+    if not 0 <= value < PACKABLE:
+        raise ValueError(f"{value} is outside 0..2**48 and cannot be sent to evaluate.lua")
+    return value
+
+
 #: ``c<i>``/``p<i>`` field names, 1-based (index 0 unused).
 COUNT_FIELDS = tuple(f"c{i}" for i in range(64))
 EXTRA_FIELDS = tuple(f"p{i}" for i in range(64))
@@ -107,22 +127,37 @@ EXTRA_FIELDS = tuple(f"p{i}" for i in range(64))
 class PolicyCall:
     """One policy of a group call: its algorithm, windows, cost and enforcement.
 
-    ``argv`` is this call's part of the script's ARGV (cost, algorithm, enforce, window
-    count, then limit, period in ms and capacity per window), encoded once.
+    ``packed`` is this call's part of the script's packed arguments (``evaluate.lua``'s
+    header: algorithm, enforce, window count, cost, then limit, period in ms and capacity
+    per window), encoded once. Raises ``ValueError`` for more than 65,535 windows or a
+    number outside 0..2**48.
     """
 
     algorithm: str
     windows: tuple[Window, ...]
     cost: int
     enforce: bool = True
-    argv: tuple[bytes, ...] = field(init=False, repr=False, compare=False)
+    packed: bytes = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        values = [self.cost, ALGORITHM_CODES[self.algorithm], 1 if self.enforce else 0]
-        values.append(len(self.windows))
-        for window in self.windows:
-            values += (window.limit, window.period_ms, window.capacity)
-        object.__setattr__(self, "argv", tuple(str(value).encode() for value in values))
+        try:
+            head = PACKED_POLICY.pack(
+                ALGORITHM_CODES[self.algorithm],
+                1 if self.enforce else 0,
+                len(self.windows),
+                check_packable(self.cost),
+            )
+            windows = [
+                PACKED_WINDOW.pack(
+                    check_packable(window.limit),
+                    check_packable(window.period_ms),
+                    check_packable(window.capacity),
+                )
+                for window in self.windows
+            ]
+        except struct.error as exc:
+            raise ValueError(f"cannot pack this policy call for evaluate.lua: {exc}") from exc
+        object.__setattr__(self, "packed", head + b"".join(windows))
 
 
 class WindowResult(NamedTuple):
@@ -436,8 +471,8 @@ def _charged_log(view: LogView, count: int, log: Log, now: int) -> Log:
 def _charged_state(
     call: PolicyCall, views: Sequence[tuple[int, int]], now: int, old: Mapping[str, int]
 ) -> State:
-    """The counter's numbers after charging ``call.cost``: the fields the script's
-    ``HSET`` writes over the stored ones (``d`` and other fields stay)."""
+    """The counter's numbers after charging ``call.cost``: the ones the script's ``SET``
+    writes over the stored ones (``d`` stays)."""
     state: State = dict(old)
     state["t"] = now
     for index, (window, (used, prev)) in enumerate(zip(call.windows, views, strict=True), 1):

@@ -5,12 +5,14 @@ prepare/interpret pair around one I/O call)."""
 from __future__ import annotations
 
 import hashlib
+import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
 from django_quota.core.identity import Identity
 from django_quota.core.model import (
+    ENTRY_BYTES,
     FINGERPRINT_BYTES,
     GROUP_CLOCK_UNSAFE,
     GROUP_DECIDED,
@@ -19,10 +21,12 @@ from django_quota.core.model import (
     MODE_FRESH,
     MODE_MAY_REPEAT,
     MODE_PEEK,
+    PACKED_HEADER,
     PolicyCall,
     PolicyResult,
+    check_packable,
 )
-from django_quota.core.policy import SLIDING_LOG, Policy
+from django_quota.core.policy import SLIDING_LOG, SLIDING_WINDOW, TOKEN_BUCKET, Policy
 
 
 def counter_tail(policy: Policy) -> str:
@@ -38,7 +42,7 @@ def counter_key(
     when the selector has a route besides other dimensions; ``tail`` is
     :func:`counter_tail` of ``policy`` when the caller has it already.
 
-    One hash per (policy, revision, identity), tagged so that the policies of one subject
+    One counter per (policy, revision, identity), tagged so that the policies of one subject
     share a Redis Cluster slot. The policy id is length-prefixed and the revision never
     contains ``:``, so a route or policy id containing ``:`` can never make two counters
     share a name.
@@ -65,6 +69,44 @@ def reset_keys(counter: str, window_count: int) -> list[str]:
     """KEYS for ``reset.lua``: the counter and the sliding-log list of each window (an
     algorithm without logs has none of those keys; deleting them is a no-op)."""
     return [counter, *(log_key(counter, index) for index in range(1, window_count + 1))]
+
+
+def decode_counter(
+    value: bytes | None, algorithm: str, window_count: int
+) -> tuple[dict[str, int] | None, bytes]:
+    """A counter as ``evaluate.lua`` stores it in Redis, read back: its numbers as the
+    model keeps them (``t``, ``d``, ``c<i>`` and, for the sliding window counter and
+    the token bucket, ``p<i>``; times in ms) and its ledger records (9-byte entries,
+    oldest first, as :func:`~django_quota.core.model.appended` builds them).
+
+    The value (the script's header documents it): one byte of entry count, the entries,
+    6 bytes of ``d + 1`` (0: none), then, unless reset, 6 bytes of ``t`` and 6 bytes per
+    stored number, each big-endian. ``None`` (no key) reads as ``(None, b"")``. Raises
+    ``ValueError`` for a value of another length.
+    """
+    if value is None:
+        return None, b""
+    entries = value[0] if value else 0
+    ledger_end = 1 + ENTRY_BYTES * entries
+    numbers = (2 if algorithm in (SLIDING_WINDOW, TOKEN_BUCKET) else 1) * window_count
+    if len(value) not in (ledger_end + 6, ledger_end + 12 + 6 * numbers):
+        raise ValueError(f"a counter value of {len(value)} bytes is not in evaluate.lua's layout")
+    state: dict[str, int] = {}
+    dropped = int.from_bytes(value[ledger_end : ledger_end + 6], "big") - 1
+    if dropped >= 0:
+        state["d"] = dropped
+    if len(value) > ledger_end + 6:
+        fields = [
+            int.from_bytes(value[start : start + 6], "big")
+            for start in range(ledger_end + 6, len(value), 6)
+        ]
+        state["t"] = fields[0]
+        per_window = numbers // window_count
+        for index in range(window_count):
+            state[f"c{index + 1}"] = fields[1 + per_window * index]
+            if per_window == 2:
+                state[f"p{index + 1}"] = fields[2 + 2 * index]
+    return state, bytes(value[1:ledger_end])
 
 
 #: The longest evaluation id a caller may give, in characters.
@@ -133,7 +175,7 @@ class GroupRequest(NamedTuple):
         return MODE_MAY_REPEAT if self.may_repeat else MODE_FRESH
 
     def keys(self) -> list[str]:
-        """KEYS for ``evaluate.lua``: one counter hash per policy, then the sliding-log
+        """KEYS for ``evaluate.lua``: one counter per policy, then the sliding-log
         lists (:func:`log_key`) of each sliding_log policy's windows, in call order."""
         keys = list(self.counters)
         for counter, call in zip(self.counters, self.calls, strict=True):
@@ -142,19 +184,25 @@ class GroupRequest(NamedTuple):
         return keys
 
     def args(self) -> list[int | str | bytes]:
-        """ARGV for ``evaluate.lua`` (see its header)."""
-        out: list[int | str | bytes] = [
-            -1 if self.now_ms is None else self.now_ms,
-            self.max_regression_ms,
-            self.mode,
-            b"" if self.peek else self.fingerprint,
-            self.dedup_ttl_ms,
-            self.cleanup_grace_ms,
-            len(self.calls),
-        ]
-        for call in self.calls:
-            out += call.argv
-        return out
+        """ARGV for ``evaluate.lua`` (see its header): the fingerprint, then every number
+        packed in one string. Raises ``ValueError`` for more than 65,535 policies or a
+        time outside 0..2**48 ms."""
+        try:
+            header = PACKED_HEADER.pack(
+                self.mode,
+                len(self.calls),
+                0 if self.now_ms is None else check_packable(self.now_ms) + 1,
+                check_packable(self.max_regression_ms + 1),
+                check_packable(self.dedup_ttl_ms),
+                check_packable(self.cleanup_grace_ms),
+            )
+        except struct.error as exc:
+            raise ValueError(f"cannot pack this group for evaluate.lua: {exc}") from exc
+        if len(self.calls) == 1:
+            packed = header + self.calls[0].packed
+        else:
+            packed = header + b"".join(call.packed for call in self.calls)
+        return [b"" if self.peek else self.fingerprint, packed]
 
     @property
     def window_counts(self) -> tuple[int, ...]:

@@ -3,26 +3,35 @@
 Mirrors django_quota/core/model.py function by function; the differential tests hold
 the two to identical replies and identical stored state. Integer arithmetic only: every
 product stays below 2^53 (the policy bounds guarantee it), every division goes through
-floor_div, which corrects the rounding of the double quotient. No number is ever
-formatted into a string (field names are built from small loop indexes only).
+floor_div, which corrects the rounding of the double quotient.
+
+Cost: the script runs on every decision, so it avoids what Redis's Lua makes expensive
+(measured in instructions per call, docs/benchmarks.md): tonumber() on a decimal string
+(strtod), a Lua number passed to redis.call or concatenated (formatted through "%.17g"),
+a closure or table made per call, and every extra command. Hence binary arguments and a
+binary counter value: one GET and one SET (with its expiry) per charged counter.
 
 KEYS (1 per policy i = 1..n, in call order, then the sliding logs):
-  KEYS[i]  the counter hash of (policy, revision, identity)
+  KEYS[i]  the counter of (policy, revision, identity): a string (layout below)
   then, for each sliding_log policy in call order, one list per window w = 1..m: the
   window's log (the counter key with l<w> before its "{": same hash tag, same slot)
 ARGV:
-  1  now, integer ms since the epoch; -1 = read Redis TIME (µs floored to ms)
-  2  max clock regression, ms; -1 = clamp silently (server clock)
-  3  mode: 0 = a fresh evaluation id; 1 = it may repeat an earlier one (search the
-     ledgers first); 2 = peek (decide as cost 1 would and write nothing)
-  4  the evaluation id's fingerprint (5 bytes; "" when peeking)
-  5  DEDUP_TTL, ms: a charged counter lives at least this long; ledger entries younger
-     than this are remembered, and dropping one makes a possible repeat indeterminate
-  6  cleanup grace (CLEANUP_GRACE), ms
-  7  n, the number of policies
-  then per policy: cost (integer >= 0), algorithm (1 fixed_window, 2 sliding_window,
-       3 token_bucket, 4 sliding_log), enforce (1 enforce, 0 shadow), window count m,
-       then per window: limit, period (ms), capacity
+  1  the evaluation id's fingerprint (5 bytes; "" when peeking)
+  2  every number, packed (core/protocol.py packs it): unsigned big-endian integers,
+     "u8" one byte, "u16" two, "u64" eight (every value below 2^48, so the script
+     reads only the low six bytes)
+       u8 mode: 0 = a fresh evaluation id; 1 = it may repeat an earlier one (search the
+                ledgers first); 2 = peek (decide as cost 1 would and write nothing)
+       u16 n, the number of policies
+       u64 now + 1, integer ms since the epoch; 0 = read Redis TIME (µs floored to ms)
+       u64 max clock regression + 1, ms; 0 = clamp silently (server clock)
+       u64 DEDUP_TTL, ms: a charged counter lives at least this long; ledger entries
+           younger than this are remembered, and dropping one makes a possible repeat
+           indeterminate
+       u64 cleanup grace (CLEANUP_GRACE), ms
+     then per policy: u8 algorithm (1 fixed_window, 2 sliding_window, 3 token_bucket,
+       4 sliding_log), u8 enforce (1 enforce, 0 shadow), u16 window count m, u64 cost,
+       then per window: u64 limit, u64 period (ms), u64 capacity
 Reply (integers only):
   { group status (0 decided, 1 clock unsafe, 2 indeterminate, 3 replayed),
     then per policy (only when 0 or 3): status (0 denied, 1 allowed and charged, now
@@ -31,16 +40,22 @@ Reply (integers only):
                      then per window: remaining, reset_after (ms),
                                       retry_after (ms, -1 unless this window denied),
                                       replenish_after (ms until remaining next rises) }
-Writes: for each charged policy, one HSET (t, c<i>, p<i>, e, s, and d when the ledger
-dropped a young entry) and one PEXPIRE; a sliding log also, per window: LPUSH of a new
-event (none when its newest event is at now), LTRIM of the events that left (only when
-some did; DEL instead when all did) and PEXPIRE (period + grace: until the unit just
-recorded leaves). A denial, a peek and a replay write nothing.
+Writes: for each charged policy, one SET of its counter with PX (its lifetime); a
+sliding log also, per window: LPUSH of a new event (none when its newest event is at
+now), LTRIM of the events that left (only when some did; DEL instead when all did) and
+PEXPIRE (period + grace: until the unit just recorded leaves). A denial, a peek and a
+replay write nothing.
 
-State hash fields: t = last accepted now (ms); c<i>, p<i> per window i; the ledger of
-the last 8 charged evaluations, oldest first: e = their 5-byte fingerprints, s = their
-charge times modulo 2^32 ms (4 bytes big-endian each); d = charge time (ms) of the
-newest entry dropped while younger than DEDUP_TTL (see model.py).
+Counter value (core/protocol.py decodes it; "u48" = 6 bytes big-endian):
+  u8 k, the ledger's entry count (0..8), then its k entries, oldest first, 9 bytes each:
+     the 5-byte fingerprint of a charged evaluation, then its charge time modulo 2^32 ms
+     (4 bytes);
+  u48 d + 1: d = charge time (ms) of the newest entry dropped while younger than
+     DEDUP_TTL (0: none; see model.py);
+  then, unless the numbers were reset: u48 t (the last accepted now, ms), and per window
+     u48 c<w>, followed, for the sliding window counter and the token bucket, by u48 p<w>.
+  Another type at the key (a hash of an earlier version) reads as no counter, and the
+  first charge replaces it.
 
 Sliding log (algorithm 4, docs/arithmetic.md): c<i> counts every unit window i ever
 recorded, modulo LOG_MODULUS; its list holds, newest event first, two integers an event:
@@ -51,17 +66,16 @@ one more (over the counts) only when the window denies. So O(log L) commands, an
 per charge whatever its cost.
 ]]
 
--- The ledger: 8 entries, kept in two fields so that each stays a small hash value
--- (under Redis's 64-byte hash-max-listpack-value): e = their 5-byte fingerprints,
--- s = their 4-byte charge times (modulo 2^32 ms, big-endian), oldest first.
-local LEDGER_PRINTS = 40
-local FINGERPRINT = 5
-local STAMP_BYTES = 4
+local byte, char, sub, format = string.byte, string.char, string.sub, string.format
+local floor, max = math.floor, math.max
+
+local LEDGER_SIZE = 8
+local ENTRY = 9  -- bytes of a ledger entry: 5 of fingerprint, 4 of charge time
 local STAMP = 4294967296
 local LOG_MODULUS = 1000000000000  -- sliding-log counts wrap here (model.LOG_MODULUS)
 
 local function floor_div(a, b)
-  local q = math.floor(a / b)
+  local q = floor(a / b)
   if q * b > a then
     q = q - 1
   elseif (q + 1) * b <= a then
@@ -70,173 +84,42 @@ local function floor_div(a, b)
   return q
 end
 
-local function ceil_div(a, b)
-  return -floor_div(-a, b)
+local function mod(a, b)  -- a - floor_div(a, b) * b, in one call
+  local q = floor(a / b)
+  if q * b > a then
+    q = q - 1
+  elseif (q + 1) * b <= a then
+    q = q + 1
+  end
+  return a - q * b
 end
 
-local function mod(a, b)
-  return a - floor_div(a, b) * b
+-- The u48 at byte i of s.
+local function u48(s, i)
+  local a, b, c, d, e, f = byte(s, i, i + 5)
+  return ((((a * 256 + b) * 256 + c) * 256 + d) * 256 + e) * 256 + f
 end
 
-local function sliding_estimate(prev, cur, elapsed, period)
-  return floor_div(prev * (period - elapsed), period) + cur
+-- x (0 <= x < 2^48) as a u48; divisions by powers of two are exact.
+local function bytes48(x)
+  local b1 = floor(x / 1099511627776)
+  x = x - b1 * 1099511627776
+  local b2 = floor(x / 4294967296)
+  x = x - b2 * 4294967296
+  local b3 = floor(x / 16777216)
+  x = x - b3 * 16777216
+  local b4 = floor(x / 65536)
+  x = x - b4 * 65536
+  local b5 = floor(x / 256)
+  return char(b1, b2, b3, b4, b5, x - b5 * 256)
 end
 
-local function sliding_wait(prev, cur, elapsed, period, target)
-  local room = target - cur
-  if room >= 0 then
-    local needed = 0
-    if prev ~= 0 then
-      needed = period - floor_div((room + 1) * period - 1, prev)
-    end
-    if needed < 0 then needed = 0 end
-    if needed < period then
-      return math.max(1, needed - elapsed)
-    end
-  end
-  local offset = 0
-  if cur ~= 0 then
-    offset = math.max(0, period - floor_div((target + 1) * period - 1, cur))
-  end
-  return math.max(1, period - elapsed + offset)
-end
+local sliding_wait  -- made below for a group with a sliding window counter
 
--- A sliding log seen at now (model._log_view): the units inside (now - period, now], held
--- by the `inside` newest events; the newest time and the oldest inside's (0 when
--- inside is 0); the events stored.
-local function log_view(key, count, now, period)
-  local size = redis.call('LLEN', key)
-  local events = floor_div(size, 2)
-  if events == 0 then return {used = 0, inside = 0, newest = 0, oldest = 0, events = 0} end
-  local edge = now - period  -- a unit recorded at or before it has left
-  local newest = tonumber(redis.call('LINDEX', key, 0))
-  if newest <= edge then
-    return {used = 0, inside = 0, newest = 0, oldest = 0, events = events}
-  end
-  local inside = events
-  local oldest = tonumber(redis.call('LINDEX', key, 2 * events - 2))
-  if oldest <= edge then
-    local low, high = 1, events  -- low is inside, high is not
-    oldest = newest
-    while high - low > 1 do
-      local middle = floor_div(low + high, 2)
-      local time = tonumber(redis.call('LINDEX', key, 2 * middle - 2))
-      if time > edge then
-        low = middle
-        oldest = time
-      else
-        high = middle
-      end
-    end
-    inside = low
-  end
-  local used = mod(count - tonumber(redis.call('LINDEX', key, 2 * inside - 1)), LOG_MODULUS)
-  return {used = used, inside = inside, newest = newest, oldest = oldest, events = events}
-end
-
--- ms until cost fits in a window it does not fit now (model._log_wait): until the unit of
--- rank limit - cost + 1 (newest first) leaves, at its time + period.
-local function log_wait(key, limit, period, lv, count, now, cost)
-  if lv.inside == 0 then return period end
-  local rank = math.max(1, limit - cost + 1)
-  local low, high = 0, lv.inside  -- events 1..low hold fewer than rank units, 1..high enough
-  while high - low > 1 do
-    local middle = floor_div(low + high, 2)
-    local before = tonumber(redis.call('LINDEX', key, 2 * middle - 1))
-    if mod(count - before, LOG_MODULUS) >= rank then
-      high = middle
-    else
-      low = middle
-    end
-  end
-  return tonumber(redis.call('LINDEX', key, 2 * high - 2)) + period - now
-end
-
--- Appends a sliding log window's numbers to out (model._log_result); returns the ttl.
-local function log_result(out, key, limit, period, lv, count, now, cost, charged, replay)
-  local counted, reset_after, replenish
-  if charged then
-    counted = lv.used + cost
-    reset_after = period
-    replenish = period
-    if lv.inside > 0 then replenish = lv.oldest + period - now end
-  else
-    counted = lv.used
-    reset_after = 0
-    replenish = 0
-    if lv.inside > 0 then
-      reset_after = lv.newest + period - now
-      replenish = lv.oldest + period - now
-    end
-  end
-  local retry_after = -1
-  if lv.used + cost > limit then
-    retry_after = log_wait(key, limit, period, lv, count, now, cost)
-  end
-  if replay then retry_after = -1 end
-  local remaining = 0
-  if counted < limit then remaining = limit - counted end
-  local size = #out
-  out[size + 1] = remaining
-  out[size + 2] = reset_after
-  out[size + 3] = retry_after
-  out[size + 4] = replenish
-  return reset_after
-end
-
--- Records a charge at now in a sliding log (model._charged_log): a new newest event
--- (time, count before it) unless the newest is at now; drops the events that left.
-local function log_charge(key, period, lv, count, now, grace)
-  if lv.inside > 0 and lv.newest == now then
-    if lv.inside < lv.events then redis.call('LTRIM', key, 0, 2 * lv.inside - 1) end
-  else
-    if lv.inside == 0 and lv.events ~= 0 then redis.call('DEL', key) end
-    redis.call('LPUSH', key, count, now)
-    if lv.inside > 0 and lv.inside < lv.events then
-      redis.call('LTRIM', key, 0, 2 * lv.inside + 1)
-    end
-  end
-  redis.call('PEXPIRE', key, period + grace)
-end
-
--- The window's state seen at now: used (fixed count, sliding cur, bucket deficit), prev.
-local function view(algorithm, limit, period, last, count, extra, now)
-  if last == nil then return 0, 0 end
-  count = count or 0
-  if algorithm == 1 then
-    if now - mod(now, period) == last - mod(last, period) then return count, 0 end
-    return 0, 0
-  end
-  extra = extra or 0
-  if algorithm == 3 then
-    local deficit = count * period + extra
-    local elapsed = now - last
-    if elapsed >= ceil_div(deficit, limit) then return 0, 0 end
-    return deficit - elapsed * limit, 0
-  end
-  local start = now - mod(now, period)
-  local stored_start = last - mod(last, period)
-  if start == stored_start then return count, extra end
-  if start == stored_start + period then return 0, count end
-  return 0, 0
-end
-
-local function allows(algorithm, limit, period, capacity, used, prev, now, cost)
-  if algorithm == 1 then
-    return used + cost <= limit
-  end
-  if algorithm == 4 then
-    return used + cost <= limit
-  end
-  if algorithm == 3 then
-    return used + cost * period <= capacity * period
-  end
-  return sliding_estimate(prev, used, mod(now, period), period) + cost <= limit
-end
-
--- Appends remaining, reset_after, retry_after, replenish_after to out; returns the ttl.
-local function window_result(out, algorithm, limit, period, capacity, used, prev, now, cost,
-    charged, replay)
+-- Sets out[at + 1 .. at + 4] to remaining, reset_after, retry_after, replenish_after;
+-- returns the ttl.
+local function window_result(out, at, algorithm, limit, period, capacity, used, prev, now,
+    cost, charged, replay)
   local remaining, reset_after, retry_after, replenish, ttl
   if algorithm == 1 then
     reset_after = period - mod(now, period)
@@ -253,21 +136,21 @@ local function window_result(out, algorithm, limit, period, capacity, used, prev
     local deficit = used
     if charged then deficit = used + cost * period end
     remaining = floor_div(capacity_scaled - deficit, period)
-    reset_after = ceil_div(deficit, limit)
+    reset_after = -floor_div(-deficit, limit)
     retry_after = -1
     if used + cost * period > capacity_scaled then
-      retry_after = ceil_div(used + cost * period - capacity_scaled, limit)
+      retry_after = -floor_div(capacity_scaled - used - cost * period, limit)
     end
     replenish = 0
     if remaining < capacity then
-      replenish = ceil_div(deficit - (capacity_scaled - (remaining + 1) * period), limit)
+      replenish = -floor_div(capacity_scaled - (remaining + 1) * period - deficit, limit)
     end
     ttl = reset_after
   else
     local elapsed = mod(now, period)
     reset_after = period - elapsed
     local cur = used
-    local estimate = sliding_estimate(prev, used, elapsed, period)
+    local estimate = floor_div(prev * (period - elapsed), period) + used
     local counted = estimate
     if charged then
       cur = used + cost
@@ -286,234 +169,430 @@ local function window_result(out, algorithm, limit, period, capacity, used, prev
     ttl = reset_after + period
   end
   if replay then retry_after = -1 end
-  local size = #out
-  out[size + 1] = remaining
-  out[size + 2] = reset_after
-  out[size + 3] = retry_after
-  out[size + 4] = replenish
+  out[at + 1] = remaining
+  out[at + 2] = reset_after
+  out[at + 3] = retry_after
+  out[at + 4] = replenish
   return ttl
 end
 
--- Milliseconds since the ledger entry whose charge time starts at byte start of s was
--- charged (modulo 2^32).
-local function stamp_age(stamps, start, now)
-  local b1, b2, b3, b4 = string.byte(stamps, start, start + STAMP_BYTES - 1)
-  local at = ((b1 * 256 + b2) * 256 + b3) * 256 + b4
-  return mod(now - at, STAMP)
-end
+local fingerprint, packed = ARGV[1], ARGV[2]
 
--- 4 big-endian bytes of now modulo 2^32 (binary, not decimal: nothing is formatted).
-local function stamp(now)
-  local x = mod(now, STAMP)
-  local b1 = floor_div(x, 16777216)
-  x = x - b1 * 16777216
-  local b2 = floor_div(x, 65536)
-  x = x - b2 * 65536
-  local b3 = floor_div(x, 256)
-  return string.char(b1, b2, b3, x - b3 * 256)
-end
-
-local function remembers(prints, stamps, fingerprint, now, dedup_ttl)
-  if not prints then return false end
-  local entries = #prints / FINGERPRINT
-  for i = 0, entries - 1 do
-    if string.sub(prints, FINGERPRINT * i + 1, FINGERPRINT * (i + 1)) == fingerprint
-        and stamp_age(stamps, STAMP_BYTES * i + 1, now) < dedup_ttl then
-      return true
-    end
-  end
-  return false
-end
-
-local now = tonumber(ARGV[1])
-if now < 0 then
-  local time = redis.call('TIME')
-  now = tonumber(time[1]) * 1000 + floor_div(tonumber(time[2]), 1000)
-end
-local max_regression = tonumber(ARGV[2])
-local mode = tonumber(ARGV[3])
+local mode, n_high, n_low = byte(packed, 1, 3)
+local n = n_high * 256 + n_low
 local peek = mode == 2
-local fingerprint = ARGV[4]
-local dedup_ttl = tonumber(ARGV[5])
-local grace = tonumber(ARGV[6])
-local n = tonumber(ARGV[7])
+local now = u48(packed, 6) - 1
+if now < 0 then
+  -- Redis TIME in ms, read from its digits: ten of seconds (until 2286), then the µs
+  -- without leading zeros, whose digits but the last three are the whole ms.
+  local time = redis.call('TIME')
+  local seconds, micros = time[1], time[2]
+  if #seconds == 10 then
+    local a, b, c, d, e, f, g, h, i, j = byte(seconds, 1, 10)
+    now = (((((((((a * 10 + b) * 10 + c) * 10 + d) * 10 + e) * 10 + f) * 10 + g) * 10 + h)
+      * 10 + i) * 10 + j - 53333333328) * 1000  -- 48 * 1111111111: the digits' zeros
+  else
+    now = tonumber(seconds) * 1000
+  end
+  local digits = #micros - 3
+  if digits == 3 then
+    local a, b, c = byte(micros, 1, 3)
+    now = now + a * 100 + b * 10 + c - 5328
+  elseif digits == 2 then
+    local a, b = byte(micros, 1, 2)
+    now = now + a * 10 + b - 528
+  elseif digits == 1 then
+    now = now + byte(micros, 1) - 48
+  end
+end
+local max_regression = u48(packed, 14) - 1
+local dedup_ttl = u48(packed, 22)
+local grace = u48(packed, 30)
 
--- Read every counter: t, d, e, s, then c<w>, p<w> per window, in one HMGET each.
-local calls = {}
-local position = 8
-local log_position = n + 1  -- KEYS index of the next sliding log
+-- One array per policy: 1 algorithm, 2 enforced, 3 window count, 4 cost, 5 byte of its
+-- first window in the packed arguments, 6 its counter value ('' for none), 7 t (nil for
+-- none), 8 the effective now, 9 KEYS index of its first log, 10 u48s a window (1: c<w>;
+-- 2: c<w>, p<w>), 11 byte of the ledger's end (the byte before d), then 12 allowed and
+-- 13 the windows' views (set while deciding).
+local policies = {nil, nil}  -- nil slots make room ahead (a table grown rehashes)
+local offset = 36
+local log_index = n + 1  -- KEYS index of the next sliding log
+local has_log, has_sliding = false, false
 for i = 1, n do
-  local m = tonumber(ARGV[position + 3])
-  local call = {
-    cost = tonumber(ARGV[position]),
-    algorithm = tonumber(ARGV[position + 1]),
-    enforce = tonumber(ARGV[position + 2]) == 1,
-    m = m,
-    first = position + 4,
-  }
-  position = position + 4 + 3 * m
-  if call.algorithm == 4 then
-    call.logs = log_position
-    log_position = log_position + m
+  local algorithm, enforce, m_high, m_low = byte(packed, offset, offset + 3)
+  local m = m_high * 256 + m_low
+  local cost = u48(packed, offset + 6)
+  local first = offset + 12
+  offset = first + 24 * m
+  local value = redis.pcall('GET', KEYS[i])
+  if type(value) == 'table' then  -- an error: only another type at the key is no counter
+    if sub(tostring(value.err), 1, 9) ~= 'WRONGTYPE' then return value end
+    value = ''
+  elseif not value then
+    value = ''
   end
-  local names = {'t', 'd', 'e', 's'}
-  for w = 1, m do
-    names[2 * w + 3] = 'c' .. w
-    names[2 * w + 4] = 'p' .. w
+  local ledger_end, last = 1, nil
+  if value ~= '' then
+    ledger_end = 1 + ENTRY * byte(value, 1)
+    if #value > ledger_end + 6 then last = u48(value, ledger_end + 7) end
   end
-  local stored = redis.call('HMGET', KEYS[i], unpack(names))
-  call.last = tonumber(stored[1])
-  call.dropped = tonumber(stored[2])
-  call.prints = stored[3]
-  call.stamps = stored[4]
-  call.stored = stored
   local effective = now
-  if call.last ~= nil and now < call.last then
-    if max_regression >= 0 and call.last - now > max_regression then
+  if last ~= nil and now < last then
+    if max_regression >= 0 and last - now > max_regression then
       return {1}
     end
-    effective = call.last
+    effective = last
   end
-  call.now = effective
-  calls[i] = call
+  local logs = 0
+  if algorithm == 4 then
+    logs = log_index
+    log_index = log_index + m
+    has_log = true
+  end
+  local stride = 1
+  if algorithm == 2 or algorithm == 3 then stride = 2 end
+  if algorithm == 2 then has_sliding = true end
+  policies[i] = {algorithm, enforce == 1, m, cost, first, value, last, effective, logs, stride,
+    ledger_end, false, false}
+end
+
+-- The sliding window counter's wait (model.sliding_wait): the smallest t >= 1 (ms) after
+-- which the estimate is <= target if nothing else arrives.
+if has_sliding then
+  sliding_wait = function(prev, cur, elapsed, period, target)
+    local room = target - cur
+    if room >= 0 then
+      local needed = 0
+      if prev ~= 0 then
+        needed = period - floor_div((room + 1) * period - 1, prev)
+      end
+      if needed < 0 then needed = 0 end
+      if needed < period then
+        return max(1, needed - elapsed)
+      end
+    end
+    local offset = 0
+    if cur ~= 0 then
+      offset = max(0, period - floor_div((target + 1) * period - 1, cur))
+    end
+    return max(1, period - elapsed + offset)
+  end
+end
+
+-- Whether the ledger of value (entries up to byte ledger_end) holds the fingerprint in an
+-- entry charged less than DEDUP_TTL before now.
+local remembers
+if mode == 1 then
+  remembers = function(value, ledger_end, at_now)
+    for i = 2, ledger_end - 1, ENTRY do
+      if sub(value, i, i + 4) == fingerprint then
+        local b1, b2, b3, b4 = byte(value, i + 5, i + 8)  -- its charge time modulo 2^32
+        if mod(at_now - (((b1 * 256 + b2) * 256 + b3) * 256 + b4), STAMP) < dedup_ttl then
+          return true
+        end
+      end
+    end
+    return false
+  end
 end
 
 local replay = false
 if mode == 1 then
   for i = 1, n do
-    if remembers(calls[i].prints, calls[i].stamps, fingerprint, calls[i].now, dedup_ttl) then
+    local policy = policies[i]
+    if remembers(policy[6], policy[11], policy[8]) then
       replay = true
       break
     end
   end
   if not replay then
     for i = 1, n do
-      local call = calls[i]
-      if call.dropped ~= nil and call.now - call.dropped < dedup_ttl then
-        return {2}
+      local policy = policies[i]
+      if policy[6] ~= '' then
+        local dropped = u48(policy[6], policy[11] + 1) - 1
+        if dropped >= 0 and policy[8] - dropped < dedup_ttl then
+          return {2}
+        end
       end
     end
   end
 end
 
+-- The sliding log's functions (model._log_view, _log_wait, _log_result, _charged_log),
+-- made only for a group that has one.
+local log_view, log_result, log_charge
+if has_log then
+  local function decimal(x)  -- an integer as redis.call takes it, without "%.17g"
+    return format('%d', x)
+  end
+
+  -- The units inside (now - period, now], held by the `inside` newest events; the newest
+  -- time and the oldest inside's (0 when inside is 0); the events stored.
+  log_view = function(key, count, at_now, period)
+    local size = redis.call('LLEN', key)
+    local events = floor_div(size, 2)
+    if events == 0 then return {used = 0, inside = 0, newest = 0, oldest = 0, events = 0} end
+    local edge = at_now - period  -- a unit recorded at or before it has left
+    local newest = tonumber(redis.call('LINDEX', key, '0'))
+    if newest <= edge then
+      return {used = 0, inside = 0, newest = 0, oldest = 0, events = events}
+    end
+    local inside = events
+    local oldest = tonumber(redis.call('LINDEX', key, decimal(2 * events - 2)))
+    if oldest <= edge then
+      local low, high = 1, events  -- low is inside, high is not
+      oldest = newest
+      while high - low > 1 do
+        local middle = floor_div(low + high, 2)
+        local time = tonumber(redis.call('LINDEX', key, decimal(2 * middle - 2)))
+        if time > edge then
+          low = middle
+          oldest = time
+        else
+          high = middle
+        end
+      end
+      inside = low
+    end
+    local before = tonumber(redis.call('LINDEX', key, decimal(2 * inside - 1)))
+    return {used = mod(count - before, LOG_MODULUS), inside = inside, newest = newest,
+      oldest = oldest, events = events}
+  end
+
+  -- ms until cost fits in a window it does not fit now: until the unit of rank
+  -- limit - cost + 1 (newest first) leaves, at its time + period.
+  local function log_wait(key, limit, period, lv, at_now, cost)
+    if lv.inside == 0 then return period end
+    local rank = max(1, limit - cost + 1)
+    local low, high = 0, lv.inside  -- events 1..low hold fewer than rank units, 1..high enough
+    while high - low > 1 do
+      local middle = floor_div(low + high, 2)
+      local before = tonumber(redis.call('LINDEX', key, decimal(2 * middle - 1)))
+      if mod(lv.count - before, LOG_MODULUS) >= rank then
+        high = middle
+      else
+        low = middle
+      end
+    end
+    return tonumber(redis.call('LINDEX', key, decimal(2 * high - 2))) + period - at_now
+  end
+
+  -- Sets out[at + 1 .. at + 4] to the window's numbers; returns the ttl.
+  log_result = function(out, at, key, limit, period, lv, at_now, cost, charged, replayed)
+    local counted, reset_after, replenish
+    if charged then
+      counted = lv.used + cost
+      reset_after = period
+      replenish = period
+      if lv.inside > 0 then replenish = lv.oldest + period - at_now end
+    else
+      counted = lv.used
+      reset_after = 0
+      replenish = 0
+      if lv.inside > 0 then
+        reset_after = lv.newest + period - at_now
+        replenish = lv.oldest + period - at_now
+      end
+    end
+    local retry_after = -1
+    if lv.used + cost > limit then
+      retry_after = log_wait(key, limit, period, lv, at_now, cost)
+    end
+    if replayed then retry_after = -1 end
+    local remaining = 0
+    if counted < limit then remaining = limit - counted end
+    out[at + 1] = remaining
+    out[at + 2] = reset_after
+    out[at + 3] = retry_after
+    out[at + 4] = replenish
+    return reset_after
+  end
+
+  -- Records a charge at now: a new newest event (time, count before it) unless the
+  -- newest is at now; drops the events that left.
+  log_charge = function(key, period, lv, at_now)
+    if lv.inside > 0 and lv.newest == at_now then
+      if lv.inside < lv.events then
+        redis.call('LTRIM', key, '0', decimal(2 * lv.inside - 1))
+      end
+    else
+      if lv.inside == 0 and lv.events ~= 0 then redis.call('DEL', key) end
+      redis.call('LPUSH', key, decimal(lv.count), decimal(at_now))
+      if lv.inside > 0 and lv.inside < lv.events then
+        redis.call('LTRIM', key, '0', decimal(2 * lv.inside + 1))
+      end
+    end
+    redis.call('PEXPIRE', key, decimal(period + grace))
+  end
+end
+
+-- Decide every window. A window's view is 5 values (used, prev, limit, period, capacity);
+-- a sliding log's prev is its log view instead (a table; its count is lv.count).
 local commit = not peek and not replay
 for i = 1, n do
-  local call = calls[i]
-  local cost = call.cost
+  local policy = policies[i]
+  local algorithm, m, first, value = policy[1], policy[3], policy[5], policy[6]
+  local last, policy_now, stride = policy[7], policy[8], policy[10]
+  local numbers = policy[11] + 13  -- byte of c1
+  local cost = policy[4]
   if peek then cost = 1 end
-  call.allows = true
-  call.views = {}
-  local p = call.first
-  for w = 1, call.m do
-    local limit, period = tonumber(ARGV[p]), tonumber(ARGV[p + 1])
-    local used, prev
-    if call.algorithm == 4 then
-      local count = tonumber(call.stored[2 * w + 3]) or 0
+  local allowed = true
+  local views
+  if m == 1 then
+    views = {nil, nil, nil, nil, nil}
+  else
+    views = {nil, nil, nil, nil, nil, nil, nil, nil, nil, nil}
+  end
+  for w = 1, m do
+    local at = first + 24 * (w - 1)
+    local limit, period = u48(packed, at + 2), u48(packed, at + 10)
+    local base = 5 * (w - 1)
+    local count, extra = 0, 0
+    if last ~= nil then
+      local field = numbers + 6 * stride * (w - 1)
+      count = u48(value, field)
+      if stride == 2 then extra = u48(value, field + 6) end
+    end
+    if algorithm == 4 then
       local lv = {used = 0, inside = 0, newest = 0, oldest = 0, events = -1}
-      if call.last ~= nil then  -- no numbers: whatever a list holds is not this counter's
-        lv = log_view(KEYS[call.logs + w - 1], count, call.now, period)
+      if last ~= nil then  -- no numbers: whatever a list holds is not this counter's
+        lv = log_view(KEYS[policy[9] + w - 1], count, policy_now, period)
       end
       lv.count = count
-      used, prev = lv.used, 0
-      call.views[w] = {used, prev, lv}
+      views[base + 1], views[base + 2], views[base + 3], views[base + 4] = lv.used, lv, limit,
+        period
+      views[base + 5] = 0
+      if lv.used + cost > limit then allowed = false end
     else
-      used, prev = view(call.algorithm, limit, period, call.last,
-        tonumber(call.stored[2 * w + 3]), tonumber(call.stored[2 * w + 4]), call.now)
-      call.views[w] = {used, prev}
+      -- The window seen at now (model._view): used (the fixed count, the sliding cur, the
+      -- bucket's deficit) and prev; then whether cost fits (model._allows).
+      local capacity, used, prev = 0, 0, 0
+      if algorithm == 1 then
+        if last ~= nil and policy_now - mod(policy_now, period) == last - mod(last, period) then
+          used = count
+        end
+        if used + cost > limit then allowed = false end
+      elseif algorithm == 3 then
+        capacity = u48(packed, at + 18)
+        if last ~= nil then
+          local deficit = count * period + extra
+          local elapsed = policy_now - last
+          if elapsed < -floor_div(-deficit, limit) then used = deficit - elapsed * limit end
+        end
+        if used + cost * period > capacity * period then allowed = false end
+      else
+        local elapsed = mod(policy_now, period)
+        if last ~= nil then
+          local start = policy_now - elapsed
+          local stored_start = last - mod(last, period)
+          if start == stored_start then
+            used, prev = count, extra
+          elseif start == stored_start + period then
+            prev = count
+          end
+        end
+        if floor_div(prev * (period - elapsed), period) + used + cost > limit then
+          allowed = false
+        end
+      end
+      views[base + 1], views[base + 2], views[base + 3], views[base + 4] = used, prev, limit,
+        period
+      views[base + 5] = capacity
     end
-    if not allows(call.algorithm, limit, period, tonumber(ARGV[p + 2]), used, prev,
-        call.now, cost) then
-      call.allows = false
-    end
-    p = p + 3
   end
-  if call.enforce and not call.allows then commit = false end
+  policy[12] = allowed
+  policy[13] = views
+  if policy[2] and not allowed then commit = false end
 end
 
-local reply = {0}
+local reply = {0, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil}
+local r = 1  -- the reply's last index
 if replay then reply[1] = 3 end
 for i = 1, n do
-  local call = calls[i]
-  local cost = call.cost
+  local policy = policies[i]
+  local algorithm, m, value, policy_now = policy[1], policy[3], policy[6], policy[8]
+  local allowed, views = policy[12], policy[13]
+  local call_cost = policy[4]
+  local cost = call_cost
   if peek then cost = 1 end
-  local charged = commit and call.allows and call.cost > 0
+  local charged = commit and allowed and call_cost > 0
   local status = 0
   if charged then
     status = 1
   elseif replay then
     -- charged by the earlier evaluation when its ledger holds the id (cluster refunds)
     status = 2
-    if remembers(call.prints, call.stamps, fingerprint, call.now, dedup_ttl) then
-      status = 1
-    end
-  elseif call.allows then
+    if remembers(value, policy[11], policy_now) then status = 1 end
+  elseif allowed then
     status = 2
   end
-  reply[#reply + 1] = status
-  reply[#reply + 1] = call.now
+  reply[r + 1] = status
+  reply[r + 2] = policy_now
+  r = r + 2
   local ttl = 0
-  local p = call.first
-  for w = 1, call.m do
-    local v = call.views[w]
+  for w = 1, m do
+    local base = 5 * (w - 1)
     local window_ttl
-    if call.algorithm == 4 then
-      window_ttl = log_result(reply, KEYS[call.logs + w - 1], tonumber(ARGV[p]),
-        tonumber(ARGV[p + 1]), v[3], v[3].count, call.now, cost, charged, replay)
+    if algorithm == 4 then
+      window_ttl = log_result(reply, r, KEYS[policy[9] + w - 1], views[base + 3],
+        views[base + 4], views[base + 2], policy_now, cost, charged, replay)
     else
-      window_ttl = window_result(reply, call.algorithm, tonumber(ARGV[p]),
-        tonumber(ARGV[p + 1]), tonumber(ARGV[p + 2]), v[1], v[2], call.now, cost, charged,
-        replay)
+      window_ttl = window_result(reply, r, algorithm, views[base + 3], views[base + 4],
+        views[base + 5], views[base + 1], views[base + 2], policy_now, cost, charged, replay)
     end
+    r = r + 4
     if window_ttl > ttl then ttl = window_ttl end
-    p = p + 3
   end
   if charged then
-    local prints = call.prints or ''
-    local stamps = call.stamps or ''
-    local fields = {'t', call.now}
-    if #prints >= LEDGER_PRINTS then
-      local age = stamp_age(stamps, 1, call.now)
-      if age < dedup_ttl then
-        fields[3] = 'd'
-        fields[4] = call.now - age
+    -- The ledger with this evaluation appended (the oldest entry dropped when full), d,
+    -- then the numbers.
+    local ledger_end = policy[11]
+    local entries = ledger_end - 1
+    local kept = 2  -- byte of the oldest entry kept
+    local dropped
+    if value == '' then
+      dropped = '\0\0\0\0\0\0'
+    else
+      dropped = sub(value, ledger_end + 1, ledger_end + 6)
+      if entries >= LEDGER_SIZE * ENTRY then
+        local b1, b2, b3, b4 = byte(value, 7, 10)  -- the oldest's charge time modulo 2^32
+        local age = mod(policy_now - (((b1 * 256 + b2) * 256 + b3) * 256 + b4), STAMP)
+        if age < dedup_ttl then dropped = bytes48(policy_now - age + 1) end
+        kept = 2 + ENTRY
+        entries = entries - ENTRY
       end
-      prints = string.sub(prints, FINGERPRINT + 1)
-      stamps = string.sub(stamps, STAMP_BYTES + 1)
     end
-    fields[#fields + 1] = 'e'
-    fields[#fields + 1] = prints .. fingerprint
-    fields[#fields + 1] = 's'
-    fields[#fields + 1] = stamps .. stamp(call.now)
-    p = call.first
-    for w = 1, call.m do
-      local v = call.views[w]
-      local period = tonumber(ARGV[p + 1])
-      if call.algorithm == 3 then
-        local deficit = v[1] + call.cost * period
+    local stamp = mod(policy_now, STAMP)
+    local s1 = floor(stamp / 16777216)
+    stamp = stamp - s1 * 16777216
+    local s2 = floor(stamp / 65536)
+    stamp = stamp - s2 * 65536
+    local s3 = floor(stamp / 256)
+    local head = char(entries / ENTRY + 1) .. sub(value, kept, ledger_end) .. fingerprint
+      .. char(s1, s2, s3, stamp - s3 * 256) .. dropped .. bytes48(policy_now)
+    local parts = {head}
+    for w = 1, m do
+      local base = 5 * (w - 1)
+      local period = views[base + 4]
+      if algorithm == 3 then
+        local deficit = views[base + 1] + call_cost * period
         local whole = floor_div(deficit, period)
-        fields[#fields + 1] = 'c' .. w
-        fields[#fields + 1] = whole
-        fields[#fields + 1] = 'p' .. w
-        fields[#fields + 1] = deficit - whole * period
-      elseif call.algorithm == 4 then
-        local lv = v[3]
-        fields[#fields + 1] = 'c' .. w
-        fields[#fields + 1] = mod(lv.count + call.cost, LOG_MODULUS)
-        log_charge(KEYS[call.logs + w - 1], period, lv, lv.count, call.now, grace)
+        parts[w + 1] = bytes48(whole) .. bytes48(deficit - whole * period)
+      elseif algorithm == 4 then
+        local lv = views[base + 2]
+        parts[w + 1] = bytes48(mod(lv.count + call_cost, LOG_MODULUS))
+        log_charge(KEYS[policy[9] + w - 1], period, lv, policy_now)
+      elseif algorithm == 2 then
+        parts[w + 1] = bytes48(views[base + 1] + call_cost) .. bytes48(views[base + 2])
       else
-        fields[#fields + 1] = 'c' .. w
-        fields[#fields + 1] = v[1] + call.cost
-        if call.algorithm == 2 then
-          fields[#fields + 1] = 'p' .. w
-          fields[#fields + 1] = v[2]
-        end
+        parts[w + 1] = bytes48(views[base + 1] + call_cost)
       end
-      p = p + 3
     end
-    redis.call('HSET', KEYS[i], unpack(fields))
     local lifetime = ttl + grace
     if lifetime < dedup_ttl then lifetime = dedup_ttl end
-    redis.call('PEXPIRE', KEYS[i], lifetime)
+    local stored = head
+    if m == 1 then stored = head .. parts[2] else stored = table.concat(parts) end
+    redis.call('SET', KEYS[i], stored, 'PX', format('%d', lifetime))
   end
 end
 return reply

@@ -2,27 +2,34 @@
 docs/failures.md, "reset").
 
 KEYS:
-  KEYS[1]        the counter hash of (policy, revision, identity)
+  KEYS[1]        the counter of (policy, revision, identity): a string in evaluate.lua's
+                 layout (its header)
   KEYS[2..m+1]   its sliding-log lists, one per window (absent for other algorithms)
 ARGV:
   1  m, the policy's window count
-Reply (integer): how many windows had state (fields c1..cm present).
-Deletes the numbers (t, c1..cm, p1..pm) and the sliding-log lists; the evaluation-id
-ledger (e, d) stays, so that a retry of an evaluation charged before the reset still never
-charges twice. A hash left with no field is removed by Redis itself.
+Reply (integer): how many windows had state (m when the counter had numbers, else 0).
+Drops the numbers (t and every window's) and deletes the sliding-log lists; the
+evaluation-id ledger and d stay, with the counter's expiry, so that a retry of an
+evaluation charged before the reset still never charges twice. A counter left with
+neither is deleted; so is another type at the key (a hash of an earlier version).
 ]]
 
-local m = tonumber(ARGV[1])
-local names = {'t'}
+local value = redis.pcall('GET', KEYS[1])
 local with_state = 0
-for w = 1, m do
-  if redis.call('HEXISTS', KEYS[1], 'c' .. w) == 1 then
-    with_state = with_state + 1
+if type(value) == 'string' then
+  local kept = 1 + 9 * string.byte(value, 1) + 6  -- the ledger's count and entries, and d
+  if #value > kept then
+    with_state = tonumber(ARGV[1])
+    if kept == 7 and string.sub(value, 2, 7) == '\0\0\0\0\0\0' then
+      redis.call('DEL', KEYS[1])
+    else
+      redis.call('SET', KEYS[1], string.sub(value, 1, kept), 'KEEPTTL')
+    end
   end
-  names[#names + 1] = 'c' .. w
-  names[#names + 1] = 'p' .. w
+elseif type(value) == 'table' then
+  if string.sub(tostring(value.err), 1, 9) ~= 'WRONGTYPE' then return value end
+  redis.call('DEL', KEYS[1])
 end
-redis.call('HDEL', KEYS[1], unpack(names))
 if #KEYS > 1 then
   redis.call('DEL', unpack(KEYS, 2))
 end

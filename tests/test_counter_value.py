@@ -1,0 +1,138 @@
+"""The counter as Redis holds it (docs/operations.md, "Redis memory"): one string per
+(policy, revision, identity), its bytes exactly ``evaluate.lua``'s layout, read back by
+``protocol.decode_counter``; a hash an earlier version left at the key is no counter and
+never an error; numbers the scripts cannot take are refused before any call."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+import django_quota
+from django_quota import limiter, policies
+from django_quota.core.model import PolicyCall, appended
+from django_quota.core.policy import Window
+from django_quota.core.protocol import GroupRequest, decode_counter, fingerprint
+from tests import clock
+
+START = 1_800_000_000.0  # epoch seconds, the settable clock's start
+START_MS = int(START * 1000)
+SUBJECT = {"ip": "192.0.2.44"}
+
+
+@pytest.fixture
+def on_redis(quota: Any, redis_url: str) -> Iterator[Any]:
+    clock.set_to(START)
+
+    def configure(**definitions: Any) -> None:
+        quota(REDIS_URL=redis_url, CLOCK="tests.clock.now", POLICIES=definitions)
+
+    yield configure
+    clock.set_to(START)
+
+
+def counter_of(policy_id: str) -> str:
+    prepared = limiter.prepare([policies.get_policy(policy_id)], SUBJECT, 1, peek=True)
+    assert prepared.request is not None
+    return prepared.request.counters[0]
+
+
+def test_one_charge_stores_the_documented_bytes(on_redis: Any, redis_client: Any) -> None:
+    on_redis(p={"algorithm": "fixed_window", "windows": "5/m"})
+    outcome = django_quota.evaluate("p", SUBJECT, evaluation_id="first-charge")
+    assert (outcome.decision, outcome.remaining) == ("allowed", 4)
+    value = redis_client.get(counter_of("p"))
+    entry, _ = appended(b"", fingerprint("first-charge"), START_MS, 5_000)
+    assert value == (
+        b"\x01"  # one ledger entry: the fingerprint, then the charge time mod 2**32 ms
+        + entry
+        + (0).to_bytes(6, "big")  # d + 1: nothing dropped
+        + START_MS.to_bytes(6, "big")  # t
+        + (1).to_bytes(6, "big")  # c1
+    )
+    assert decode_counter(value, "fixed_window", 1) == ({"t": START_MS, "c1": 1}, entry)
+    assert redis_client.type(counter_of("p")) == b"string"
+
+
+def test_a_token_bucket_keeps_its_remainder_beside_each_count(
+    on_redis: Any, redis_client: Any
+) -> None:
+    on_redis(p={"algorithm": "token_bucket", "windows": "10/m", "capacity": 10})
+    clock.set_to(START)
+    django_quota.evaluate("p", SUBJECT, cost=3)
+    state, records = decode_counter(redis_client.get(counter_of("p")), "token_bucket", 1)
+    # deficit D = 3 tokens x 60,000 ms: c1 = floor(D / P) = 3, p1 = D mod P = 0
+    assert state == {"t": START_MS, "c1": 3, "p1": 0} and len(records) == 9
+
+
+def test_reset_keeps_only_the_ledger_and_its_expiry(on_redis: Any, redis_client: Any) -> None:
+    on_redis(p={"algorithm": "sliding_window", "windows": "5/m"})
+    django_quota.evaluate("p", SUBJECT)
+    key = counter_of("p")
+    ttl = redis_client.pttl(key)
+    assert django_quota.reset("p", SUBJECT) == 1
+    state, records = decode_counter(redis_client.get(key), "sliding_window", 1)
+    assert state == {} and len(records) == 9  # numbers gone, the id still remembered
+    assert 0 < redis_client.pttl(key) <= ttl
+    assert django_quota.peek("p", SUBJECT).remaining == 5
+
+
+@pytest.mark.parametrize("algorithm", ["fixed_window", "sliding_window", "token_bucket"])
+def test_a_hash_of_an_earlier_version_reads_as_no_counter_and_is_replaced(
+    on_redis: Any, redis_client: Any, algorithm: str
+) -> None:
+    on_redis(p={"algorithm": algorithm, "windows": "5/m"})
+    key = counter_of("p")
+    redis_client.hset(key, mapping={"t": START_MS, "c1": 4, "e": b"x" * 5, "s": b"y" * 4})
+    assert django_quota.peek("p", SUBJECT).remaining == 5
+    outcome = django_quota.evaluate("p", SUBJECT)
+    assert (outcome.decision, outcome.remaining) == ("allowed", 4)
+    assert redis_client.type(key) == b"string"
+    redis_client.delete(key)
+    redis_client.hset(key, "t", START_MS)
+    assert django_quota.reset("p", SUBJECT) == 0
+    assert not redis_client.exists(key)
+
+
+def test_another_error_on_the_counter_is_not_read_as_no_counter(
+    on_redis: Any, redis_client: Any, redis_url: str, quota: Any
+) -> None:
+    redis_client.acl_setuser(
+        "no-get", enabled=True, passwords=["+pw"], keys=["*"], commands=["+@all", "-get"]
+    )
+    try:
+        host_port = redis_url.split("//", 1)[1]
+        quota(
+            REDIS_URL=f"redis://no-get:pw@{host_port}",
+            CLOCK="tests.clock.now",
+            POLICIES={"p": {"windows": "5/m"}},
+        )
+        outcome = django_quota.peek("p", SUBJECT)
+        assert (outcome.decision, outcome.reason) == ("failed_closed", "backend_error")
+    finally:
+        redis_client.acl_deluser("no-get")
+
+
+def test_numbers_the_scripts_cannot_take_are_refused_before_any_call() -> None:
+    window = Window("default", 1, 1000, 1)
+    with pytest.raises(ValueError, match="2\\*\\*48"):
+        PolicyCall("fixed_window", (window,), 2**48)
+    request = GroupRequest(
+        counters=("q:{s}:p",),
+        calls=(PolicyCall("fixed_window", (window,), 1),),
+        now_ms=2**48,
+        peek=False,
+        max_regression_ms=-1,
+        dedup_ttl_ms=5_000,
+        cleanup_grace_ms=1_000,
+        fingerprint=fingerprint("x"),
+    )
+    with pytest.raises(ValueError, match="2\\*\\*48"):
+        request.args()
+
+
+def test_a_value_of_another_length_is_refused() -> None:
+    with pytest.raises(ValueError, match="layout"):
+        decode_counter(b"\x00" + b"\x00" * 6 + b"\x01", "fixed_window", 1)
