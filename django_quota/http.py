@@ -1,6 +1,6 @@
 """The HTTP edge shared by the middleware, the decorator and the DRF throttles:
 request -> subject, route matching, outcomes recorded on the request, and outcome ->
-response and rate-limit headers (contract sections 3, 4 and 7)."""
+response and rate-limit headers (``docs/http.md``)."""
 
 from __future__ import annotations
 

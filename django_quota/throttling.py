@@ -1,4 +1,4 @@
-"""DRF throttles backed by django-quota (contract section 7).
+"""DRF throttles backed by django-quota (``docs/drf.md``).
 
 ``QuotaThrottle`` applies named policies (the view's ``quota_policies``, or the policy
 named by its ``throttle_scope``) as one layer. ``AnonRateThrottle``, ``UserRateThrottle``

@@ -1,5 +1,6 @@
-"""Outcome types and the vocabulary of decisions and reasons (contract section 6), and
-the rules that turn a script's per-window numbers into one :class:`Outcome` (5.4)."""
+"""Outcome types and the vocabulary of decisions and reasons (``docs/failures.md``),
+and the rules that turn a script's per-window numbers into one :class:`Outcome`
+(``docs/arithmetic.md``)."""
 
 from __future__ import annotations
 
@@ -47,7 +48,7 @@ BACKEND_MODE_FALLBACK = "fallback"
 
 
 def is_known_reason(reason: str | None) -> bool:
-    """True for ``None`` and every reason of the contract's vocabulary."""
+    """True for ``None`` and every reason of the vocabulary (``docs/failures.md``)."""
     return reason is None or reason in FIXED_REASONS or reason.endswith(QUOTA_EXHAUSTED_SUFFIX)
 
 
@@ -56,7 +57,7 @@ class WindowState:
     """One window of an outcome: ``period``, ``reset_after`` and ``retry_after`` in float
     seconds (``retry_after`` None unless this window denied).
 
-    ``replenish_after`` (seconds, an addition to the contract's fields) is when
+    ``replenish_after`` (seconds, ``docs/decisions.md``) is when
     ``remaining`` next increases: the ``t`` of the IETF ``RateLimit`` header.
     """
 
@@ -71,7 +72,7 @@ class WindowState:
 
 @dataclass(frozen=True, slots=True)
 class Outcome:
-    """The decision for one policy (contract section 6). Times are float seconds."""
+    """The decision for one policy. Times are float seconds."""
 
     policy: str
     decision: str
@@ -100,7 +101,7 @@ class Outcome:
 def outcome_from_result(
     policy: Policy, result: PolicyResult, *, backend_mode: str, evaluation_id: str
 ) -> Outcome:
-    """Build the :class:`Outcome` of ``policy`` from a script or model result (rules of 5.4).
+    """Build the :class:`Outcome` of ``policy`` from a script or model result.
 
     Denied: the reported window is the denying one with the largest ``retry_after``
     (ties: longer period, then declaration order). Allowed: the one with the smallest

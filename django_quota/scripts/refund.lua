@@ -1,4 +1,4 @@
---[[ refund.lua: give back charges evaluate.lua made for one request (django-quota, contract 5.4).
+--[[ refund.lua: give back charges evaluate.lua made for one request (django-quota, docs/cluster.md).
 
 Redis Cluster only. A group whose policies live in several hash slots is evaluated one slot
 at a time; when a later slot refuses the request, the charges already made in earlier
