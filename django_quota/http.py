@@ -36,7 +36,9 @@ _INVALID = "\x00invalid"
 
 # -- recording ---------------------------------------------------------------------------
 def outcomes(request: Any) -> list[Outcome]:
-    """The outcomes recorded on ``request`` by every layer, in evaluation order."""
+    """The :class:`~django_quota.core.outcome.Outcome` objects recorded on ``request`` by
+    every layer (middleware, decorators, DRF throttles), in evaluation order; an empty
+    list when none ran. A policy that several layers name appears once."""
     return list(getattr(request, _OUTCOMES_ATTR, ()))
 
 
