@@ -1,5 +1,5 @@
 """``@quota``: rate-limit one view (function or class-based, sync or async) as one layer
-(contract section 7)."""
+(``docs/drf.md``)."""
 
 from __future__ import annotations
 

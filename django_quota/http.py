@@ -1,6 +1,6 @@
 """The HTTP edge shared by the middleware, the decorator and the DRF throttles:
 request -> subject, route matching, outcomes recorded on the request, and outcome ->
-response and rate-limit headers (contract sections 3, 4 and 7)."""
+response and rate-limit headers (``docs/http.md``)."""
 
 from __future__ import annotations
 
@@ -36,7 +36,9 @@ _INVALID = "\x00invalid"
 
 # -- recording ---------------------------------------------------------------------------
 def outcomes(request: Any) -> list[Outcome]:
-    """The outcomes recorded on ``request`` by every layer, in evaluation order."""
+    """The :class:`~django_quota.core.outcome.Outcome` objects recorded on ``request`` by
+    every layer (middleware, decorators, DRF throttles), in evaluation order; an empty
+    list when none ran. A policy that several layers name appears once."""
     return list(getattr(request, _OUTCOMES_ATTR, ()))
 
 

@@ -747,8 +747,24 @@ def evaluate_policies(
     evaluation_id: str | None = None,
     clock: Clock | None = None,
 ) -> list[Outcome]:
-    """Decide several policies together (one layer, ``docs/arithmetic.md``): one backend
-    call (one per hash slot on a cluster). Never raises for backend trouble."""
+    """Decide several policies together, as one layer (``docs/arithmetic.md``): one
+    backend call (one per hash slot on a Redis Cluster) that charges ``cost`` units only
+    when every enforced policy admits the request (a shadow policy is charged when it
+    admits, and never refuses).
+
+    ``group`` holds :class:`~django_quota.core.policy.Policy` objects (from
+    :func:`~django_quota.policies.get_policy`). ``subject`` is a mapping of dimensions to
+    raw identities, as for :func:`evaluate`, or a callable that takes a policy and
+    returns its subject. ``clock``, a callable returning the time in epoch seconds,
+    decides on that clock instead of ``QUOTA["CLOCK"]``. ``evaluation_id`` is as for
+    :func:`evaluate`.
+
+    Returns the outcomes in ``group`` order. When an enforced policy is refused before
+    the backend (an identity error, ``cost_exceeds_limit``), nothing is charged and the
+    policies that would have been sent get no outcome, so the list can be shorter than
+    ``group``. Never raises for backend trouble; raises ``TypeError`` or ``ValueError``
+    for a bad ``cost`` or ``evaluation_id``, as :func:`evaluate` does.
+    """
     limiter = get_limiter()
     return limiter.run(
         limiter.prepare(group, subject, cost, evaluation_id=evaluation_id, clock=clock)
@@ -773,16 +789,22 @@ async def aevaluate_policies(
 def evaluate(
     policy_id: str, subject: Subject, cost: int = 1, evaluation_id: str | None = None
 ) -> Outcome:
-    """Decide one request of ``cost`` units for ``subject`` under ``policy_id``.
+    """Decide one request of ``cost`` units for ``subject`` under ``policy_id``, and
+    charge it when the policy admits it.
 
     ``subject`` maps dimensions to raw identities (``{"user": "42"}``,
-    ``{"ip": "203.0.113.9"}``), normalised as the middleware normalises them. Never
-    raises for backend trouble: failures come back as outcomes. Raises
-    :class:`~django_quota.policies.UnknownPolicy`; ``TypeError`` or ``ValueError`` for a
-    bad cost or ``evaluation_id``; ``TypeError`` for an identity value that is not
-    ``str``, ``int`` or ``uuid.UUID``. ``evaluation_id`` (printable, 1 to 128
-    characters), when given, makes a repeat of a charged evaluation charge nothing
-    (``docs/failures.md``).
+    ``{"ip": "203.0.113.9"}``), normalised as the middleware normalises them; a missing
+    or invalid identity is an outcome (``selector_identity_missing``,
+    ``selector_identity_invalid``), not an exception. ``cost`` is an ``int >= 0`` in units
+    of the policy's limit; 0 decides without charging, as :func:`peek`.
+    ``evaluation_id`` (printable, 1 to 128 characters), when given, makes a repeat of a
+    charged evaluation charge nothing (``docs/failures.md``).
+
+    Returns the policy's :class:`~django_quota.core.outcome.Outcome`. Never raises for
+    backend trouble: failures come back as outcomes. Raises
+    :class:`~django_quota.policies.UnknownPolicy` when no source defines ``policy_id``;
+    ``TypeError`` or ``ValueError`` for a bad ``cost`` or ``evaluation_id``;
+    ``TypeError`` for an identity value that is not ``str``, ``int`` or ``uuid.UUID``.
     """
     limiter = get_limiter()
     policy = policies.get_policy(policy_id)
@@ -803,7 +825,9 @@ async def aevaluate(
 def peek(policy_id: str, subject: Subject) -> Outcome:
     """What ``evaluate(cost=1)`` would decide now, ``remaining`` before consumption.
 
-    Writes nothing: no key, no TTL, no evaluation-id ledger entry.
+    Writes nothing: no key, no TTL, no evaluation-id ledger entry. Raises as
+    :func:`evaluate` does (:class:`~django_quota.policies.UnknownPolicy`, ``TypeError``
+    for an identity value of another type); backend failures are outcomes.
     """
     limiter = get_limiter()
     policy = policies.get_policy(policy_id)
@@ -831,10 +855,13 @@ def _reset_fallback(counter: str, window_count: int) -> int:
 
 def reset(policy_id: str, subject: Subject) -> int:
     """Delete every window of ``subject``'s counter for the policy's current revision, in
-    the backend and in this process's fallback; return how many windows had state.
+    the backend and in this process's fallback; return how many windows had state (an
+    ``int``, 0 when there was none).
 
-    Raises ``ValueError`` for a missing or invalid identity and
-    :class:`~django_quota.core.errors.BackendError` when the backend fails.
+    Raises :class:`~django_quota.policies.UnknownPolicy` when no source defines
+    ``policy_id``, ``ValueError`` for a missing or invalid identity, and
+    :class:`~django_quota.core.errors.BackendError` when the backend fails (unlike
+    :func:`evaluate`, a reset has no failure mode to fall back on).
     """
     counter, window_count = _reset_target(policy_id, subject)
     return max(get_backend().reset(counter, window_count), _reset_fallback(counter, window_count))

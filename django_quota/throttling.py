@@ -1,4 +1,4 @@
-"""DRF throttles backed by django-quota (contract section 7).
+"""DRF throttles backed by django-quota (``docs/drf.md``).
 
 ``QuotaThrottle`` applies named policies (the view's ``quota_policies``, or the policy
 named by its ``throttle_scope``) as one layer. ``AnonRateThrottle``, ``UserRateThrottle``
@@ -441,9 +441,9 @@ class QuotaThrottle(BaseThrottle):
 
 
 class _SettingsRates:
-    """``THROTTLE_RATES`` read from ``REST_FRAMEWORK`` when accessed, not at import
-    (DRF issue 6030). A non-data descriptor: a subclass or an instance may assign its own
-    mapping."""
+    """``THROTTLE_RATES`` read from ``REST_FRAMEWORK`` when accessed, not at import (as
+    DRF does), so that ``override_settings`` applies at once. A non-data descriptor: a
+    subclass or an instance may assign its own mapping."""
 
     def __get__(self, instance: object, owner: type | None = None) -> Any:
         return api_settings.DEFAULT_THROTTLE_RATES

@@ -13,7 +13,7 @@ every quota decision.
    every surface django-quota has: ``QuotaMiddleware`` (enforced and shadow policies), the
    DRF drop-in ``AnonRateThrottle``/``UserRateThrottle``, ``QuotaThrottle`` and ``@quota``
    (with a cost that depends on the request);
-4. replays what each client sent through the fixed-window arithmetic of the contract and
+4. replays what each client sent through the fixed-window arithmetic (docs/arithmetic.md) and
    compares, request by request, what the server decided with what it had to decide;
 5. asks every worker for its decision counts (``GET /api/quota-stats/``) and compares their
    sum, policy by policy, with the replay.
@@ -579,9 +579,9 @@ class Decision:
 
 
 def decide(windows: Sequence[Window], state: State, now_ms: int, cost: int) -> Decision:
-    """Decide one request of ``cost`` at ``now_ms`` on a fixed-window policy (contract
-    5.1): admitted iff ``count + cost <= limit`` in every window; a denial's retry_after
-    is the latest end of a denying window."""
+    """Decide one request of ``cost`` at ``now_ms`` on a fixed-window policy
+    (docs/arithmetic.md): admitted iff ``count + cost <= limit`` in every window; a
+    denial's retry_after is the latest end of a denying window."""
     starts, counts = state
     new_starts = tuple(w.start(now_ms) for w in windows)
     current = tuple(

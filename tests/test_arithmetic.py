@@ -1,4 +1,4 @@
-"""The arithmetic of contract 5 on the Python model: exact numbers from the contract's
+"""The arithmetic of docs/arithmetic.md on the Python model: exact numbers from its
 definitions, and brute-force oracles for retry_after and the replenish time (the Lua
 script is held to the same numbers by tests/test_differential.py)."""
 
@@ -60,7 +60,7 @@ def run(
 W = Window  # name, limit, period_ms, capacity
 
 
-# -- fixed window (5.1) -------------------------------------------------------------------
+# -- fixed window -------------------------------------------------------------------------
 def test_fixed_window_counts_down_and_denies_until_the_window_ends() -> None:
     windows = (W("default", 3, 1_000, 3),)
     results, _ = run("fixed_window", windows, [T0 + 250] * 4)
@@ -94,7 +94,7 @@ def test_cost_counts_in_every_window() -> None:
     assert [w.remaining for w in results[1].windows] == [1, 0]
 
 
-# -- sliding window (5.2) ---------------------------------------------------------------------
+# -- sliding window ---------------------------------------------------------------------------
 def test_sliding_window_weights_the_previous_window() -> None:
     windows = (W("default", 10, 10_000, 10),)
     state: State | None = None
@@ -123,7 +123,7 @@ def test_sliding_retry_after_is_the_true_minimum_not_the_window_end() -> None:
     assert result.windows[0].retry_after_ms == 1
 
 
-# -- token bucket (5.3) -----------------------------------------------------------------------
+# -- token bucket -----------------------------------------------------------------------------
 def test_token_bucket_refills_continuously_with_integer_arithmetic() -> None:
     windows = (W("default", 10, 1_000, 10),)
     results, state = run("token_bucket", windows, [T0] * 11)
@@ -342,7 +342,7 @@ def test_a_young_ledger_drop_makes_an_unknown_id_indeterminate_and_a_kept_one_a_
     assert later.status == 0 and later.results[0].status == ALLOWED
 
 
-# -- sliding log (5.3) --------------------------------------------------------------------------
+# -- sliding log --------------------------------------------------------------------------------
 #: A sliding_log counter as the model stores it: the hash numbers and one log per window.
 LogCounter = tuple[State | None, tuple[Log, ...]]
 EMPTY: LogCounter = (None, ())
@@ -377,7 +377,7 @@ def slog_run(
 
 
 def units(counter: LogCounter, window: int = 0) -> int:
-    """Units a window's log holds, expired or not (the bound of contract 5.3)."""
+    """Units a window's log holds, expired or not (the sliding log's bound, docs/arithmetic.md)."""
     state, logs = counter
     assert state is not None
     return log_units(state[f"c{window + 1}"], logs[window])

@@ -1,4 +1,4 @@
-"""System checks: one test per id, each with its valid counterpart (contract section 2).
+"""System checks: one test per id, each with its valid counterpart (docs/settings.md).
 
 E007 (a policy id in both settings and the database) belongs to the database registry and
 is tested with it.

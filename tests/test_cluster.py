@@ -160,7 +160,7 @@ def test_settings_build_the_cluster_backend_with_retries_off(on_cluster: Any) ->
         assert anode.connection_kwargs["protocol"] == 2
 
 
-def test_url_query_options_cannot_undo_the_contract_client_settings(
+def test_url_query_options_cannot_undo_the_pinned_client_settings(
     on_cluster: Any, cluster: Cluster
 ) -> None:
     backend = on_cluster(
@@ -601,7 +601,7 @@ def _raised_from(cause: Exception, raised: Exception) -> Exception:
         ),
     ],
 )
-def test_cluster_errors_map_to_the_contract_reasons(exc: Exception, reason: str) -> None:
+def test_cluster_errors_map_to_the_documented_reasons(exc: Exception, reason: str) -> None:
     assert classify_cluster(exc).reason == reason
 
 

@@ -146,7 +146,7 @@ def on_redis(quota: Any, redis_url: str) -> dict[str, Any]:
     return quota(CLOCK=CLOCK, REDIS_URL=redis_url, POLICIES={"api": API, "login": LOGIN})
 
 
-def test_inspect_json_is_the_contract_shape(on_redis: Any) -> None:
+def test_inspect_json_is_the_documented_shape(on_redis: Any) -> None:
     for _ in range(2):
         Client(REMOTE_ADDR=IP).get("/api/items/")
     found = json.loads(quota_command("inspect", "api", "--ip", IP, "--json"))

@@ -1,6 +1,7 @@
-"""``@quota`` end to end through Django's ``Client`` and ``AsyncClient`` (contract 3, 5.4,
-6 and 7): function and class-based views, sync and async, named and generated policies,
-stacked decorators, costs, headers with and without the middleware, failures.
+"""``@quota`` end to end through Django's ``Client`` and ``AsyncClient`` (docs/drf.md,
+docs/policies.md, docs/failures.md): function and class-based views, sync and async,
+named and generated policies, stacked decorators, costs, headers with and without the
+middleware, failures.
 
 Decisions use a frozen ``QUOTA["CLOCK"]`` (20.4 s into a minute, 860.4 s into an hour)."""
 

@@ -17,7 +17,7 @@ them too. The sliding window counter legitimately differs: just after a window b
 it still weighs the whole previous window (docs/arithmetic.md), so it refuses where DRF's log
 (which forgets requests one by one) and a fixed window (which forgets all at once)
 admit, and its ``retry_after`` is 1 ms after the boundary. Those expectations are
-computed from the contract's arithmetic and commented where they appear.
+computed from that arithmetic and commented where they appear.
 """
 
 from __future__ import annotations

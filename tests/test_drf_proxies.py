@@ -1,4 +1,4 @@
-"""DRF's ``NUM_PROXIES`` through the drop-in throttles (contract 4 and 7, docs/drf.md).
+"""DRF's ``NUM_PROXIES`` through the drop-in throttles (docs/subjects.md, docs/drf.md).
 
 When neither ``QUOTA["TRUSTED_PROXIES"]`` nor ``QUOTA["PROXY_COUNT"]`` is set, the
 drop-ins pick the ``X-Forwarded-For`` entry that DRF's own ``BaseThrottle.get_ident()``

@@ -45,7 +45,7 @@ PERIOD_MS = 3_600_000
 #: The Django test client's REMOTE_ADDR: the API and the middleware share one counter.
 SUBJECT = {"ip": "127.0.0.1"}
 PATH = "/api/items/"
-#: The contract's defaults, kept: the latencies measured are the ones users get.
+#: The documented defaults (docs/settings.md), kept: the latencies measured are the ones users get.
 TIMEOUT = 0.1
 DEADLINE = 0.25
 #: Scheduling slack on a busy CI machine: latency must stay below DEADLINE + SLACK.
@@ -142,7 +142,7 @@ CALLS: dict[str, Callable[[], Seen]] = {"api": via_api, "http": via_http}
 
 
 def expected(reason: str, failure_mode: str, fallback: bool) -> tuple[str, str | None, str, int]:
-    """(decision, reason, backend_mode, HTTP status) the contract gives a failure."""
+    """(decision, reason, backend_mode, HTTP status) docs/failures.md gives a failure."""
     if fallback and reason in ("backend_timeout", "backend_unavailable"):
         return "allowed", None, "fallback", 200
     if failure_mode == "open":
@@ -204,7 +204,7 @@ def paused_handshake(env: Env) -> str:
 
 @dataclass(frozen=True)
 class Fault:
-    """A fault, the reason the contract gives it, and what Redis does with the call.
+    """A fault, the reason docs/failures.md gives it, and what Redis does with the call.
 
     ``pooled``: the call finds an open pooled connection (else the pool is emptied first,
     so the call connects). ``runs_script``: the faulted EVALSHA still runs in Redis (True),
@@ -293,7 +293,7 @@ FAULTS = [
 @pytest.mark.parametrize("fallback", [False, True], ids=["no-fallback", "fallback"])
 @pytest.mark.parametrize("failure_mode", ["closed", "open"])
 @pytest.mark.parametrize("fault", FAULTS, ids=[fault.name for fault in FAULTS])
-def test_fault_gives_the_contract_outcome_then_recovers_without_a_restart(
+def test_fault_gives_the_documented_outcome_then_recovers_without_a_restart(
     env: Env, quota: Any, fault: Fault, failure_mode: str, fallback: bool
 ) -> None:
     configure(

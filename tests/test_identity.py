@@ -1,4 +1,4 @@
-"""The core of contract section 4, without Django: the client IP walk over forwarded
+"""The core of docs/subjects.md, without Django: the client IP walk over forwarded
 chains, IPv6 grouping, the framing of components and the HMAC pseudonym, and identity
 errors. Every expected value is written out or recomputed here with hmac/hashlib/base64,
 never taken from the code under test.
@@ -232,7 +232,7 @@ def forwarded_chains_markdown() -> str:
     FORWARDED_CHAINS,
     ids=[row[0] for row in FORWARDED_CHAINS],
 )
-def test_forwarded_chain_gives_the_contract_client(
+def test_forwarded_chain_gives_the_documented_client(
     description: str,
     remote: str,
     forwarded_for: ForwardedFor,
@@ -486,7 +486,7 @@ def test_configured_hmac_key_is_used_as_is() -> None:
     ],
 )
 @pytest.mark.parametrize("key_source", ["hmac_key", "secret_key"])
-def test_pseudonym_is_exactly_the_contract_hmac(
+def test_pseudonym_is_exactly_the_documented_hmac(
     selector: list[str],
     subject: dict[str, object],
     components: list[tuple[str, str]],
@@ -519,7 +519,7 @@ def test_hmac_key_version_changes_the_prefix_and_the_value() -> None:
     assert other_key.pseudonym != one.pseudonym
 
 
-def test_hmac_key_version_prefix_of_the_contract() -> None:
+def test_hmac_key_version_prefix_is_documented() -> None:
     # The digest part stays the HMAC of the framed components (the version is not hashed);
     # a new version still starts fresh counters because the key name changes.
     one = pseudonymise(frame([("user", "42")]), KEY, 1)

@@ -90,7 +90,7 @@ def test_outcome_fields_for_an_allowed_then_denied_fixed_window(configure: Any) 
     assert len(denied.evaluation_id) == 22
 
 
-def test_reported_window_and_reason_follow_the_contract_rules(configure: Any) -> None:
+def test_reported_window_and_reason_follow_the_documented_rules(configure: Any) -> None:
     configure(
         POLICIES={
             "tie": {"selector": ["user"], "windows": {"burst": "3/h", "sustained": "3/d"}},
@@ -334,7 +334,7 @@ def test_refused_connection_fails_by_failure_mode(quota: Any) -> None:
     assert opened.windows == () and not math.isnan(0.0)
 
 
-def test_url_query_options_cannot_undo_the_contract_client_settings(quota: Any) -> None:
+def test_url_query_options_cannot_undo_the_pinned_client_settings(quota: Any) -> None:
     quota(
         REDIS_URL="redis://127.0.0.1:1/0?socket_timeout=30&max_connections=999",
         TIMEOUT=0.2,

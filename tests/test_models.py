@@ -39,7 +39,7 @@ def revision_of(policy: QuotaPolicy) -> int:
 
 
 # -- defaults -----------------------------------------------------------------------------------
-def test_defaults_equal_the_contract_defaults() -> None:
+def test_defaults_equal_the_documented_defaults() -> None:
     policy = QuotaPolicy(name="orders")
     assert policy.enabled is True
     assert policy.selector == ["auto"]

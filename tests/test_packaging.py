@@ -57,3 +57,10 @@ def test_wheel_contains_templates_scripts_and_migrations(tmp_path: Path) -> None
     assert any(name.endswith(".html") for name in needed)
     assert [name for name in needed if name not in names] == []
     assert "django_quota/management/commands/quota.py" in names
+    # The BSD-3-Clause text travels with the wheel (pyproject's license-files).
+    licenses = [name for name in names if name.endswith(".dist-info/licenses/LICENSE")]
+    version = wheel.name.split("-")[1]
+    assert licenses == [f"django_quota-{version}.dist-info/licenses/LICENSE"]
+    license_text = zipfile.ZipFile(wheel).read(licenses[0]).decode()
+    assert license_text.startswith("BSD 3-Clause License\n")
+    assert "Copyright (c) 2026 The django-quota developers" in license_text

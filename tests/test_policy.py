@@ -1,4 +1,4 @@
-"""Policy validation, the settings revision and generated ids (contract section 3)."""
+"""Policy validation, the settings revision and generated ids (docs/policies.md)."""
 
 from __future__ import annotations
 
@@ -82,7 +82,7 @@ def test_full_policy_parses_to_every_field() -> None:
     assert policy.certainty == "exact"
 
 
-def test_minimal_policy_takes_the_contract_defaults() -> None:
+def test_minimal_policy_takes_the_documented_defaults() -> None:
     policy = parse_policy("orders", {"windows": "10/s"})
     assert policy.algorithm == "fixed_window"
     assert policy.windows == (Window("default", 10, 1_000, 10),)

@@ -1,4 +1,4 @@
-"""One rate grammar everywhere (contract 3, docs/policies.md, docs/drf.md): settings
+"""One rate grammar everywhere (docs/policies.md, docs/drf.md): settings
 policies, ``@quota(rate=...)`` and the drop-in DRF throttles read the same ``"N/P"``
 forms; the drop-ins also read whatever DRF's own ``parse_rate`` reads, and ``None``. A
 ``DEFAULT_THROTTLE_RATES`` entry the drop-ins cannot use is check E013 and, on a

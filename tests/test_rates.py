@@ -1,4 +1,4 @@
-"""The rate grammar ``"N/P"`` and its numeric bounds (contract section 3)."""
+"""The rate grammar ``"N/P"`` and its numeric bounds (docs/policies.md)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from django_quota.core.rates import (
 DAY_MS = 86_400_000
 
 
-def test_bounds_are_the_contract_numbers() -> None:
+def test_bounds_are_the_documented_numbers() -> None:
     assert MAX_LIMIT == 1_000_000_000
     assert MIN_PERIOD_MS == 1_000
     assert MAX_PERIOD_MS == 366 * DAY_MS == 31_622_400_000
@@ -235,7 +235,7 @@ def test_huge_multiplier_is_rejected_as_out_of_bounds() -> None:
     ("limit", "period_ms"),
     [(0, 1_000), (-1, 1_000), (10**9 + 1, 1_000), (1, 999), (1, 0), (1, 366 * DAY_MS + 1)],
 )
-def test_check_rate_bounds_rejects_numbers_outside_the_contract(limit: int, period_ms: int) -> None:
+def test_check_rate_bounds_rejects_numbers_outside_the_bounds(limit: int, period_ms: int) -> None:
     with pytest.raises(ConfigurationError) as info:
         check_rate_bounds(limit, period_ms, "QUOTA['POLICIES']['p']")
     assert info.value.key == "QUOTA['POLICIES']['p']"

@@ -1,5 +1,5 @@
 """``settings.QUOTA``: defaults, one problem per mistake, and a cache that follows
-``override_settings`` and the ``settings`` fixture (contract section 2)."""
+``override_settings`` and the ``settings`` fixture (docs/settings.md)."""
 
 from __future__ import annotations
 
@@ -60,7 +60,7 @@ def only_problem(**values: Any) -> SettingsProblem:
 # -- defaults ----------------------------------------------------------------------------
 
 
-def test_defaults_table_is_the_contract_table() -> None:
+def test_defaults_table_is_the_documented_table() -> None:
     assert DEFAULTS == {
         "ENABLED": True,
         "REDIS_URL": None,
@@ -99,7 +99,7 @@ def test_defaults_table_is_the_contract_table() -> None:
 
 
 @pytest.mark.parametrize("raw", [{}, None])
-def test_empty_or_absent_quota_parses_to_every_contract_default(raw: object) -> None:
+def test_empty_or_absent_quota_parses_to_every_default(raw: object) -> None:
     parsed, problems = parse_settings(raw, secret_key=SECRET)
     assert problems == []
     assert parsed is not None

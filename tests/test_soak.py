@@ -1,9 +1,9 @@
 """A bounded soak (docs/failures.md): eight threads evaluate a few subjects with minute-long
 fixed windows (sync API, middleware, async API) while faults cycle underneath: server
 stop and start, CLIENT PAUSE, proxy latency above TIMEOUT, refused connections, dropped
-replies, SCRIPT FLUSH. No exception escapes, every reason is in the contract's
-vocabulary, and no window ever admits more than its limit by Redis's decision: checked
-from the outcomes the callers saw and from the evaluations Redis recorded.
+replies, SCRIPT FLUSH. No exception escapes, every reason is in the
+vocabulary of docs/failures.md, and no window ever admits more than its limit by Redis's
+decision: checked from the outcomes the callers saw and from the evaluations Redis recorded.
 
 ``QUOTA_SOAK_SECONDS`` (default 20, at most 45) bounds the run, split between a phase
 with LOCAL_FALLBACK and one without. Counts land in the terminal summary and

@@ -1,4 +1,4 @@
-"""Test isolation for projects that use django-quota (contract 10, docs/testing.md):
+"""Test isolation for projects that use django-quota (docs/testing.md):
 ``django_quota.testing.reset()`` on the memory backend, the local fallback and a real
 Redis (only keys under ``KEY_PREFIX``), and the pytest plugin the package registers."""
 

@@ -12,7 +12,8 @@ set; it re-sends a command after a timeout or a lost connection), and redis-py b
 every node's connections with ``Retry(NoBackoff(), 0)`` itself. ``MOVED``/``ASK``
 redirections are still followed: a redirected command did not run.
 
-**Connect or write?** Contract 6 needs the two apart (:func:`classify_cluster`):
+**Connect or write?** The failure reasons (``docs/failures.md``) need the two apart
+(:func:`classify_cluster`):
 
 * sync: every node of ``redis.cluster.RedisCluster`` has a redis-py connection pool, and
   ``connection_pool_class`` picks its class (with ``from_url``), so each node gets the
@@ -111,7 +112,8 @@ _NOT_RUN = (
     redis_exceptions.MaxConnectionsError,
 )
 
-#: URL query options that would undo contract 2 (timeouts, pool size, retries).
+#: URL query options that would undo the pinned client settings (timeouts, pool size,
+#: retries; ``docs/failures.md``).
 PINNED_URL_OPTIONS = frozenset(
     {
         "socket_timeout",
@@ -125,7 +127,7 @@ PINNED_URL_OPTIONS = frozenset(
 
 
 def classify_cluster(exc: BaseException) -> BackendError:
-    """Map a redis-py cluster client exception to the contract's failure reason.
+    """Map a redis-py cluster client exception to its failure reason (``docs/failures.md``).
 
     Cluster refusals (``CLUSTERDOWN``, ``TRYAGAIN``, ``MOVED``/``ASK`` past the hop limit,
     an uncovered slot, a full node) are ``backend_unavailable``: nothing ran. A
@@ -210,8 +212,8 @@ class LazyCommandsParser(AsyncCommandsParser):
         return await super().get_keys(*args)
 
 
-def contract_url(url: str) -> str:
-    """``url`` without the query options that contract 2 pins (:data:`PINNED_URL_OPTIONS`):
+def pinned_url(url: str) -> str:
+    """``url`` without the query options the backend pins (:data:`PINNED_URL_OPTIONS`):
     redis-py lets a URL's query override keyword arguments."""
     parts = urlsplit(url)
     query = [(k, v) for k, v in parse_qsl(parts.query) if k not in PINNED_URL_OPTIONS]
@@ -412,7 +414,7 @@ class RedisClusterBackend(ScriptedBackend):
         max_inflight: int,
         url_options: Mapping[str, Any] | None = None,
     ) -> None:
-        self.url = contract_url(url)
+        self.url = pinned_url(url)
         self.timeout = timeout
         self.max_inflight = max_inflight
         self.url_options = dict(url_options or {})

@@ -132,7 +132,7 @@ class AsyncMarkingSentinelConnectionPool(_AsyncMarkConnectFailures, AsyncSentine
 
 
 #: Connection options a URL may not override (docs/settings.md).
-CONTRACT_OPTIONS = ("retry", "socket_timeout", "socket_connect_timeout")
+PINNED_OPTIONS = ("retry", "socket_timeout", "socket_connect_timeout")
 
 
 def client_options(timeout: float, max_inflight: int) -> dict[str, Any]:
@@ -217,7 +217,7 @@ class RedisBackend(ScriptedBackend):
         pool = pool_class.from_url(self.url, **options)
         # redis-py lets URL query options (?socket_timeout=, ?max_connections=) override
         # keyword arguments; our retries, timeouts and pool size must hold anyway.
-        for name in CONTRACT_OPTIONS:
+        for name in PINNED_OPTIONS:
             pool.connection_kwargs[name] = options[name]
         pool.max_connections = options["max_connections"]
         client_class = redis_asyncio.Redis if asynchronous else redis.Redis

@@ -22,7 +22,8 @@ class ConfigurationError(QuotaError, ValueError):
 
 
 class BackendError(QuotaError):
-    """A backend could not decide; ``reason`` is one of the contract's failure reasons.
+    """A backend could not decide; ``reason`` is one of the failure reasons of
+    ``docs/failures.md``.
 
     Raised by backends only; the limiter turns it into a failed outcome, so it never
     reaches a view.

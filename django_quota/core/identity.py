@@ -1,6 +1,6 @@
 """Subjects to identities: client IP normalisation, length-prefixed framing and the HMAC
 pseudonym that is the only form of an identity that reaches Redis, logs or metrics
-(contract section 4)."""
+(``docs/subjects.md``)."""
 
 from __future__ import annotations
 
@@ -217,7 +217,7 @@ def client_ip(
     proxy_count: int | None = None,
     ipv6_prefix: int = 64,
 ) -> str:
-    """The normalised client address for a request, as contract section 4 walks the chain.
+    """The normalised client address for a request (the walk of ``docs/subjects.md``).
 
     The chain is ``remote_addr`` then the ``X-Forwarded-For`` entries right to left
     (several header lines are joined with commas; empty elements are ignored). With
@@ -342,7 +342,7 @@ def resolve_auto(subject: Mapping[str, object]) -> str:
     """The dimension ``auto`` stands for: ``user``, else ``api_key``, else ``ip``.
 
     The HTTP layer puts ``api_key`` into a subject for ``auto`` only when a verified key
-    (``API_KEY_RESOLVER``) gave one, so this rule matches contract section 4.
+    (``API_KEY_RESOLVER``) gave one, so this rule matches ``docs/subjects.md``.
     """
     for dimension in ("user", "api_key"):
         if subject.get(dimension) not in (None, ""):

@@ -1,5 +1,6 @@
-"""Outcome types and the vocabulary of decisions and reasons (contract section 6), and
-the rules that turn a script's per-window numbers into one :class:`Outcome` (5.4)."""
+"""Outcome types and the vocabulary of decisions and reasons (``docs/failures.md``),
+and the rules that turn a script's per-window numbers into one :class:`Outcome`
+(``docs/arithmetic.md``)."""
 
 from __future__ import annotations
 
@@ -47,17 +48,24 @@ BACKEND_MODE_FALLBACK = "fallback"
 
 
 def is_known_reason(reason: str | None) -> bool:
-    """True for ``None`` and every reason of the contract's vocabulary."""
+    """True for ``None`` and every reason of the vocabulary (``docs/failures.md``)."""
     return reason is None or reason in FIXED_REASONS or reason.endswith(QUOTA_EXHAUSTED_SUFFIX)
 
 
 @dataclass(frozen=True, slots=True)
 class WindowState:
-    """One window of an outcome: ``period``, ``reset_after`` and ``retry_after`` in float
-    seconds (``retry_after`` None unless this window denied).
+    """One window of an :class:`Outcome`. Times are float seconds.
 
-    ``replenish_after`` (seconds, an addition to the contract's fields) is when
-    ``remaining`` next increases: the ``t`` of the IETF ``RateLimit`` header.
+    * ``name``: the window's name (``"default"`` when the policy has a single rate).
+    * ``limit``: its limit (a token bucket's capacity).
+    * ``period``: its period, in seconds.
+    * ``remaining``: units left after this decision (after its charge, if it charged).
+    * ``reset_after``: seconds until the window resets, per algorithm
+      (``docs/arithmetic.md``).
+    * ``retry_after``: seconds until a retry can succeed when this window denied, else
+      None.
+    * ``replenish_after``: seconds until ``remaining`` next increases, the ``t`` of the
+      IETF ``RateLimit`` header (per algorithm in ``docs/arithmetic.md``).
     """
 
     name: str
@@ -71,7 +79,37 @@ class WindowState:
 
 @dataclass(frozen=True, slots=True)
 class Outcome:
-    """The decision for one policy (contract section 6). Times are float seconds."""
+    """The decision for one policy, as :func:`~django_quota.evaluate`,
+    :func:`~django_quota.peek` and every layer (middleware, throttle, decorator) give it.
+    Times are float seconds.
+
+    * ``policy``: the policy id.
+    * ``decision``: ``"allowed"``; ``"denied"``; ``"shadow_denied"`` (a shadow policy that
+      would have refused: the request proceeds); ``"skipped"`` (a disabled policy, or a
+      missing identity with ``on_missing="skip"``); ``"failed_open"`` or
+      ``"failed_closed"`` (the backend could not decide and the policy's failure mode
+      applied). :attr:`allowed` says whether the request proceeds.
+    * ``reason``: None when allowed; ``"<window>_quota_exhausted"`` for a quota denial;
+      else ``"selector_identity_missing"``, ``"selector_identity_invalid"``,
+      ``"cost_exceeds_limit"``, ``"policy_unknown"`` or a failure reason
+      (``"backend_timeout"``, ``"backend_unavailable"``, ``"backend_error"``,
+      ``"clock_unsafe"``, ``"indeterminate"``: ``docs/failures.md``).
+    * ``window``, ``limit``, ``remaining``, ``reset_after``: the reported window (a denial
+      reports the denying window with the largest ``retry_after``, an admission the one
+      with the fewest ``remaining``) and its numbers, as in :class:`WindowState`; None
+      when the backend did not decide.
+    * ``retry_after``: seconds until a retry can succeed, for a quota denial
+      (``denied`` or ``shadow_denied``) and for ``failed_closed`` (``FAILURE_RETRY_AFTER``);
+      None otherwise (waiting cannot help an identity error or ``cost_exceeds_limit``).
+    * ``windows``: every window's :class:`WindowState`, in declaration order (empty when
+      the backend did not decide).
+    * ``certainty``: ``"approximate"`` for the sliding window counter, else ``"exact"``.
+    * ``backend_mode``: ``"redis"``, ``"memory"`` or ``"fallback"`` (the local fallback
+      decided).
+    * ``evaluation_id``: the evaluation's id (the caller's, or a fresh random one); empty
+      for an outcome decided before any backend call (skipped, an identity error,
+      ``cost_exceeds_limit``, ``policy_unknown``).
+    """
 
     policy: str
     decision: str
@@ -93,14 +131,15 @@ class Outcome:
 
     @property
     def reported_window(self) -> WindowState | None:
-        """The :class:`WindowState` named by ``window``, if any."""
+        """The :class:`WindowState` named by ``window``; None when the backend did not
+        decide."""
         return next((w for w in self.windows if w.name == self.window), None)
 
 
 def outcome_from_result(
     policy: Policy, result: PolicyResult, *, backend_mode: str, evaluation_id: str
 ) -> Outcome:
-    """Build the :class:`Outcome` of ``policy`` from a script or model result (rules of 5.4).
+    """Build the :class:`Outcome` of ``policy`` from a script or model result.
 
     Denied: the reported window is the denying one with the largest ``retry_after``
     (ties: longer period, then declaration order). Allowed: the one with the smallest

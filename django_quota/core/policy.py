@@ -1,5 +1,5 @@
 """Policy definitions: validation of the dict form (settings, admin, decorators) and the
-revision that isolates counters when a policy's meaning changes (contract section 3)."""
+revision that isolates counters when a policy's meaning changes (``docs/policies.md``)."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ ENFORCEMENTS = (ENFORCE, SHADOW)
 FAILURE_MODES = ("open", "closed")
 ON_MISSING = ("deny", "skip")
 
-#: Dimensions in the stable order in which an identity frames them (contract section 4).
+#: Dimensions in the stable order in which an identity frames them (``docs/subjects.md``).
 DIMENSIONS = ("route", "tenant", "user", "api_key", "ip")
 #: Dimensions only the library's own layers use (DRF drop-ins' ``get_cache_key()``).
 INTERNAL_DIMENSIONS = ("drf_cache_key",)
@@ -268,7 +268,7 @@ def parse_policy(
     key: str | None = None,
     allow_internal_dimensions: bool = False,
 ) -> Policy:
-    """Validate one policy dict (contract section 3) and return the :class:`Policy`.
+    """Validate one policy dict (``docs/policies.md``) and return the :class:`Policy`.
 
     ``key`` names the definition in error messages (default
     ``QUOTA['POLICIES'][<id>]``). The revision is the settings revision (8 hex

@@ -59,7 +59,7 @@ class Rate:
 
 
 def parse_rate(text: object, key: str = "rate") -> Rate:
-    """Parse ``"N/P"`` into a :class:`Rate`, enforcing the contract's bounds.
+    """Parse ``"N/P"`` into a :class:`Rate`, enforcing the numeric bounds of ``docs/policies.md``.
 
     P is a period name of :data:`UNIT_MS` in any case (``"10/Minute"``), optionally
     preceded by an integer multiplier (``"100/5m"``); whitespace around the parts is
@@ -95,7 +95,9 @@ def parse_rate(text: object, key: str = "rate") -> Rate:
 
 
 def check_rate_bounds(limit: int, period_ms: int, key: str) -> None:
-    """Raise :class:`ConfigurationError` unless the contract's numeric bounds hold."""
+    """Raise :class:`ConfigurationError` unless the numeric bounds hold: a limit of 1 to
+    :data:`MAX_LIMIT`, a period of :data:`MIN_PERIOD_MS` to :data:`MAX_PERIOD_MS`
+    milliseconds, and ``limit * period_ms`` at most :data:`MAX_PRODUCT`."""
     if limit < 1 or limit > MAX_LIMIT:
         raise ConfigurationError(key, f"the limit must be between 1 and {MAX_LIMIT}, not {limit}")
     if period_ms < MIN_PERIOD_MS or period_ms > MAX_PERIOD_MS:
