@@ -575,6 +575,11 @@ def test_the_tutorial_prints_what_the_page_shows(tutorial: Tutorial) -> None:
             pytest.skip(f"the page was captured on {package} {versions[package]}; this is older")
 
     steps = parse_page(page)
+    # What the page is for, so that an emptied page cannot pass: the refusal and the
+    # counters read back.
+    commands = [command for step in steps if isinstance(step, Console) for command in step.commands]
+    assert any("HTTP/1.1 429 Too Many Requests" in command.expected for command in commands)
+    assert any("quota inspect" in command.line for command in commands)
     username, password = superuser(steps)
     for step in steps:
         if isinstance(step, Console):
