@@ -115,3 +115,69 @@ def test_the_checks_named_for_each_key_exist_and_link_to_the_checks_page() -> No
         assert {check for check, _ in named} <= known, key
         # Every id in the cell is such a link: no bare or misspelt id.
         assert not re.search(r"[EW]\d{3}", link.sub("", row["checks"])), key
+
+
+# -- docs/checks.md ------------------------------------------------------------------------
+#: Where check ids are defined: a constant ``X = "django_quota.E001"`` each.
+DEFINED_ID = re.compile(r'^\w+ = "django_quota\.([EW]\d{3})"$', re.M)
+
+
+def defined_check_ids() -> set[str]:
+    return {
+        found
+        for module in ("conf.py", "checks.py")
+        for found in DEFINED_ID.findall((SOURCE / module).read_text())
+    }
+
+
+def slug(heading: str) -> str:
+    """The anchor MkDocs gives a heading (Python-Markdown's default slugify)."""
+    text = re.sub(r"[^\w\s-]", "", heading.replace("`", "")).strip().lower()
+    return re.sub(r"[-\s]+", "-", text)
+
+
+def anchors(page: str) -> set[str]:
+    text = (DOCS / page).read_text()
+    return {slug(found) for found in re.findall(r"^#+ (.+)$", text, re.M)}
+
+
+def check_sections() -> dict[str, str]:
+    """The text of each ``### E001`` section of docs/checks.md, by id."""
+    text = (DOCS / "checks.md").read_text()
+    parts = re.split(r"^### ([EW]\d{3})$", text, flags=re.M)
+    sections = dict(zip(parts[1::2], parts[2::2], strict=True))
+    assert len(sections) == len(parts[1::2]), "an id has two sections"
+    return sections
+
+
+def test_every_check_id_is_defined_once_and_reported_somewhere() -> None:
+    defined = defined_check_ids()
+    assert len(defined) >= 21
+    assert defined == code_check_ids()  # no id used in the source that is not defined
+
+
+def test_checks_page_documents_exactly_the_ids_of_the_code() -> None:
+    sections = check_sections()
+    assert set(sections) == defined_check_ids()
+    summary = set(re.findall(r"^\| \[`django_quota\.([EW]\d{3})`\]\(#([ew]\d{3})\)",
+                             (DOCS / "checks.md").read_text(), re.M))
+    assert summary == {(check, check.lower()) for check in defined_check_ids()}
+
+
+def test_each_check_section_names_its_id_shows_its_messages_and_a_fix() -> None:
+    for check, section in check_sections().items():
+        section = section.split("\n## ")[0]  # the "## Warnings" heading ends E013
+        assert f"`django_quota.{check}`" in section, check
+        shown = re.findall(r"^\?: \(django_quota\.([EW]\d{3})\) ", section, re.M)
+        assert shown and set(shown) == {check}, check
+        assert "Fix:" in section and "```python\n" in section.split("Fix:", 1)[1], check
+
+
+def test_settings_and_checks_pages_link_each_other_to_anchors_that_exist() -> None:
+    settings_page = (DOCS / "settings.md").read_text()
+    checks_page = (DOCS / "checks.md").read_text()
+    to_checks = set(re.findall(r"\]\(checks\.md#([\w-]+)\)", settings_page))
+    to_settings = set(re.findall(r"\]\(settings\.md#([\w-]+)\)", checks_page))
+    assert to_checks and to_checks <= anchors("checks.md")
+    assert to_settings and to_settings <= anchors("settings.md")
+    assert "](settings.md)" in checks_page and "](checks.md)" in settings_page
