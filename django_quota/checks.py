@@ -21,6 +21,7 @@ W_MIDDLEWARE_DENIES_ANONYMOUS = "django_quota.W004"
 W_CLIENT_CLOCK = "django_quota.W005"
 W_MIDDLEWARE_MISSING = "django_quota.W006"
 W_RESOLVER_BEFORE_AUTHENTICATION = "django_quota.W007"
+W_REDIS_URL_IGNORED = "django_quota.W008"
 E_UNKNOWN_VIEW_POLICY = "django_quota.E009"
 E_MIDDLEWARE_BEFORE_AUTHENTICATION = "django_quota.E010"
 E_DUPLICATE_HEADER_ITEM = "django_quota.E011"
@@ -264,9 +265,26 @@ def _database_conflicts(parsed: QuotaSettings) -> list[CheckMessage]:
 
 
 def _cache_alias(parsed: QuotaSettings) -> list[CheckMessage]:
+    """E006 (the alias names no django-redis cache) and W008 (REDIS_URL beside it, which
+    the backend never reads: the cache's URL wins)."""
     alias = parsed.cache_alias
     if alias is None:
         return []
+    messages: list[CheckMessage] = []
+    if parsed.redis_url is not None:
+        messages.append(
+            Warning(
+                "QUOTA['REDIS_URL'] is ignored because QUOTA['CACHE_ALIAS'] is set: the "
+                f"counters live in the Redis database of CACHES[{alias!r}], not at REDIS_URL",
+                hint="remove QUOTA['REDIS_URL'], or remove QUOTA['CACHE_ALIAS'] to keep the "
+                "counters at REDIS_URL (a database that cache.clear() does not flush)",
+                id=W_REDIS_URL_IGNORED,
+            )
+        )
+    return messages + _cache_alias_target(alias)
+
+
+def _cache_alias_target(alias: str) -> list[CheckMessage]:
     caches = getattr(django_settings, "CACHES", {})
     if alias not in caches:
         return [

@@ -583,10 +583,7 @@ def _build_backend(settings: conf.QuotaSettings) -> Backend:
         return MemoryBackend(settings.memory_max_entries)
     from django_quota.backends.redis import RedisBackend
 
-    url = settings.redis_url
-    url_options: dict[str, object] = {}
-    if settings.cache_alias is not None:
-        url, url_options = _cache_connection(settings.cache_alias)
+    url, url_options = _connection(settings)
     if settings.cluster and url is not None:
         from django_quota.backends.cluster import RedisClusterBackend
 
@@ -603,6 +600,23 @@ def _build_backend(settings: conf.QuotaSettings) -> Backend:
         sentinel=settings.sentinel,
         url_options=url_options,
     )
+
+
+def _connection(settings: conf.QuotaSettings) -> tuple[str | None, dict[str, object]]:
+    """The URL the Redis backend opens its pool with, and the options it adds: those of
+    the ``CACHE_ALIAS`` cache when one is set (``REDIS_URL`` is then ignored), else
+    ``REDIS_URL`` (None with ``SENTINEL`` alone)."""
+    if settings.cache_alias is not None:
+        return _cache_connection(settings.cache_alias)
+    return settings.redis_url, {}
+
+
+def connection_url(settings: conf.QuotaSettings) -> str | None:
+    """The Redis URL counters live at, as :func:`_connection` picks it (with its
+    password: redact it before showing it); None for the memory backend."""
+    if settings.backend == "memory":
+        return None
+    return _connection(settings)[0]
 
 
 def _cache_connection(alias: str) -> tuple[str, dict[str, object]]:

@@ -431,6 +431,44 @@ def test_status_page_shows_recent_backend_errors_and_the_open_breaker(
             str(limiter.BREAKER_THRESHOLD)] in counts
 
 
+def redis_row(response: Any) -> str | None:
+    """The text of the status page's Redis row, or None when it has none."""
+    found = re.search(r"<tr><th>Redis</th><td[^>]*>(.*?)</td></tr>", response.content.decode())
+    return None if found is None else html.unescape(found.group(1))
+
+
+@pytest.mark.parametrize("redis_url", [None, "redis://127.0.0.1:6399/0"])
+def test_status_page_shows_the_redis_of_cache_alias(
+    admin_client: Client, quota: Any, settings: Any, redis_url: str | None
+) -> None:
+    """With CACHE_ALIAS the counters live in the cache's Redis: that is the row shown,
+    without its password, whether a REDIS_URL (ignored) is set beside it or not."""
+    port = free_port()
+    settings.CACHES = {
+        "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
+        "quota": {
+            "BACKEND": "django_redis.cache.RedisCache",
+            "LOCATION": f"redis://:s3cret@127.0.0.1:{port}/3",
+        },
+    }
+    quota(CACHE_ALIAS="quota", REDIS_URL=redis_url, POLICIES={"p": {"windows": "5/m"}})
+    response = admin_client.get(STATUS)
+    assert response.status_code == 200
+    assert '<td id="quota-backend">redis</td>' in response.content.decode()
+    assert redis_row(response) == f"redis://***@127.0.0.1:{port}/3 (CACHE_ALIAS quota)"
+    assert b"s3cret" not in response.content
+    assert b"6399" not in response.content
+
+
+def test_status_page_shows_no_redis_row_for_the_memory_backend(
+    admin_client: Client, quota: Any
+) -> None:
+    quota(POLICIES={"p": {"windows": "5/m"}})
+    response = admin_client.get(STATUS)
+    assert '<td id="quota-backend">memory</td>' in response.content.decode()
+    assert redis_row(response) is None
+
+
 def test_status_page_says_when_database_policies_conflict(
     admin_client: Client, quota: Any
 ) -> None:

@@ -163,6 +163,25 @@ def test_e006_not_reported_for_a_django_redis_cache(production: Any) -> None:
     assert check_settings() == []
 
 
+def test_w008_redis_url_beside_cache_alias_is_ignored(production: Any) -> None:
+    production.CACHES = {"default": LOCMEM, "quota": DJANGO_REDIS}
+    production.QUOTA = {"CACHE_ALIAS": "quota", "REDIS_URL": REDIS_URL, "HMAC_KEY": HMAC_KEY}
+    (message,) = check_settings()
+    assert isinstance(message, Warning)
+    assert message.id == "django_quota.W008"
+    assert message.msg == (
+        "QUOTA['REDIS_URL'] is ignored because QUOTA['CACHE_ALIAS'] is set: the counters "
+        "live in the Redis database of CACHES['quota'], not at REDIS_URL"
+    )
+    assert message.hint is not None and "QUOTA['REDIS_URL']" in message.hint
+
+
+def test_w008_not_reported_for_cache_alias_alone(production: Any) -> None:
+    production.CACHES = {"default": LOCMEM, "quota": DJANGO_REDIS}
+    production.QUOTA = {"CACHE_ALIAS": "quota", "REDIS_URL": None, "HMAC_KEY": HMAC_KEY}
+    assert check_settings() == []
+
+
 @pytest.mark.parametrize("name", ["API_KEY_RESOLVER", "TENANT_RESOLVER", "DENIED_VIEW", "CLOCK"])
 def test_e008_bad_dotted_path(production: Any, name: str) -> None:
     configure(production, **{name: "tests.test_checks.no_such_callable"})
