@@ -514,7 +514,10 @@ class Limiter:
 
     def _observe_failure(self, prepared: Prepared, error: BackendError) -> None:
         if isinstance(error, Refused):
+            # No node was called (no in-flight slot, or its breaker open): a recent error
+            # for the status page, but no backend call for the health and latency metrics.
             self.recent_errors.append(BreakerError(time.time(), error.reason, str(error)))
+            return
         metrics.record_backend(
             self.backend_mode, error.reason, time.monotonic() - prepared.started
         )
