@@ -296,3 +296,22 @@ def test_evaluate_and_peek_block_as_on_the_page() -> None:
     assert "outcome.remaining    # 9 after" in block and "state.remaining      # still 9" in block
     with pytest.raises(django_quota.policies.UnknownPolicy):
         django_quota.evaluate("no-such-policy", {"user": "42"})
+
+
+def test_quota_decorator_ignores_a_policy_s_methods(quota: Any) -> None:
+    # The page: a policy's routes and methods are read by QuotaMiddleware only.
+    quota(
+        CLOCK="tests.clock.now",
+        POLICIES={"posts-only": {"windows": "2/m", "selector": ["ip"], "methods": ["POST"]}},
+    )
+
+    @quota_decorator("posts-only")
+    def view(request: Any) -> Any:
+        from django.http import HttpResponse
+
+        return HttpResponse("ok")
+
+    from django.test import RequestFactory
+
+    sent = [view(RequestFactory().get("/")).status_code for _ in range(3)]
+    assert sent == [200, 200, 429]  # GET requests are counted all the same
