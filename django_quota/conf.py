@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ipaddress
 import math
+import re
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -256,6 +257,31 @@ def _parse_dotted_path(parser: _Parser, name: str) -> str | None:
     return value
 
 
+_URL_SCHEME_RE = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*\Z")
+
+
+def _parse_redis_url(parser: _Parser) -> str | None:
+    """``REDIS_URL``, its problem reported without its value: a URL may carry the Redis
+    password, and the message reaches ``manage.py check``, logs and error reports."""
+    value = parser.get("REDIS_URL")
+    key = parser.key("REDIS_URL")
+    expected = "expected a redis://, rediss:// or unix:// URL"
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value:
+        found = type(value).__name__
+        parser.problem(E_INVALID_VALUE, key, f"{expected} (a str) or None, not a {found}")
+        return None
+    if not value.startswith(("redis://", "rediss://", "unix://")):
+        scheme, separator, _ = value.partition("://")
+        if separator and _URL_SCHEME_RE.match(scheme):
+            found = f"a URL with scheme {scheme!r}"
+        else:
+            found = "text without a scheme (the value is not shown: it may hold a password)"
+        parser.problem(E_INVALID_VALUE, key, f"{expected}, not {found}")
+    return value
+
+
 def parse_settings(
     raw: object, *, secret_key: str | bytes = "", with_policies: bool = True
 ) -> tuple[QuotaSettings | None, list[SettingsProblem]]:
@@ -281,13 +307,7 @@ def parse_settings(
         )
 
     enabled = parser.boolean("ENABLED")
-    redis_url = parser.optional_string("REDIS_URL")
-    if redis_url is not None and not redis_url.startswith(("redis://", "rediss://", "unix://")):
-        parser.problem(
-            E_INVALID_VALUE,
-            parser.key("REDIS_URL"),
-            f"{redis_url!r} is not a redis://, rediss:// or unix:// URL",
-        )
+    redis_url = _parse_redis_url(parser)
     cache_alias = parser.optional_string("CACHE_ALIAS")
     cluster = parser.boolean("CLUSTER")
     sentinel = parser.get("SENTINEL")

@@ -112,3 +112,36 @@ def test_the_documented_filter_hides_the_redis_url(rf: Any, settings: Any) -> No
     assert PASSWORD not in page
     assert "cache.internal" not in page
     assert re.search(r"&#x27;REDIS_URL&#x27;: &#x27;\*{20}&#x27;", page)  # listed, value hidden
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://app:s3cret@cache.internal:6379/0",  # a wrong scheme
+        "redis:/:s3cret@cache.internal:6379/0",  # a typo: no "://"
+        ":s3cret@cache.internal:6379/0",  # no scheme at all
+        "app:s3cret@redis://cache.internal:6379/0",  # userinfo before the scheme
+        b"redis://:s3cret@cache.internal:6379/0",  # bytes, not a string
+    ],
+)
+def test_an_invalid_redis_url_is_reported_without_its_password(url: object) -> None:
+    from django_quota import conf
+
+    _, problems = conf.parse_settings({"REDIS_URL": url})
+    [problem] = [p for p in problems if p.key == "QUOTA['REDIS_URL']"]
+    assert problem.id == "django_quota.E003"
+    assert "s3cret" not in f"{problem.message} {problem.hint}"
+    assert "redis://, rediss:// or unix://" in problem.message
+
+
+def test_improperly_configured_for_a_bad_redis_url_hides_its_password(settings: Any) -> None:
+    from django.core.exceptions import ImproperlyConfigured
+
+    from django_quota import conf
+
+    settings.QUOTA = {"REDIS_URL": "http://app:s3cret@cache.internal:6379/0"}
+    with pytest.raises(ImproperlyConfigured) as raised:
+        conf.get_settings()
+    assert "REDIS_URL" in str(raised.value)
+    assert "s3cret" not in str(raised.value)
+    assert "'http'" in str(raised.value)  # the scheme is named, so the mistake is findable
