@@ -4,27 +4,34 @@
 installs the peers first). Rows are measured in rounds, interleaved, so that a burst of
 noise from a neighbour on a shared machine hits every row alike; throughput is the median
 over rounds, latency percentiles pool every round's samples.
+
+``--json FILE`` saves the run's results, ``--plot FILE`` draws its chart (a PNG), and
+``--from-json FILE`` prints the report of a saved run, and with ``--plot`` charts it,
+without measuring anything.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.util
 import os
 import platform
 import signal
 import statistics
 import sys
+import textwrap
 import time
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
 from types import FrameType
 
 import redis
 
-from benchmarks import aio, measure, report
+from benchmarks import aio, measure, report, saved
 from benchmarks.contenders import BULK, DQ, EXACT, Contender, Decide, all_contenders
 from benchmarks.redis_server import RedisServer
 
@@ -73,7 +80,29 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--max-seconds", type=int, default=600, help="abort (and stop Redis) after this long"
     )
+    parser.add_argument(
+        "--json", type=Path, metavar="FILE", help="also save the run's results to FILE (JSON)"
+    )
+    parser.add_argument(
+        "--plot",
+        type=Path,
+        metavar="FILE",
+        help="also draw the p50 chart into FILE (PNG; needs matplotlib, in the bench extra)",
+    )
+    parser.add_argument(
+        "--from-json",
+        type=Path,
+        metavar="FILE",
+        help="measure nothing: print the report of a run saved with --json (and chart it "
+        "with --plot); the measuring options are then those saved",
+    )
     args = parser.parse_args(argv)
+    if args.from_json is not None and args.json is not None:
+        parser.error("--json saves a run that is measured; --from-json measures nothing")
+    if args.from_json is not None and not args.from_json.is_file():
+        parser.error(f"--from-json: no file {args.from_json}")
+    if args.plot is not None and importlib.util.find_spec("matplotlib") is None:
+        parser.error("--plot needs matplotlib: pip install -e '.[bench]'")
     for name in ("decisions", "rounds", "threads", "subjects", "limit", "attempts"):
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be >= 1")
@@ -219,6 +248,48 @@ def _versions(extra: dict[str, str], redis_version: str) -> list[str]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.from_json is not None:
+        try:
+            run = saved.read(args.from_json)
+        except ValueError as exc:
+            print(f"--from-json: {exc}", file=sys.stderr)
+            return 2
+    else:
+        run = measure_run(args)
+        if args.json is not None:
+            saved.write(args.json, run)
+            print(f"results saved to {args.json}", file=sys.stderr)
+    print(
+        report.render(
+            run.rows,
+            header=run.header,
+            notes=run.notes,
+            args=run.arguments(),
+            cores=run.cores,
+            seconds=run.seconds,
+        )
+    )
+    if args.plot is not None:
+        from benchmarks import chart
+
+        chart.plot(run.rows, args.plot, subtitle=subtitle(run))
+        print(f"chart drawn to {args.plot}", file=sys.stderr)
+    return 0
+
+
+def subtitle(run: saved.SavedRun) -> str:
+    """The chart's second line: the run's size and the versions measured."""
+    settings = run.settings
+    rounds = settings.get("rounds", 0)
+    size = (
+        f"{settings.get('decisions', 0)} decisions per row and loop, {rounds} interleaved "
+        f"round{'' if rounds == 1 else 's'}, {run.cores} cores"
+    )
+    return textwrap.fill("; ".join([size, *run.header]), 140)
+
+
+def measure_run(args: argparse.Namespace) -> saved.SavedRun:
+    """Start redis-server, measure every row selected, stop it: the run's results."""
     signal.signal(signal.SIGTERM, _on_signal)
     signal.signal(signal.SIGALRM, _on_alarm)
     signal.alarm(args.max_seconds)
@@ -254,18 +325,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             header = _versions(versions, server.version)
     finally:
         signal.alarm(0)
-    rows = [report_row(result) for result in results]
-    print(
-        report.render(
-            rows,
-            header=header,
-            notes=notes,
-            args=args,
-            cores=os.cpu_count() or 0,
-            seconds=time.monotonic() - started,
-        )
+    return saved.SavedRun(
+        rows=[report_row(result) for result in results],
+        header=header,
+        notes=notes,
+        settings=saved.settings_of(args),
+        cores=os.cpu_count() or 0,
+        seconds=time.monotonic() - started,
     )
-    return 0
 
 
 def report_row(result: RowResult) -> report.Row:

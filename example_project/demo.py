@@ -13,10 +13,15 @@ every quota decision.
    every surface django-quota has: ``QuotaMiddleware`` (enforced and shadow policies), the
    DRF drop-in ``AnonRateThrottle``/``UserRateThrottle``, ``QuotaThrottle`` and ``@quota``
    (with a cost that depends on the request);
-4. replays what each client sent through the fixed-window arithmetic (docs/arithmetic.md) and
-   compares, request by request, what the server decided with what it had to decide;
+4. replays what each client sent through the fixed-window arithmetic (docs/arithmetic.md)
+   and compares, request by request, what the server decided with what it had to decide;
 5. asks every worker for its decision counts (``GET /api/quota-stats/``) and compares their
    sum, policy by policy, with the replay.
+
+What it prints fits in 100 columns: a table per client, one of each client's source address
+and policies, one of the server's counters, each with a legend of its columns under it.
+``--verbose`` adds one sample per surface of the rate-limit headers and of a 429 body (the
+server's own lines, as long as they are).
 
 Why the expected counts are exact: fixed windows are aligned to the Unix epoch and the
 server and the clients read the same clock. A client never sends a request while a
@@ -63,6 +68,7 @@ import signal
 import socket
 import subprocess
 import sys
+import textwrap
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -87,6 +93,8 @@ STARTUP_TIMEOUT = 45.0
 STOP_TIMEOUT = 15.0
 COMMAND_TIMEOUT = 120.0
 STATS_TIMEOUT = 15.0
+#: Columns of the default output: every line it prints fits in this many.
+WIDTH = 100
 
 EXIT_OK = 0
 EXIT_MISMATCH = 1
@@ -934,9 +942,6 @@ def check_retry_after(
 # --------------------------------------------------------------------------- server
 
 
-# --------------------------------------------------------------------------- server
-
-
 def redacted(url: str) -> str:
     parts = urlsplit(url)
     if parts.password is None:
@@ -1079,7 +1084,7 @@ class Server:
                 return True
             time.sleep(0.1)
         if answered:
-            print(
+            say(
                 f"warning: only {len(self.pids)} of {self.workers} workers answered before the "
                 "start; the others may be slow to warm up"
             )
@@ -1178,10 +1183,36 @@ class Server:
 
 # --------------------------------------------------------------------------- report
 
+#: Columns printed flush left (the others are counts, flush right).
+TEXT_COLUMNS = {
+    "client",
+    "surface",
+    "policy",
+    "policies",
+    "allowed",
+    "source",
+    "decision",
+    "result",
+}
 
-# --------------------------------------------------------------------------- report
 
-TEXT_COLUMNS = {"client", "surface", "policy", "source", "result", "refusal", "other decisions"}
+def say(text: str = "", indent: str = "", hanging: str | None = None) -> None:
+    """Print ``text`` wrapped to WIDTH columns: each of its lines starts at ``indent``,
+    and what wraps continues at ``hanging`` (two columns further by default)."""
+    if not text:
+        print(indent.rstrip())
+        return
+    more = indent + "  " if hanging is None else hanging
+    for line in text.splitlines():
+        print(
+            textwrap.fill(
+                line,
+                width=WIDTH,
+                initial_indent=indent,
+                subsequent_indent=more,
+                break_on_hyphens=False,
+            )
+        )
 
 
 def print_table(rows: Sequence[Sequence[str]], headers: Sequence[str], indent: str = "") -> None:
@@ -1203,13 +1234,62 @@ def print_table(rows: Sequence[Sequence[str]], headers: Sequence[str], indent: s
         print(fmt(row))
 
 
+def print_legend(columns: Sequence[tuple[str, str]], indent: str = "") -> None:
+    """What each column of the table above means, one wrapped entry per column."""
+    print()
+    print(f"{indent}Columns:")
+    for name, meaning in columns:
+        say(f"{name}: {meaning}", indent + "  ", indent + "    ")
+
+
 def span(lo: int, hi: int) -> str:
     return str(lo) if lo == hi else f"{lo}..{hi}"
+
+
+CLIENT_COLUMNS = (
+    (
+        "client",
+        "one load generator; each sends from its own loopback address, so each is its own "
+        "ip subject (its address and policies are in the next table)",
+    ),
+    ("surface", "how django-quota meets its requests (the surfaces listed at the start)"),
+    ("sent", "requests it sent"),
+    ("2xx", "responses with the endpoint's success status (200, or 201 for a create)"),
+    (
+        "429",
+        "refused requests; a shadow row has none, since a shadow policy decides and counts "
+        "but never refuses",
+    ),
+    ("Retry-After", "the Retry-After header of its first 429 (- when it got none)"),
+    (
+        "admitted",
+        "the requests the server admitted, as the client saw them; a request is admitted "
+        "only when every layer (middleware, throttle, decorator) admits it, and then it "
+        "answers the success status, so this is the 2xx count (any other status is a "
+        "problem, listed at the end)",
+    ),
+    (
+        "expected",
+        "the requests the replay of the fixed-window arithmetic admits, given the same "
+        "requests at the same times",
+    ),
+    (
+        "ambiguous",
+        "requests whose [send, receive] interval straddled a window boundary despite the "
+        "guard; the replay follows every window assignment that yields the status observed",
+    ),
+    (
+        "result",
+        "OK when admitted equals expected and every status, Retry-After, RateLimit-Policy "
+        "header and 429 body is right; MISMATCH otherwise, with the reason at the end",
+    ),
+)
 
 
 def report(
     known: Mapping[str, Policy], clients: Sequence[Client]
 ) -> tuple[bool, list[str], dict[str, Verdict]]:
+    """Judge every client and print the table of clients, with its legend."""
     rows: list[list[str]] = []
     notes: list[str] = []
     verdicts: dict[str, Verdict] = {}
@@ -1222,8 +1302,6 @@ def report(
             [
                 client.spec.name,
                 client.spec.surface.name,
-                "+".join(client.spec.policy_ids),
-                client.source_ip,
                 str(verdict.sent),
                 str(verdict.successes),
                 str(verdict.denied),
@@ -1235,24 +1313,62 @@ def report(
             ]
         )
         notes.extend(f"{client.spec.name}: {p}" for p in verdict.problems())
-    print_table(
-        rows,
-        [
-            "client",
-            "surface",
-            "policy",
-            "source",
-            "sent",
-            "2xx",
-            "429",
-            "1st Retry-After",
-            "admitted",
-            "expected",
-            "ambiguous",
-            "result",
-        ],
-    )
+    print_table(rows, [name for name, _ in CLIENT_COLUMNS])
+    print_legend(CLIENT_COLUMNS)
     return all_ok, notes, verdicts
+
+
+def layered(spec: ClientSpec, cells: Mapping[str, str]) -> str:
+    """One cell per policy of ``spec``: ``+`` within a layer, ``then`` between layers."""
+    return " then ".join("+".join(cells[pid] for pid in layer) for layer in spec.layers)
+
+
+def report_policies(clients: Sequence[Client], verdicts: Mapping[str, Verdict]) -> None:
+    """Each client's source address and policies, and what the replay says each policy
+    allowed (the counts the server's counters add up)."""
+    rows: list[list[str]] = []
+    for client in clients:
+        charged = verdicts[client.spec.name].charged
+        rows.append(
+            [
+                client.spec.name,
+                client.source_ip,
+                layered(client.spec, {pid: pid for pid in client.spec.policy_ids}),
+                layered(client.spec, {pid: span(*charged[pid]) for pid in client.spec.policy_ids}),
+            ]
+        )
+    print()
+    print_table(rows, ["client", "source", "policies", "allowed"])
+    several = [c.spec for c in clients if len(c.spec.layers) > 1]
+    own_layers = ""
+    if several:
+        spec = several[0]
+        first, later = "+".join(spec.layers[0]), "+".join(spec.layers[-1])
+        own_layers = (
+            f" Each layer charges on its own, since DRF asks every throttle even after one "
+            f"refused: for {spec.name}, {first} counts the requests {later} refused and "
+            f"{later} those {first} refused, so either count can exceed its 2xx (the "
+            f"requests both admitted)."
+        )
+    print_legend(
+        (
+            ("client", "as in the table above"),
+            ("source", "the loopback address it sends from: the server's REMOTE_ADDR"),
+            (
+                "policies",
+                "the policies that decide its requests, layer by layer: '+' joins the "
+                "policies one layer decides together (charged only if each enforced one "
+                "admits), 'then' separates the layers, in the order they decide",
+            ),
+            (
+                "allowed",
+                "per policy, in the same order, the requests the replay says it allowed, "
+                "that is charged (a range when requests were ambiguous); the server "
+                "counters below add these up over the clients. A shadow policy's count is "
+                "the requests it admitted, not the 2xx." + own_layers,
+            ),
+        )
+    )
 
 
 def report_shadow(
@@ -1263,18 +1379,38 @@ def report_shadow(
             continue
         mine = [c for c in clients if policy.id in c.spec.policy_ids]
         print()
-        print(
+        say(
             f"Shadow policy {policy.id} ({', '.join(w.describe() for w in policy.windows)} per "
             f"{'+'.join(policy.selector)}, routes {list(policy.routes)}): never refuses"
         )
         for client in mine:
             v = verdicts[client.spec.name]
             lo, hi = v.refused[policy.id]
-            print(
-                f"  {client.spec.name}: {v.sent} sent, {v.successes} answered 2xx, "
+            say(
+                f"{client.spec.name}: {v.sent} sent, {v.successes} answered 2xx, "
                 f"{v.denied} refused; the policy would have refused {v.reported[policy.id]} "
-                f"(shadow_denied, as the view reported), the replay expects {span(lo, hi)}"
+                f"(shadow_denied, as the view reported), the replay expects {span(lo, hi)}",
+                "  ",
+                "    ",
             )
+
+
+SERVER_COLUMNS = (
+    ("policy", "a policy that some client's requests met"),
+    (
+        "decision",
+        "allowed (the requests it charged), or its refusal: denied for an enforced policy, "
+        "shadow_denied for a shadow one; any other decision the server reports gets a row "
+        "of its own, which fails",
+    ),
+    ("server", "that decision's count, summed over every worker's /api/quota-stats/"),
+    (
+        "replay",
+        "the count the replay expects, summed over the clients (a range when requests "
+        "were ambiguous)",
+    ),
+    ("result", "OK when the server's count lies within the replay's; MISMATCH otherwise"),
+)
 
 
 def check_server_counts(
@@ -1291,7 +1427,7 @@ def check_server_counts(
     answered = sorted(set(stats))
     if not pids <= set(stats):
         missing = sorted(pids - set(stats))
-        print(
+        say(
             f"Server counters: NOT CHECKED: workers {missing} did not answer {STATS_PATH} "
             f"(answered: {answered})"
         )
@@ -1301,7 +1437,7 @@ def check_server_counts(
         for item in outcomes:
             key = (str(item["policy"]), str(item["decision"]))
             totals[key] = totals.get(key, 0) + int(item["count"])
-    print(
+    say(
         f"Server counters: {STATS_PATH} of every worker ({len(answered)} pid(s) "
         f"{answered}), summed, against the replay"
     )
@@ -1313,57 +1449,40 @@ def check_server_counts(
         policy = known[policy_id]
         mine = [verdicts[c.spec.name] for c in clients if policy_id in c.spec.policy_ids]
         unknown = sum(v.unknown for v in mine)
-        allowed_lo = sum(v.charged[policy_id][0] for v in mine)
-        allowed_hi = sum(v.charged[policy_id][1] for v in mine)
-        refused_lo = sum(v.refused[policy_id][0] for v in mine)
-        refused_hi = sum(v.refused[policy_id][1] for v in mine)
         refusal = SHADOW_DENIED if policy.shadow else DENIED
-        server_allowed = totals.get((policy_id, ALLOWED), 0)
-        server_refused = totals.get((policy_id, refusal), 0)
-        others = {
-            decision: n
-            for (pid, decision), n in totals.items()
-            if pid == policy_id and decision not in (ALLOWED, refusal)
+        expected = {
+            ALLOWED: (
+                sum(v.charged[policy_id][0] for v in mine),
+                sum(v.charged[policy_id][1] for v in mine),
+            ),
+            refusal: (
+                sum(v.refused[policy_id][0] for v in mine),
+                sum(v.refused[policy_id][1] for v in mine),
+            ),
         }
-        ok = (
-            allowed_lo <= server_allowed <= allowed_hi
-            and refused_lo <= server_refused <= refused_hi
-            and not others
+        others = sorted(
+            decision
+            for (pid, decision) in totals
+            if pid == policy_id and decision not in (ALLOWED, refusal)
         )
-        all_ok = all_ok and ok
-        rows.append(
-            [
-                policy_id,
-                refusal,
-                str(server_allowed),
-                span(allowed_lo, allowed_hi),
-                str(server_refused),
-                span(refused_lo, refused_hi),
-                ", ".join(f"{d}={n}" for d, n in sorted(others.items())) or "-",
-                "OK" if ok else "MISMATCH",
-            ]
-        )
-        if not ok:
+        wrong: list[str] = []
+        for decision in (ALLOWED, refusal, *others):
+            lo, hi = expected.get(decision, (0, 0))
+            counted = totals.get((policy_id, decision), 0)
+            ok = lo <= counted <= hi
+            rows.append(
+                [policy_id, decision, str(counted), span(lo, hi), "OK" if ok else "MISMATCH"]
+            )
+            if not ok:
+                wrong.append(f"{decision} {counted} where the replay expects {span(lo, hi)}")
+        all_ok = all_ok and not wrong
+        if wrong:
             notes.append(
-                f"server counters of {policy_id}: allowed {server_allowed}, {refusal} "
-                f"{server_refused}, other {others or '-'}; the replay expects allowed "
-                f"{span(allowed_lo, allowed_hi)}, {refusal} {span(refused_lo, refused_hi)}"
+                f"server counters of {policy_id}: {'; '.join(wrong)}"
                 + (f" ({unknown} request(s) of unknown fate)" if unknown else "")
             )
-    print_table(
-        rows,
-        [
-            "policy",
-            "refusal",
-            "allowed (server)",
-            "allowed (replay)",
-            "refused (server)",
-            "refused (replay)",
-            "other decisions",
-            "result",
-        ],
-        indent="  ",
-    )
+    print_table(rows, [name for name, _ in SERVER_COLUMNS], indent="  ")
+    print_legend(SERVER_COLUMNS, indent="  ")
     return all_ok, notes
 
 
@@ -1376,7 +1495,7 @@ def print_latency(clients: Sequence[Client]) -> None:
     def pct(q: float) -> int:
         return times[min(len(times) - 1, math.ceil(q * len(times)) - 1)]
 
-    print(
+    say(
         f"{len(times)} requests; response times: median {pct(0.5)} ms, 99th percentile "
         f"{pct(0.99)} ms, max {times[-1]} ms"
     )
@@ -1390,7 +1509,8 @@ def _json_or_text(text: str) -> str:
 
 
 def print_samples(clients: Sequence[Client]) -> None:
-    """One 2xx and one 429 per surface and policy group: headers and body."""
+    """One 2xx and one 429 per surface and policy group: headers and body (``--verbose``;
+    the headers and bodies are printed whole, however long)."""
     groups: dict[tuple[str, tuple[tuple[str, ...], ...]], list[Client]] = {}
     for client in clients:
         groups.setdefault((client.spec.surface.name, client.spec.layers), []).append(client)
@@ -1457,6 +1577,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="never send this close before a window boundary (default 40)",
     )
     parser.add_argument("--seed", type=int, default=None, help="seed of the clients' jitter")
+    parser.add_argument(
+        "--verbose",
+        action="store_true",
+        help="also print a sample of each surface's rate-limit headers and 429 body",
+    )
     parser.add_argument(
         "--settings",
         default=DEFAULT_SETTINGS_MODULE,
@@ -1589,16 +1714,16 @@ def run(args: argparse.Namespace) -> int:
 
     backend = f"redis ({redacted(redis_url)})" if redis_url else "memory (per process)"
     print("django-quota demo")
-    print(f"  backend:    {backend}")
+    say(f"  backend:    {backend}", hanging=" " * 14)
     print(f"  workers:    {workers} gunicorn sync worker(s)")
     print(f"  key prefix: {key_prefix}")
-    print(f"  database:   {settings_module.DATABASES['default']['NAME']}")
+    say(f"  database:   {settings_module.DATABASES['default']['NAME']}", hanging=" " * 14)
     for policy in known.values():
-        print(f"  policy      {policy.describe()}")
+        say(f"  policy      {policy.describe()}", hanging=" " * 16)
     print("  surfaces:")
     for surface in SURFACES:
         paths = sorted({a.label for s in CLIENT_SPECS if s.surface is surface for a in s.actions})
-        print(f"    {surface.name + ':':<15}{', '.join(paths)}: {surface.about}")
+        say(f"    {surface.name + ':':<15}{', '.join(paths)}: {surface.about}", hanging=" " * 21)
 
     if redis_url is not None:
         check_redis(redis_url)
@@ -1607,9 +1732,9 @@ def run(args: argparse.Namespace) -> int:
 
     print("Migrating and seeding the database ...")
     run_command(["manage.py", "migrate", "--noinput", "--verbosity", "0"], env)
-    print("  " + run_command(["manage.py", "seed_items"], env).replace("\n", "\n  "))
+    say(run_command(["manage.py", "seed_items"], env), "  ", "    ")
     tokens = seed_users(env)
-    print(f"  API users {', '.join(USERS)}, each with a DRF token")
+    say(f"API users {', '.join(USERS)}, each with a DRF token", "  ", "    ")
 
     GUNICORN_LOG.parent.mkdir(parents=True, exist_ok=True)
     GUNICORN_LOG.write_bytes(b"")
@@ -1623,14 +1748,14 @@ def run(args: argparse.Namespace) -> int:
     stats: dict[int, list[dict[str, Any]]] = {}
     try:
         server.start()
-        print(
+        say(
             f"gunicorn serving {server.base_url} with worker pids {sorted(server.pids)} "
             f"(log: {GUNICORN_LOG.relative_to(REPO_DIR)})"
         )
         seed = args.seed if args.seed is not None else secrets.randbits(32)
         start_at = time.time() + 0.2
         end_at = start_at + args.seconds
-        print(
+        say(
             f"Running {len(clients)} clients for {args.seconds:g} s (guard {args.guard_ms} ms "
             f"before window boundaries, seed {seed}) ..."
         )
@@ -1670,21 +1795,26 @@ def run(args: argparse.Namespace) -> int:
     print_latency(clients)
     print()
     all_ok, notes, verdicts = report(known, clients)
+    report_policies(clients, verdicts)
     report_shadow(known, clients, verdicts)
     counts_ok, count_notes = check_server_counts(known, clients, verdicts, stats, server.pids)
     notes.extend(count_notes)
-    print_samples(clients)
+    if args.verbose:
+        print_samples(clients)
+    else:
+        print()
+        print("(--verbose adds a sample of each surface's rate-limit headers and 429 body)")
     problems = server.log_problems()
     if problems:
         print()
         print(f"gunicorn logged {len(problems)} problem line(s); the first ones:")
         for line in problems[:10]:
-            print(f"  {line}")
+            say(line, "  ", "    ")
     print()
     if notes:
         print("Problems:")
         for note in notes:
-            print(f"  {note}")
+            say(note, "  ", "    ")
     if all_ok and counts_ok and not problems:
         print("All decisions match the fixed-window arithmetic: OK")
         return EXIT_OK

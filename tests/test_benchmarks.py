@@ -4,17 +4,21 @@ timing is asserted anywhere: the figures are whatever the machine gives."""
 
 from __future__ import annotations
 
+import json
+import struct
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from benchmarks import chart, goals, report, run, saved, whole_request
 from benchmarks import contenders as c
-from benchmarks import goals, run, whole_request
-from benchmarks.measure import Footprint
+from benchmarks.measure import Exactness, Footprint
 from benchmarks.report import Row
 from tests.conftest import require_redis_server
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 ROOT = Path(__file__).resolve().parent.parent
 ALGORITHM = "(synthetic)"
@@ -163,3 +167,198 @@ def test_tiny_run_prints_every_row_and_every_goal():
     # A goal whose peer is not installed is "-"; ours are always measured.
     middleware = next(line for line in lines if line.startswith("| QuotaMiddleware"))
     assert middleware.rstrip(" |").endswith((goals.PASS, goals.MISS))
+
+
+# -- the chart and the saved results ---------------------------------------------------
+
+
+def _named(
+    key: str,
+    implementation: str,
+    algorithm: str,
+    median_us: float,
+    reference: str,
+    base: str | None = None,
+) -> Row:
+    """A row as a run reports it, with the names and references the chart groups by."""
+    return Row(
+        key=key,
+        reference=reference,
+        implementation=implementation,
+        algorithm=algorithm,
+        median_us=median_us,
+        p99_us=median_us * 2,
+        throughput_1=1e6 / median_us,
+        throughput_n=1.5e6 / median_us,
+        commands=5.0,
+        server_cpu_us=20.0,
+        # Most called first, as the run orders it: not alphabetical.
+        command_breakdown={"pexpire": 2.0, "hset": 1.0, "evalsha": 1.0},
+        sent=1.0,
+        base=base,
+    )
+
+
+def _run_rows() -> list[Row]:
+    """A small hand-made run: two django-quota rows with peers, and whole requests."""
+    dq_fixed = _named(c.DQ_FIXED, c.DQ, "fixed_window", 272.0, c.DQ_FIXED)
+    dq_fixed.footprints = {
+        1: Footprint(1, 152, {"counter hashes": (1, 152)}),
+        100: Footprint(1, 232, {"counter hashes": (1, 232)}),
+    }
+    dq_fixed.exactness = Exactness(admitted=100, limit=100, attempts=400)
+    drf_plain = "request: DRF APIView"
+    return [
+        dq_fixed,
+        _named(c.DQ_SLIDING, c.DQ, "sliding_window", 290.0, c.DQ_SLIDING),
+        _named(c.LIMITS_FIXED, "limits FixedWindow", "fixed_window", 200.0, c.DQ_FIXED),
+        _named(
+            c.LIMITS_SLIDING, "limits SlidingWindowCounter", "sliding_window", 400.0, c.DQ_SLIDING
+        ),
+        _named("drf/AnonRateThrottle", "DRF AnonRateThrottle", "sliding log", 544.0, c.DQ_FIXED),
+        _named(whole_request.DRF_BASE, drf_plain, "no throttle (base)", 219.0, ""),
+        _named(
+            whole_request.DRF_THROTTLED,
+            f"{drf_plain} + DRF AnonRateThrottle",
+            "sliding log",
+            1264.0,
+            whole_request.DRF_QUOTA,
+            base=whole_request.DRF_BASE,
+        ),
+        _named(
+            whole_request.DRF_QUOTA,
+            f"{drf_plain} + django-quota AnonRateThrottle",
+            "sliding_log (drop-in default)",
+            811.0,
+            whole_request.DRF_QUOTA,
+            base=whole_request.DRF_BASE,
+        ),
+    ]
+
+
+def _png_size(path: Path) -> tuple[int, int]:
+    """Width and height from a PNG's signature and IHDR chunk (no image library)."""
+    data = path.read_bytes()
+    assert data[:8] == PNG_SIGNATURE
+    length, kind = struct.unpack(">I4s", data[8:16])
+    assert (length, kind) == (13, b"IHDR")
+    width, height = struct.unpack(">II", data[16:24])
+    assert data[-8:-4] == b"IEND"
+    return width, height
+
+
+def test_chart_groups_each_django_quota_row_with_the_peers_compared_to_it():
+    rows = _run_rows()
+    groups = chart.decision_groups(rows)
+    assert [[row.key for row in group] for group in groups] == [
+        [c.DQ_FIXED, c.LIMITS_FIXED, "drf/AnonRateThrottle"],
+        [c.DQ_SLIDING, c.LIMITS_SLIDING],
+    ]
+    notes = [bar.note for bar in chart.decision_bars(groups[0])]
+    assert notes == [
+        "272 µs",
+        "200 µs   django-quota / this: 1.36x",
+        "544 µs   django-quota / this: 0.50x",
+    ]
+    # A peer whose django-quota row was left out stands alone, without a ratio.
+    alone = chart.decision_groups(rows[2:3])
+    assert [[row.key for row in group] for group in alone] == [[c.LIMITS_FIXED]]
+    assert [bar.note for bar in chart.decision_bars(alone[0])] == ["200 µs"]
+
+
+def test_chart_puts_whole_requests_beside_their_base_with_the_added_cost():
+    rows = _run_rows()
+    (group,) = chart.request_groups(rows)
+    assert [row.key for row in group] == [
+        whole_request.DRF_BASE,
+        whole_request.DRF_THROTTLED,
+        whole_request.DRF_QUOTA,
+    ]
+    bars = chart.request_bars(group, rows)
+    assert [bar.note for bar in bars] == [
+        "219 µs",
+        "1,264 µs   +1,045 µs, 1.00x DRF's added",
+        "811 µs   +592 µs, 0.57x DRF's added",
+    ]
+    assert [bar.colour for bar in bars] == [chart.BASES, chart.PEERS, chart.OURS]
+    assert bars[2].label.startswith("DRF APIView + django-quota")  # "request: " dropped
+
+
+def test_chart_is_a_png_with_a_panel_for_whole_requests(tmp_path: Path):
+    rows = _run_rows()
+    both = tmp_path / "both.png"
+    chart.plot(rows, both, subtitle="a hand-made run")
+    decisions_only = tmp_path / "img" / "decisions.png"  # a missing folder is made
+    chart.plot([row for row in rows if not row.key.startswith("request/")], decisions_only)
+    width, height = _png_size(both)
+    assert width == 1100  # 11 in at 100 dpi
+    narrow, short = _png_size(decisions_only)
+    assert narrow == 1100
+    assert short < height  # the second panel adds its rows' height
+    with pytest.raises(ValueError, match="no rows"):
+        chart.plot([], tmp_path / "empty.png")
+    assert not (tmp_path / "empty.png").exists()
+
+
+def test_saved_run_round_trips_through_json(tmp_path: Path):
+    original = saved.SavedRun(
+        rows=_run_rows(),
+        header=["python 3.11.7", "redis-server 7.0.15"],
+        notes=["django-ratelimit is not installed: skipped"],
+        settings={name: index + 1 for index, name in enumerate(saved.SETTINGS)},
+        cores=2,
+        seconds=12.5,
+    )
+    path = tmp_path / "run.json"
+    saved.write(path, original)
+    data = json.loads(path.read_text(encoding="utf-8"))
+    assert data["format"] == saved.FORMAT
+    assert data["rows"][0]["footprints"]["100"]["bytes"] == 232
+    back = saved.read(path)
+    assert back == original
+    # The report prints the breakdown in the saved order (== on dicts ignores order).
+    assert [list(row.command_breakdown) for row in back.rows] == [
+        ["pexpire", "hset", "evalsha"] for _ in original.rows
+    ]
+    assert back.rows[0].footprints[1].by_kind == {"counter hashes": (1, 152)}
+    assert back.rows[0].exactness == Exactness(admitted=100, limit=100, attempts=400)
+    def printed(run: saved.SavedRun) -> str:
+        return report.render(
+            run.rows,
+            header=run.header,
+            notes=run.notes,
+            args=run.arguments(),
+            cores=run.cores,
+            seconds=run.seconds,
+        )
+
+    assert printed(back) == printed(original)
+    saved.write(tmp_path / "again.json", back)
+    assert (tmp_path / "again.json").read_bytes() == path.read_bytes()
+
+
+def test_a_file_that_is_not_a_saved_run_is_refused(tmp_path: Path):
+    path = tmp_path / "other.json"
+    path.write_text(json.dumps({"rows": []}), encoding="utf-8")
+    with pytest.raises(ValueError, match="not a saved benchmark run"):
+        saved.read(path)
+    path.write_text("{", encoding="utf-8")
+    with pytest.raises(ValueError, match="not JSON"):
+        saved.read(path)
+
+
+def test_from_json_reprints_and_plots_a_saved_run_without_measuring(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+):
+    settings = {"decisions": 300, "rounds": 1, "threads": 8, "subjects": 256}
+    settings |= {"limit": 100, "attempts": 50, "monitor_sample": 20}
+    path = tmp_path / "run.json"
+    saved.write(path, saved.SavedRun(_run_rows(), ["python 3.11.7"], [], settings, 2, 15.0))
+    png = tmp_path / "bench.png"
+    assert run.main(["--from-json", str(path), "--plot", str(png)]) == 0
+    out, err = capsys.readouterr()
+    assert "django-quota benchmark: 300 decisions per row and loop, 1 interleaved round," in out
+    assert "| limits FixedWindow" in out
+    assert f"chart drawn to {png}" in err
+    assert "redis-server" not in err  # nothing was started
+    assert _png_size(png)[0] == 1100

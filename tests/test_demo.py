@@ -9,6 +9,7 @@ the replay."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +17,8 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 SURFACES = ("middleware", "shadow", "DRF drop-in", "QuotaThrottle", "@quota")
+#: The widest line the demo may print by default (a terminal of 100 columns).
+WIDTH = 100
 
 
 def _demo(tmp_path: Path, redis_url: str | None, *extra: str) -> subprocess.CompletedProcess[str]:
@@ -47,6 +50,69 @@ def _table(stdout: str) -> list[dict[str, str]]:
     return rows
 
 
+def _tables(stdout: str) -> list[tuple[int, list[str]]]:
+    """Every table printed: (index of its header line, its column names)."""
+    lines = stdout.splitlines()
+    found = []
+    for index, dashes in enumerate(lines[1:], start=1):
+        if not dashes.strip() or set(dashes.strip()) - {"-", " "}:
+            continue
+        header = lines[index - 1]
+        indent = len(dashes) - len(dashes.lstrip())
+        spans, col = [], indent
+        for dash in dashes.strip().split("  "):
+            spans.append((col, col + len(dash)))
+            col += len(dash) + 2
+        found.append((index - 1, [header[a:b].strip() for a, b in spans]))
+    return found
+
+
+def _legend_after(lines: list[str], start: int) -> dict[str, str]:
+    """The first "Columns:" block after line ``start``: column name -> description."""
+    begin = next(i for i in range(start, len(lines)) if lines[i].strip() == "Columns:")
+    indent = len(lines[begin]) - len(lines[begin].lstrip()) + 2
+    entries: dict[str, str] = {}
+    name = ""
+    for line in lines[begin + 1:]:
+        if not line.strip():
+            break
+        entry = re.match(rf"^ {{{indent}}}(\S[^:]*?): (.+)$", line)
+        if entry:
+            name = entry[1]
+            entries[name] = entry[2]
+        else:
+            entries[name] += " " + line.strip()
+    return entries
+
+
+def _check_layout(stdout: str) -> None:
+    """Every line fits in WIDTH columns and a legend under each table names its columns."""
+    too_wide = [line for line in stdout.splitlines() if len(line) > WIDTH]
+    assert not too_wide, too_wide
+    tables = _tables(stdout)
+    # Clients, their policies, and the server counters (absent only when a worker did not
+    # answer /api/quota-stats/, which the output then says).
+    assert len(tables) == (3 if "Server counters: NOT CHECKED" not in stdout else 2), tables
+    lines = stdout.splitlines()
+    for start, names in tables:
+        legend = _legend_after(lines, start)
+        assert [name for name in names if name not in legend] == [], (names, legend)
+        assert all(len(legend[name]) > 10 for name in names), legend
+    # The drop-in client asked by two throttles is explained where the numbers are.
+    assert "me-anon" in " ".join(_legend_after(lines, tables[1][0]).values())
+
+
+def _without_samples(stdout: str) -> str:
+    """The output less the --verbose block of sample headers and bodies (its lines are
+    the servers' own, unwrapped), which must be there."""
+    lines = stdout.splitlines()
+    start = lines.index("Headers and bodies, per surface (the first of each kind):")
+    end = next(i for i in range(start, len(lines)) if not lines[i].strip())
+    assert end - start > 10  # a 2xx and a 429 of each surface
+    assert any("RateLimit-Policy: " in line for line in lines[start:end])
+    return "\n".join(lines[:start] + lines[end:])
+
+
 def _check_surfaces(stdout: str) -> None:
     rows = _table(stdout)
     assert {row["surface"] for row in rows} == set(SURFACES)
@@ -65,6 +131,8 @@ def test_demo_on_the_memory_backend_admits_exactly_the_expected_counts(tmp_path:
     assert "memory" in result.stdout
     assert "All decisions match the fixed-window arithmetic: OK" in result.stdout
     _check_surfaces(result.stdout)
+    _check_layout(result.stdout)
+    assert "Headers and bodies" not in result.stdout  # only with --verbose
     # One worker: its counters are the server's; they agree with the replay.
     assert "Server counters: /api/quota-stats/ of every worker (1 pid(s)" in result.stdout
 
@@ -72,9 +140,10 @@ def test_demo_on_the_memory_backend_admits_exactly_the_expected_counts(tmp_path:
 def test_demo_on_redis_with_two_workers_admits_exactly_the_expected_counts(
     tmp_path: Path, redis_url: str, redis_client: Any
 ) -> None:
-    result = _demo(tmp_path, redis_url, "--workers", "2")
+    result = _demo(tmp_path, redis_url, "--workers", "2", "--verbose")
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "2 gunicorn sync worker(s)" in result.stdout
     assert "All decisions match the fixed-window arithmetic: OK" in result.stdout
     _check_surfaces(result.stdout)
+    _check_layout(_without_samples(result.stdout))
     assert redis_client.dbsize() > 0  # the counters really lived in this Redis
