@@ -136,3 +136,29 @@ def test_numbers_the_scripts_cannot_take_are_refused_before_any_call() -> None:
 def test_a_value_of_another_length_is_refused() -> None:
     with pytest.raises(ValueError, match="layout"):
         decode_counter(b"\x00" + b"\x00" * 6 + b"\x01", "fixed_window", 1)
+
+
+@pytest.mark.parametrize(
+    ("stored", "windows_reset"),
+    [
+        (b"garbage", 0),  # 103 ledger entries: more than a ledger holds
+        (b"\x09" + b"\x00" * 90, 0),  # 9 entries
+        (b"\x00" * 20, 1),  # a ledger, then numbers of another policy's shape: dropped
+        (b"", 0),
+    ],
+)
+def test_a_string_not_in_the_layout_is_an_honest_failure_and_reset_clears_it(
+    on_redis: Any, redis_client: Any, stored: bytes, windows_reset: int
+) -> None:
+    on_redis(p={"algorithm": "fixed_window", "windows": "5/m"})
+    key = counter_of("p")
+    redis_client.set(key, stored)
+    if stored == b"":  # an empty string holds nothing: no counter
+        assert django_quota.evaluate("p", SUBJECT).remaining == 4
+        return
+    for outcome in (django_quota.peek("p", SUBJECT), django_quota.evaluate("p", SUBJECT)):
+        assert (outcome.decision, outcome.reason) == ("failed_closed", "backend_error")
+    assert redis_client.get(key) == stored  # nothing written over it
+    assert django_quota.reset("p", SUBJECT) == windows_reset
+    assert not redis_client.exists(key)
+    assert django_quota.evaluate("p", SUBJECT).remaining == 4

@@ -231,10 +231,19 @@ for i = 1, n do
   elseif not value then
     value = ''
   end
+  local stride = 1
+  if algorithm == 2 or algorithm == 3 then stride = 2 end
   local ledger_end, last = 1, nil
   if value ~= '' then
-    ledger_end = 1 + ENTRY * byte(value, 1)
-    if #value > ledger_end + 6 then last = u48(value, ledger_end + 7) end
+    local entries = byte(value, 1)
+    ledger_end = 1 + ENTRY * entries
+    local size = #value
+    if size == ledger_end + 12 + 6 * stride * m then
+      last = u48(value, ledger_end + 7)
+    elseif entries > LEDGER_SIZE or size ~= ledger_end + 6 then
+      return redis.error_reply('django-quota: the value at ' .. KEYS[i] ..
+        ' is not a counter of this policy (docs/operations.md); reset it')
+    end
   end
   local effective = now
   if last ~= nil and now < last then
@@ -249,8 +258,6 @@ for i = 1, n do
     log_index = log_index + m
     has_log = true
   end
-  local stride = 1
-  if algorithm == 2 or algorithm == 3 then stride = 2 end
   if algorithm == 2 then has_sliding = true end
   policies[i] = {algorithm, enforce == 1, m, cost, first, value, last, effective, logs, stride,
     ledger_end, false, false}

@@ -11,14 +11,18 @@ Reply (integer): how many windows had state (m when the counter had numbers, els
 Drops the numbers (t and every window's) and deletes the sliding-log lists; the
 evaluation-id ledger and d stay, with the counter's expiry, so that a retry of an
 evaluation charged before the reset still never charges twice. A counter left with
-neither is deleted; so is another type at the key (a hash of an earlier version).
+neither is deleted; so is a value not in that layout and another type at the key (a hash
+of an earlier version).
 ]]
 
 local value = redis.pcall('GET', KEYS[1])
 local with_state = 0
 if type(value) == 'string' then
-  local kept = 1 + 9 * string.byte(value, 1) + 6  -- the ledger's count and entries, and d
-  if #value > kept then
+  local entries = string.byte(value, 1) or 255  -- "" is no counter either
+  local kept = 1 + 9 * entries + 6  -- the ledger's count and entries, and d
+  if entries > 8 or #value < kept then
+    redis.call('DEL', KEYS[1])  -- not a counter's layout: nothing worth keeping
+  elseif #value > kept then
     with_state = tonumber(ARGV[1])
     if kept == 7 and string.sub(value, 2, 7) == '\0\0\0\0\0\0' then
       redis.call('DEL', KEYS[1])
