@@ -75,25 +75,37 @@ def test_the_alert_rules_use_real_families_labels_and_values(quota: Any) -> None
                 assert any(labels[label] != value for labels in samples[name]), (name, label, value)
 
 
-def test_backend_health_keeps_counting_while_the_breaker_is_open(quota: Any) -> None:
-    # The page: an evaluation the open breaker refuses is still counted, as
-    # backend_unavailable, so the failure series keeps growing while requests arrive.
+def test_while_the_breaker_is_open_only_outcomes_keep_counting(quota: Any) -> None:
+    # The page: an evaluation the open breaker refuses makes no backend call, so the
+    # health counter stops at the calls that failed (the probe aside), while the outcomes
+    # counter keeps growing with backend_unavailable for as long as requests arrive.
     from django_quota import limiter
 
     quota(REDIS_URL=dead_redis_url(), FAILURE_MODE="open", POLICIES={"orders": POLICY})
 
-    def failures() -> float:
-        value = prometheus_client.REGISTRY.get_sample_value(
-            "django_quota_backend_health_total",
-            {"backend_mode": "redis", "reason": "backend_unavailable"},
-        )
-        return value or 0.0
+    def sample(name: str, labels: dict[str, str]) -> float:
+        return prometheus_client.REGISTRY.get_sample_value(name, labels) or 0.0
 
-    before = failures()
+    health = (
+        "django_quota_backend_health_total",
+        {"backend_mode": "redis", "reason": "backend_unavailable"},
+    )
+    refused = (
+        "django_quota_outcomes_total",
+        {
+            "backend_mode": "redis",
+            "decision": "failed_open",
+            "policy": "orders",
+            "reason": "backend_unavailable",
+            "selector_dimensions": "user",
+        },
+    )
+    health_before, refused_before = sample(*health), sample(*refused)
     states = []
     for _ in range(limiter.BREAKER_THRESHOLD + 3):
         outcome = django_quota.evaluate("orders", {"user": "ada"})
         assert (outcome.decision, outcome.reason) == ("failed_open", "backend_unavailable")
         states.append(limiter.get_breaker().state)
     assert states[-3:] == ["open"] * 3
-    assert failures() - before == limiter.BREAKER_THRESHOLD + 3
+    assert sample(*health) - health_before == limiter.BREAKER_THRESHOLD
+    assert sample(*refused) - refused_before == limiter.BREAKER_THRESHOLD + 3
