@@ -124,7 +124,8 @@ def _classify(contender: Contender) -> report.Classifier | None:
         return None
 
     def classify(key: str) -> str:
-        return "evaluation-id records" if ":e:" in key else "counter hashes"
+        # A sliding-log list's key has its window's digit right before the hash tag.
+        return "sliding-log lists" if key.split("{", 1)[0][-1:].isdigit() else "counters"
 
     return classify
 

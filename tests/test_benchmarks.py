@@ -203,8 +203,8 @@ def _run_rows() -> list[Row]:
     """A small hand-made run: two django-quota rows with peers, and whole requests."""
     dq_fixed = _named(c.DQ_FIXED, c.DQ, "fixed_window", 272.0, c.DQ_FIXED)
     dq_fixed.footprints = {
-        1: Footprint(1, 152, {"counter hashes": (1, 152)}),
-        100: Footprint(1, 232, {"counter hashes": (1, 232)}),
+        1: Footprint(1, 152, {"counters": (1, 152)}),
+        100: Footprint(1, 232, {"counters": (1, 232)}),
     }
     dq_fixed.exactness = Exactness(admitted=100, limit=100, attempts=400)
     drf_plain = "request: DRF APIView"
@@ -320,7 +320,7 @@ def test_saved_run_round_trips_through_json(tmp_path: Path):
     assert [list(row.command_breakdown) for row in back.rows] == [
         ["pexpire", "hset", "evalsha"] for _ in original.rows
     ]
-    assert back.rows[0].footprints[1].by_kind == {"counter hashes": (1, 152)}
+    assert back.rows[0].footprints[1].by_kind == {"counters": (1, 152)}
     assert back.rows[0].exactness == Exactness(admitted=100, limit=100, attempts=400)
     def printed(run: saved.SavedRun) -> str:
         return report.render(

@@ -2,7 +2,7 @@
 subject, peek, repeated evaluation id) for every algorithm, multi-window policies and
 multi-policy groups. The Lua script on fakeredis and on a real redis-server must return
 exactly what the Python model returns, every field, and store exactly the same state
-(counter hashes, sliding-log lists, and no other key)."""
+(counters, sliding-log lists, and no other key)."""
 
 from __future__ import annotations
 
