@@ -32,7 +32,7 @@ from django_quota.core.admission import NodeGuard
 from django_quota.core.breaker import BreakerError, CircuitBreaker
 from django_quota.core.errors import BackendError
 from django_quota.core.identity import Identity, IdentityError, build_identity
-from django_quota.core.model import ALLOWED_UNCHARGED, PolicyCall
+from django_quota.core.model import ALLOWED_UNCHARGED, PACKABLE, PolicyCall
 from django_quota.core.outcome import (
     BACKEND_MODE_FALLBACK,
     BACKEND_TIMEOUT,
@@ -141,6 +141,11 @@ class Compiled:
         return counter_key(prefix, self.policy, identity, self.key_tail)
 
 
+class ClockUnusable(Exception):
+    """``QUOTA["CLOCK"]`` (or a caller's clock) raised or gave no usable time: the group
+    is not sent, its policies take their failure modes with reason ``clock_unsafe``."""
+
+
 @dataclass(slots=True)
 class Prepared:
     """A group ready for one backend call: early outcomes, and the request if any."""
@@ -155,6 +160,8 @@ class Prepared:
     backend_mode: str
     #: Ids whose own windows allowed but whose group was refused: nothing charged.
     group_denied: tuple[str, ...] = ()
+    #: Why the clock could not give a ``now`` (the request is then never sent).
+    clock_error: str | None = None
 
 
 Steps = Generator[Any, Any, list[Outcome]]
@@ -290,8 +297,14 @@ class Limiter:
         """``subject``'s identity for ``policy``'s selector (raises
         :class:`~django_quota.core.identity.IdentityError`). Identities of plain string and
         integer values are remembered (bounded), so a subject's pseudonym is computed
-        once, not once per policy and request."""
+        once, not once per policy and request. Raises ``TypeError`` for a subject that is
+        not a mapping."""
         selector = policy.selector
+        if type(subject) is not dict and not isinstance(subject, Mapping):
+            raise TypeError(
+                "a subject maps dimensions to identity values, e.g. {'ip': '203.0.113.9'}, "
+                f"not a {type(subject).__name__}"
+            )
         items = tuple(subject.items())
         cacheable = True
         for _, value in items:
@@ -319,9 +332,21 @@ class Limiter:
         return identity
 
     def now(self, clock: Clock | None) -> int | None:
-        """The ``now`` (ms) to pass, or None for the backend's clock (Redis ``TIME``)."""
+        """The ``now`` (ms) to pass, or None for the backend's clock (Redis ``TIME``).
+
+        Raises :class:`ClockUnusable` when the clock raises, or returns anything but a
+        number of epoch seconds from 0 to ``2**48`` ms."""
         clock = clock or self.clock
-        return None if clock is None else round(float(clock()) * 1000)
+        if clock is None:
+            return None
+        try:
+            seconds = clock()
+            now_ms = round(float(seconds) * 1000)
+        except Exception as exc:
+            raise ClockUnusable(f"the clock raised {type(exc).__name__}: {exc}") from exc
+        if not 0 <= now_ms < PACKABLE:
+            raise ClockUnusable(f"the clock gave {seconds!r} s, outside 0..2**48 ms")
+        return now_ms
 
     def prepare(
         self,
@@ -385,8 +410,13 @@ class Limiter:
             counters.append(compiled.counter(self.prefix, identity))
             calls.append(compiled.call(cost))
         request = None
+        clock_error = None
         if sent and not refused:
-            now_ms = self.now(clock)
+            try:
+                now_ms = self.now(clock)
+            except ClockUnusable as exc:
+                clock_error = str(exc)
+        if clock_error is None and sent and not refused:
             request = GroupRequest(
                 counters=tuple(counters),
                 calls=tuple(calls),
@@ -409,6 +439,7 @@ class Limiter:
             time.monotonic(),
             peek,
             backend_mode,
+            clock_error=clock_error,
         )
 
     # -- interpret ----------------------------------------------------------------------
@@ -546,6 +577,9 @@ class Limiter:
     def _without_io(self, prepared: Prepared) -> list[Outcome] | None:
         """The outcomes when no backend call is needed (nothing to send, or the memory
         backend's model), else None."""
+        if prepared.clock_error is not None:
+            self.recent_errors.append(BreakerError(time.time(), CLOCK_UNSAFE, prepared.clock_error))
+            return self.failed(prepared, CLOCK_UNSAFE, self.backend_mode)
         if prepared.request is None:
             return [outcome for outcome in prepared.outcomes if outcome is not None]
         if self.local:
@@ -925,6 +959,8 @@ def inspect(policy_id: str, subject: Subject) -> Inspection:
     identity = _identity_or_value_error(policy, subject, "inspect")
     limiter = get_limiter()
     prepared = limiter.prepare([policy], subject, 1, peek=True)
+    if prepared.clock_error is not None:
+        raise BackendError(CLOCK_UNSAFE, f"QUOTA['CLOCK']: {prepared.clock_error}")
     assert prepared.request is not None
     backend = limiter.backend
     reply = backend.evaluate(prepared.request)
@@ -968,8 +1004,13 @@ def probe() -> Probe:
     as every evaluation is (this process's clock, prefix and lifetimes)."""
     limiter = get_limiter()
     subject = {"route": "quota-check"}
-    peeking = limiter.prepare([PROBE_POLICY], subject, 1, peek=True).request
-    charging = limiter.prepare([PROBE_POLICY], subject, 1).request
+    peek, charge = (
+        limiter.prepare([PROBE_POLICY], subject, 1, peek=True),
+        limiter.prepare([PROBE_POLICY], subject, 1),
+    )
+    if peek.clock_error is not None:
+        raise ClockUnusable(peek.clock_error)
+    peeking, charging = peek.request, charge.request
     assert peeking is not None and charging is not None
     return Probe(charging.counters[0], PROBE_POLICY.windows[0].limit, peeking, charging)
 
@@ -978,7 +1019,11 @@ def diagnose() -> list[tuple[str, str, str]]:
     """(check, status, detail) rows about the backend, for ``quota check``: the backend
     runs the :func:`probe` too."""
     backend: Any = get_backend()
-    return list(backend.diagnose(probe()))
+    try:
+        checked = probe()
+    except ClockUnusable as exc:
+        return [("clock", "error", f"QUOTA['CLOCK'] gives no usable time: {exc}")]
+    return list(backend.diagnose(checked))
 
 
 __all__ = [

@@ -52,9 +52,9 @@ _families: dict[str, Any] = {}
 _families_lock = threading.Lock()
 _counts: Counter[tuple[str, str, str]] = Counter()
 _counts_lock = threading.Lock()
-#: prometheus_client children by (policy, decision, reason, backend_mode): labels() is
-#: resolved once per combination, not once per decision.
-_outcome_children: dict[tuple[str, str, str, str], Any] = {}
+#: prometheus_client children by (policy, decision, reason, selector, backend_mode):
+#: labels() is resolved once per combination, not once per decision.
+_outcome_children: dict[tuple[str, str, str, str, str], Any] = {}
 _backend_children: dict[tuple[str, str], tuple[Any, Any]] = {}
 _LOGGED = frozenset({DENIED_DECISION, SHADOW_DENIED, FAILED_CLOSED, FAILED_OPEN})
 
@@ -122,15 +122,14 @@ def record_outcomes(
         with _counts_lock:
             _counts[(outcome.policy, decision, reason)] += 1
         if family is not None:
-            key = (outcome.policy, decision, reason, outcome.backend_mode)
+            # The selector is part of the key: a policy id may come back with another
+            # selector (an edited admin policy, another settings generation).
+            selector = _selector_label(evaluated, outcome.policy)
+            key = (outcome.policy, decision, reason, selector, outcome.backend_mode)
             child = _outcome_children.get(key)
             if child is None:
                 child = family.labels(
-                    outcome.policy,
-                    decision,
-                    reason,
-                    _selector_label(evaluated, outcome.policy),
-                    outcome.backend_mode,
+                    outcome.policy, decision, reason, selector, outcome.backend_mode
                 )
                 _outcome_children[key] = child
             child.inc()

@@ -61,3 +61,57 @@ def test_regression_past_the_bound_is_clock_unsafe(
     assert (outcome.decision, outcome.reason) == (decision, "clock_unsafe")
     clock.set_to(T0 + 9.0)
     assert django_quota.evaluate("p", {"ip": "192.0.2.1"}).decision == "allowed"
+
+
+UNUSABLE = [1e12, -5.0, float("nan"), float("inf"), "soon", None, RuntimeError("clock broke")]
+
+
+@pytest.mark.parametrize("value", UNUSABLE, ids=repr)
+@pytest.mark.parametrize(("mode", "decision"), [("closed", "failed_closed"),
+                                                 ("open", "failed_open")])
+def test_an_unusable_clock_is_clock_unsafe_never_an_exception(
+    configure: Any, value: object, mode: str, decision: str  # noqa: F811
+) -> None:
+    client = configure(CLOCK="tests.clock.unusable",
+                       POLICIES={"p": {"windows": "5/s", "failure_mode": mode}})
+    clock.unusable_value = value
+    try:
+        for outcome in (django_quota.evaluate("p", {"ip": "192.0.2.1"}),
+                        django_quota.peek("p", {"ip": "192.0.2.1"})):
+            assert (outcome.decision, outcome.reason) == (decision, "clock_unsafe")
+        recent = django_quota.limiter.recent_errors()
+        assert recent and recent[-1].reason == "clock_unsafe"
+        assert "the clock" in recent[-1].detail
+    finally:
+        clock.unusable_value = None
+    if client is not None:
+        assert client.keys("*") == []  # nothing was sent
+
+
+def test_an_unusable_clock_answers_503_through_the_middleware_and_fails_quota_check(
+    quota: Any, client: Any
+) -> None:
+    from django.core.management import call_command
+    from django.core.management.base import CommandError
+
+    quota(CLOCK="tests.clock.unusable",
+          POLICIES={"p": {"windows": "5/s", "selector": ["ip"], "routes": ["/items"]}})
+    clock.unusable_value = RuntimeError("clock broke")
+    try:
+        response = client.get("/items/")
+        assert response.status_code == 503
+        assert response.json()["reason"] == "clock_unsafe"
+        with pytest.raises(CommandError, match=r"QUOTA\['CLOCK'\] gives no usable time"):
+            call_command("quota", "check")
+    finally:
+        clock.unusable_value = None
+
+
+@pytest.mark.parametrize("subject", [None, [], "192.0.2.1", 42])
+def test_a_subject_that_is_not_a_mapping_is_a_type_error(
+    configure: Any, subject: object  # noqa: F811
+) -> None:
+    configure(POLICIES={"p": {"windows": "5/s"}})
+    for call in (django_quota.evaluate, django_quota.peek, django_quota.reset):
+        with pytest.raises(TypeError, match="a subject maps dimensions"):
+            call("p", subject)  # type: ignore[operator]

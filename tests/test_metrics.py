@@ -94,6 +94,20 @@ def test_memory_outcomes_are_counted_under_their_own_labels(
     assert_no_identity(quota_logs.text)
 
 
+def test_a_policy_id_back_with_another_selector_is_counted_under_that_selector(
+    quota: Any,
+) -> None:
+    # An admin edit (or another settings generation) can give one policy id a new
+    # selector: its outcomes must go to the new selector's series, not the first one's.
+    quota(CLOCK=CLOCK, POLICIES={"m-reselected": {"windows": "5/m", "selector": ["user"]}})
+    django_quota.evaluate("m-reselected", SUBJECT)
+    by_user = outcome_count("m-reselected", "allowed", "", "user", "memory")
+    quota(CLOCK=CLOCK, POLICIES={"m-reselected": {"windows": "5/m", "selector": ["ip"]}})
+    django_quota.evaluate("m-reselected", SUBJECT)
+    assert outcome_count("m-reselected", "allowed", "", "ip", "memory") == 1
+    assert outcome_count("m-reselected", "allowed", "", "user", "memory") == by_user == 1
+
+
 def test_failures_and_fallback_are_never_folded_together(
     quota: Any, quota_logs: pytest.LogCaptureFixture
 ) -> None:
