@@ -569,36 +569,38 @@ for i = 1, n do
         entries = entries - ENTRY
       end
     end
-    local stamp = mod(policy_now, STAMP)
-    local s1 = floor(stamp / 16777216)
-    stamp = stamp - s1 * 16777216
-    local s2 = floor(stamp / 65536)
-    stamp = stamp - s2 * 65536
-    local s3 = floor(stamp / 256)
-    local head = char(entries / ENTRY + 1) .. sub(value, kept, ledger_end) .. fingerprint
-      .. char(s1, s2, s3, stamp - s3 * 256) .. dropped .. bytes48(policy_now)
-    local parts = {head}
+    -- t as a u48; its low four bytes are the charge time modulo 2^32 (the entry's stamp)
+    local now_bytes = bytes48(policy_now)
+    local ledger = char(entries / ENTRY + 1) .. sub(value, kept, ledger_end) .. fingerprint
+      .. sub(now_bytes, 3, 6) .. dropped .. now_bytes
+    local stored
     for w = 1, m do
       local base = 5 * (w - 1)
       local period = views[base + 4]
+      local numbers
       if algorithm == 3 then
         local deficit = views[base + 1] + call_cost * period
         local whole = floor_div(deficit, period)
-        parts[w + 1] = bytes48(whole) .. bytes48(deficit - whole * period)
+        numbers = bytes48(whole) .. bytes48(deficit - whole * period)
       elseif algorithm == 4 then
         local lv = views[base + 2]
-        parts[w + 1] = bytes48(mod(lv.count + call_cost, LOG_MODULUS))
+        numbers = bytes48(mod(lv.count + call_cost, LOG_MODULUS))
         log_charge(KEYS[policy[9] + w - 1], period, lv, policy_now)
       elseif algorithm == 2 then
-        parts[w + 1] = bytes48(views[base + 1] + call_cost) .. bytes48(views[base + 2])
+        numbers = bytes48(views[base + 1] + call_cost) .. bytes48(views[base + 2])
       else
-        parts[w + 1] = bytes48(views[base + 1] + call_cost)
+        numbers = bytes48(views[base + 1] + call_cost)
+      end
+      if m == 1 then
+        stored = ledger .. numbers
+      else
+        if w == 1 then stored = {ledger} end
+        stored[w + 1] = numbers
       end
     end
+    if m > 1 then stored = table.concat(stored) end
     local lifetime = ttl + grace
     if lifetime < dedup_ttl then lifetime = dedup_ttl end
-    local stored = head
-    if m == 1 then stored = head .. parts[2] else stored = table.concat(parts) end
     redis.call('SET', KEYS[i], stored, 'PX', format('%d', lifetime))
   end
 end
