@@ -63,6 +63,10 @@ CLOCKS = ("redis", "client")
 #: The largest number of seconds a setting takes (about 31.7 years): times travel to the
 #: Redis scripts as milliseconds below 2**48.
 MAX_SECONDS = 1e9
+#: The largest FAILURE_RETRY_AFTER, one day: it is both the 503's Retry-After and the
+#: breaker's cool-down, during which no call reaches Redis, so a larger value is far more
+#: likely a mistake (milliseconds, say) than a wish.
+MAX_FAILURE_RETRY_AFTER = 86400
 #: Settings whose change drops every cached configuration, connection and counter.
 WATCHED_SETTINGS = frozenset({"QUOTA", "SECRET_KEY", "REST_FRAMEWORK", "CACHES", "DEBUG"})
 
@@ -371,7 +375,9 @@ def parse_settings(
         clock = _parse_dotted_path(parser, "CLOCK") or "redis"
 
     failure_mode = parser.choice("FAILURE_MODE", FAILURE_MODES)
-    failure_retry_after = parser.integer("FAILURE_RETRY_AFTER", minimum=1)
+    failure_retry_after = parser.integer(
+        "FAILURE_RETRY_AFTER", minimum=1, maximum=MAX_FAILURE_RETRY_AFTER
+    )
     fallback = parser.get("LOCAL_FALLBACK")
     fallback_enabled, fallback_entries = False, 10000
     if not isinstance(fallback, Mapping) or set(fallback) - {"ENABLED", "MAX_ENTRIES"}:

@@ -146,10 +146,11 @@ QUOTA: dict[str, Any] = {
     "REDIS_URL": REDIS_URL,
     "HMAC_KEY": os.environ.get("QUOTA_HMAC_KEY", "example-only-hmac-key"),
     "KEY_PREFIX": os.environ.get("QUOTA_KEY_PREFIX", "example"),
-    # Fixed windows for the DRF drop-in throttles (the default is the sliding window
-    # counter). The demo checks every decision by replaying epoch-aligned fixed windows
-    # over the send times it recorded; a sliding window counter's estimate depends on
-    # where in its window the server decided, so its admitted count could not be
+    # Fixed windows for the DRF drop-in throttles (the default is "sliding_log", DRF's
+    # own sliding log). The demo checks every decision by replaying epoch-aligned fixed
+    # windows over the send times it recorded, sending nothing near their boundaries; a
+    # sliding log forgets each request one period after the server admitted it, a moment
+    # the client knows only to within a round trip, so its admitted count could not be
     # predicted exactly. Fixed windows are also DRF's own statuses where DRF's timestamps
     # start at a window boundary (docs/drf.md).
     "DRF_ALGORITHM": "fixed_window",

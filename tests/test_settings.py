@@ -379,6 +379,7 @@ def test_number_of_seconds_out_of_range_is_e003(name: str, value: object) -> Non
         ("MAX_INFLIGHT", True),
         ("FAILURE_RETRY_AFTER", 0),
         ("FAILURE_RETRY_AFTER", 0.5),
+        ("FAILURE_RETRY_AFTER", 86401),
         ("MEMORY_MAX_ENTRIES", 0),
         ("HMAC_KEY_VERSION", 0),
         ("HMAC_KEY_VERSION", "1"),

@@ -27,9 +27,10 @@ What the test changes, because a test must:
   stop the server it started if a later step fails, and no pid file is written under
   /var/run), and the next command waits until Redis accepts connections (a person's
   typing gives it that time);
-- ``manage.py runserver`` gets the address ``127.0.0.1:<port>`` and ``--noreload`` (one
-  process, stopped by its id at the end); it runs in the background, its startup output
-  is compared once it has printed as many lines as the page shows;
+- ``manage.py runserver`` gets the address ``127.0.0.1:<port>``; the page itself passes
+  ``--noreload`` (one process, stopped by its id at the end, and the output the page
+  shows). It runs in the background, its startup output is compared once it has printed
+  as many lines as the page shows;
 - commands run with ``bash -c`` in a clean environment: the venv's ``bin`` first on
   ``PATH`` (its ``python`` and ``django-admin``), no ``DJANGO_SETTINGS_MODULE`` from this
   test run, unbuffered Python output so that stdout and stderr interleave as in a
@@ -439,7 +440,9 @@ class Tutorial:
         )
 
     def unsubstitute(self, text: str) -> str:
-        return text.replace(f"127.0.0.1:{self.http_port}", PAGE_ADDRESS)
+        return text.replace(f"127.0.0.1:{self.http_port}", PAGE_ADDRESS).replace(
+            f"127.0.0.1:{self.redis_port}", f"127.0.0.1:{PAGE_REDIS_PORT}"
+        )
 
     def write(self, step: File) -> None:
         path = self.cwd / step.path
@@ -501,7 +504,10 @@ class Tutorial:
         self.compare(command, output)
 
     def start_server(self, command: Command) -> None:
-        line = f"{command.line} 127.0.0.1:{self.http_port} --noreload"
+        # Without --noreload the autoreloader's child would serve and the output would
+        # start with its own line: the page shows the command as it is run here.
+        assert "--noreload" in command.line.split(), f"the page runs {command.line!r}"
+        line = f"{command.line} 127.0.0.1:{self.http_port}"
         with self.server_log.open("wb") as log:
             self.server = subprocess.Popen(
                 ["bash", "-c", f"exec {line}"], cwd=self.cwd, env=self.env, stdout=log,
