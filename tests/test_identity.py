@@ -693,3 +693,20 @@ def test_auto_means_user_else_api_key_else_ip_in_the_core() -> None:
     auto = build_identity(["auto"], {"user": "42"}, hmac_key=KEY, hmac_key_version=1)
     assert auto.dimensions == ("user",)
     assert auto.pseudonym == independent_pseudonym([("user", "42")], KEY)
+
+
+def test_normalised_client_entries_are_remembered_within_a_bound() -> None:
+    from django_quota.core import identity as identity_module
+
+    identity_module._NORMALIZED.clear()
+    for host in range(identity_module.MAX_NORMALIZED + 10):
+        address = f"10.{host // 65536}.{host // 256 % 256}.{host % 256}"
+        assert client_ip(address, None) == address
+    assert 0 < len(identity_module._NORMALIZED) <= identity_module.MAX_NORMALIZED
+    # the same entry under another IPv6 prefix is its own entry
+    assert client_ip("2001:db8::1", None, ipv6_prefix=64) == "2001:db8::/64"
+    assert client_ip("2001:db8::1", None, ipv6_prefix=128) == "2001:db8::1"
+    with pytest.raises(IdentityError):
+        client_ip("10.0.0.256", None)  # a bad entry is never remembered as good
+    with pytest.raises(IdentityError):
+        client_ip("10.0.0.256", None)

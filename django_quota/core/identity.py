@@ -209,6 +209,13 @@ def _forwarded_entries(forwarded_for: str | Sequence[str] | None) -> list[str]:
     return [entry for entry in reversed(header.split(",")) if entry.strip()]
 
 
+#: Client entries already normalised, by (entry, IPv6 prefix): parsing an address twice
+#: with ``ipaddress`` costs more than the rest of a request's subject. Bounded: cleared
+#: when full. Only entries that parse are kept.
+_NORMALIZED: dict[tuple[str, int], str] = {}
+MAX_NORMALIZED = 4096
+
+
 def client_ip(
     remote_addr: str | None,
     forwarded_for: str | Sequence[str] | None,
@@ -239,10 +246,18 @@ def client_ip(
     def normalized(entry: str) -> str:
         if not entry:
             raise IdentityError(IDENTITY_MISSING, "ip")
+        key = (entry, ipv6_prefix)
+        found = _NORMALIZED.get(key)
+        if found is not None:
+            return found
         try:
-            return normalize_ip(str(_parse_entry(entry)), ipv6_prefix)
+            address = normalize_ip(str(_parse_entry(entry)), ipv6_prefix)
         except ValueError:
             raise IdentityError(IDENTITY_INVALID, "ip") from None
+        if len(_NORMALIZED) >= MAX_NORMALIZED:
+            _NORMALIZED.clear()
+        _NORMALIZED[key] = address
+        return address
 
     if proxy_count is not None:
         if proxy_count == 0:
