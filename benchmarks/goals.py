@@ -1,4 +1,5 @@
-"""The goals block: each goal of issue 10 with its figure from this run and PASS or MISS.
+"""The goals block: each engine goal (docs/benchmarks.md) with its figure from this run
+and PASS or MISS.
 
 Printed, never asserted: the figures are timings on a shared machine, except the memory
 and key counts, which do not move from run to run. A goal whose rows were not measured
