@@ -260,16 +260,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.json is not None:
             saved.write(args.json, run)
             print(f"results saved to {args.json}", file=sys.stderr)
-    print(
-        report.render(
-            run.rows,
-            header=run.header,
-            notes=run.notes,
-            args=run.arguments(),
-            cores=run.cores,
-            seconds=run.seconds,
-        )
-    )
+    print(run.report())
     if args.plot is not None:
         from benchmarks import chart
 

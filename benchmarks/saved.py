@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.measure import Exactness, Footprint
-from benchmarks.report import Row
+from benchmarks.report import Row, render
 
 #: What ``format`` says in a file this module writes; another value is refused.
 FORMAT = "django-quota-benchmark/1"
@@ -41,6 +41,17 @@ class SavedRun:
     def arguments(self) -> argparse.Namespace:
         """The options as ``report.render`` reads them from the command line."""
         return argparse.Namespace(**self.settings)
+
+    def report(self) -> str:
+        """The run's printed report (``report.render``), the same measured or saved."""
+        return render(
+            self.rows,
+            header=self.header,
+            notes=self.notes,
+            args=self.arguments(),
+            cores=self.cores,
+            seconds=self.seconds,
+        )
 
 
 def settings_of(args: argparse.Namespace) -> dict[str, int]:

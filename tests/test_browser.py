@@ -122,11 +122,26 @@ class OperatorSurfaceInABrowser(StaticLiveServerTestCase):
 
         return str(self.driver.find_element(By.TAG_NAME, "body").text)
 
+    def submit(self, element: Any) -> None:
+        """Click (or submit) ``element`` and wait until the next page replaced this one:
+        reading the page right after a click may find the old page's body, which goes
+        stale under the reader as the new page arrives."""
+        from selenium.webdriver.common.by import By
+        from selenium.webdriver.support import expected_conditions
+        from selenium.webdriver.support.ui import WebDriverWait
+
+        body = self.driver.find_element(By.TAG_NAME, "body")
+        if element.tag_name == "input" and element.get_attribute("type") != "submit":
+            element.submit()
+        else:
+            element.click()
+        WebDriverWait(self.driver, 10).until(expected_conditions.staleness_of(body))
+
     def log_in(self) -> None:
         self.open("/admin/login/?next=/admin/")
         self.fill("username", "operator")
         self.fill("password", PASSWORD)
-        self.field("password").submit()
+        self.submit(self.field("password"))
         self.assertIn("Site administration", self.driver.title)
 
     def add_policy(self) -> None:
@@ -144,7 +159,7 @@ class OperatorSurfaceInABrowser(StaticLiveServerTestCase):
         self.fill("windows-1-name", "sustained")
         self.fill("windows-1-limit", "100")
         self.fill("windows-1-period", "3600")
-        self.driver.find_element(By.NAME, "_save").click()
+        self.submit(self.driver.find_element(By.NAME, "_save"))
         self.assertIn("was added successfully", self.text())
 
     def screenshot(self, path: Path) -> None:
@@ -214,7 +229,7 @@ class OperatorSurfaceInABrowser(StaticLiveServerTestCase):
         self.open("/admin/login/?next=/admin/")
         self.fill("username", username)
         self.fill("password", PASSWORD)
-        self.field("password").submit()
+        self.submit(self.field("password"))
 
     def test_a_view_only_operator_reads_policies_and_status_but_changes_nothing(self) -> None:
         from django.contrib.auth.models import Permission
