@@ -92,3 +92,20 @@ def test_no_file_cites_a_contract_users_do_not_have() -> None:
         for number, line in citations_in(text):
             cited.append(f"{path.relative_to(ROOT)}:{number}: {line}")
     assert cited == [], "\n".join(cited)
+
+
+#: A script named with its SHA1 in a page (``quota preload`` and ``quota check`` output).
+SCRIPT_SHA1 = re.compile(r"\b(evaluate|reset|refund) ([0-9a-f]{40})\b")
+
+
+def test_the_pages_show_the_scripts_current_sha1() -> None:
+    from django_quota.backends.scripting import sources
+
+    current = {name: source.sha1 for name, source in sources().items()}
+    shown = [
+        (page.name, name, sha1)
+        for page in sorted((ROOT / "docs").glob("*.md"))
+        for name, sha1 in SCRIPT_SHA1.findall(page.read_text())
+    ]
+    assert shown  # the command pages show them
+    assert [row for row in shown if row[2] != current[row[1]]] == []
