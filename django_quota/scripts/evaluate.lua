@@ -573,7 +573,9 @@ for i = 1, n do
     local now_bytes = bytes48(policy_now)
     local ledger = char(entries / ENTRY + 1) .. sub(value, kept, ledger_end) .. fingerprint
       .. sub(now_bytes, 3, 6) .. dropped .. now_bytes
-    local stored
+    local stored = ledger
+    local parts  -- the pieces of a value with several windows (one window: one concat)
+    if m > 1 then parts = {ledger} end
     for w = 1, m do
       local base = 5 * (w - 1)
       local period = views[base + 4]
@@ -591,14 +593,9 @@ for i = 1, n do
       else
         numbers = bytes48(views[base + 1] + call_cost)
       end
-      if m == 1 then
-        stored = ledger .. numbers
-      else
-        if w == 1 then stored = {ledger} end
-        stored[w + 1] = numbers
-      end
+      if parts then parts[w + 1] = numbers else stored = ledger .. numbers end
     end
-    if m > 1 then stored = table.concat(stored) end
+    if parts then stored = table.concat(parts) end
     local lifetime = ttl + grace
     if lifetime < dedup_ttl then lifetime = dedup_ttl end
     redis.call('SET', KEYS[i], stored, 'PX', format('%d', lifetime))
