@@ -205,9 +205,10 @@ if now < 0 then
     now = now + byte(micros, 1) - 48
   end
 end
-local max_regression = u48(packed, 14) - 1
-local dedup_ttl = u48(packed, 22)
-local grace = u48(packed, 30)
+-- DEDUP_TTL and the grace are read when something may be charged or searched for; the
+-- clock bound only when a counter is ahead of now.
+local dedup_ttl, grace = 0, 0
+if not peek then dedup_ttl, grace = u48(packed, 22), u48(packed, 30) end
 
 -- One array per policy: 1 algorithm, 2 enforced, 3 window count, 4 cost, 5 byte of its
 -- first window in the packed arguments, 6 its counter value ('' for none), 7 t (nil for
@@ -247,6 +248,7 @@ for i = 1, n do
   end
   local effective = now
   if last ~= nil and now < last then
+    local max_regression = u48(packed, 14) - 1
     if max_regression >= 0 and last - now > max_regression then
       return {1}
     end
