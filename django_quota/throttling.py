@@ -116,6 +116,22 @@ def parse_drf_rate(rate: object) -> tuple[int, int]:
     (``"1/2-sec"``) too. Raises ``ImproperlyConfigured`` for anything else and for rates
     outside the bounds (a count of 1 to 10**9, a period of 1 s to 366 d).
     """
+    if isinstance(rate, str):
+        found = _parsed_rates.get(rate)
+        if found is None:
+            found = _parse_drf_rate(rate)
+            if len(_parsed_rates) >= 256:
+                _parsed_rates.clear()
+            _parsed_rates[rate] = found
+        return found
+    return _parse_drf_rate(rate)
+
+
+#: Rates already parsed (DRF makes a throttle, which reads its rate, for every request).
+_parsed_rates: dict[str, tuple[int, int]] = {}
+
+
+def _parse_drf_rate(rate: object) -> tuple[int, int]:
     try:
         parsed = parse_rate(rate)
     except ConfigurationError as exc:
