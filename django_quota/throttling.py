@@ -10,6 +10,7 @@ earlier layer already decided for the request.
 
 from __future__ import annotations
 
+import functools
 import logging
 import re
 import threading
@@ -117,18 +118,15 @@ def parse_drf_rate(rate: object) -> tuple[int, int]:
     outside the bounds (a count of 1 to 10**9, a period of 1 s to 366 d).
     """
     if isinstance(rate, str):
-        found = _parsed_rates.get(rate)
-        if found is None:
-            found = _parse_drf_rate(rate)
-            if len(_parsed_rates) >= 256:
-                _parsed_rates.clear()
-            _parsed_rates[rate] = found
-        return found
+        return _parse_drf_rate_text(rate)
     return _parse_drf_rate(rate)
 
 
-#: Rates already parsed (DRF makes a throttle, which reads its rate, for every request).
-_parsed_rates: dict[str, tuple[int, int]] = {}
+@functools.lru_cache(maxsize=256)
+def _parse_drf_rate_text(rate: str) -> tuple[int, int]:
+    """:func:`_parse_drf_rate` remembered: DRF makes a throttle, which reads its rate, for
+    every request. A rate that does not parse raises and is not remembered."""
+    return _parse_drf_rate(rate)
 
 
 def _parse_drf_rate(rate: object) -> tuple[int, int]:

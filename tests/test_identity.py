@@ -698,11 +698,12 @@ def test_auto_means_user_else_api_key_else_ip_in_the_core() -> None:
 def test_normalised_client_entries_are_remembered_within_a_bound() -> None:
     from django_quota.core import identity as identity_module
 
-    identity_module._NORMALIZED.clear()
+    identity_module._normalized_entry.cache_clear()
     for host in range(identity_module.MAX_NORMALIZED + 10):
         address = f"10.{host // 65536}.{host // 256 % 256}.{host % 256}"
         assert client_ip(address, None) == address
-    assert 0 < len(identity_module._NORMALIZED) <= identity_module.MAX_NORMALIZED
+    remembered = identity_module._normalized_entry.cache_info().currsize
+    assert 0 < remembered <= identity_module.MAX_NORMALIZED
     # the same entry under another IPv6 prefix is its own entry
     assert client_ip("2001:db8::1", None, ipv6_prefix=64) == "2001:db8::/64"
     assert client_ip("2001:db8::1", None, ipv6_prefix=128) == "2001:db8::1"

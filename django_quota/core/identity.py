@@ -5,6 +5,7 @@ pseudonym that is the only form of an identity that reaches Redis, logs or metri
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 import hmac
 import ipaddress
@@ -209,11 +210,19 @@ def _forwarded_entries(forwarded_for: str | Sequence[str] | None) -> list[str]:
     return [entry for entry in reversed(header.split(",")) if entry.strip()]
 
 
-#: Client entries already normalised, by (entry, IPv6 prefix): parsing an address twice
-#: with ``ipaddress`` costs more than the rest of a request's subject. Bounded: cleared
-#: when full. Only entries that parse are kept.
-_NORMALIZED: dict[tuple[str, int], str] = {}
+#: How many normalised client entries are remembered (:func:`_normalized_entry`).
 MAX_NORMALIZED = 4096
+
+
+@functools.lru_cache(maxsize=MAX_NORMALIZED)
+def _normalized_entry(entry: str, ipv6_prefix: int) -> str:
+    """One client entry normalised, remembered: parsing an address twice with
+    ``ipaddress`` costs more than the rest of a request's subject. An entry that does not
+    parse raises :class:`IdentityError` and is not remembered."""
+    try:
+        return normalize_ip(str(_parse_entry(entry)), ipv6_prefix)
+    except ValueError:
+        raise IdentityError(IDENTITY_INVALID, "ip") from None
 
 
 def client_ip(
@@ -246,18 +255,7 @@ def client_ip(
     def normalized(entry: str) -> str:
         if not entry:
             raise IdentityError(IDENTITY_MISSING, "ip")
-        key = (entry, ipv6_prefix)
-        found = _NORMALIZED.get(key)
-        if found is not None:
-            return found
-        try:
-            address = normalize_ip(str(_parse_entry(entry)), ipv6_prefix)
-        except ValueError:
-            raise IdentityError(IDENTITY_INVALID, "ip") from None
-        if len(_NORMALIZED) >= MAX_NORMALIZED:
-            _NORMALIZED.clear()
-        _NORMALIZED[key] = address
-        return address
+        return _normalized_entry(entry, ipv6_prefix)
 
     if proxy_count is not None:
         if proxy_count == 0:
