@@ -162,3 +162,44 @@ def test_a_string_not_in_the_layout_is_an_honest_failure_and_reset_clears_it(
     assert django_quota.reset("p", SUBJECT) == windows_reset
     assert not redis_client.exists(key)
     assert django_quota.evaluate("p", SUBJECT).remaining == 4
+
+
+@pytest.mark.parametrize("backend", ["memory", "redis"])
+@pytest.mark.parametrize(
+    ("algorithm", "first_ttl"),
+    [("fixed_window", 61_000), ("sliding_window", 121_000)],  # window (+ period) + grace
+)
+def test_a_charge_in_the_same_windows_keeps_the_expiry_unless_dedup_needs_more(
+    quota: Any, redis_url: str, backend: str, algorithm: str, first_ttl: int
+) -> None:
+    # A 5/m window from START (a minute boundary), the test clock; CLEANUP_GRACE 1 s and
+    # DEDUP_TTL 5 s (the defaults). The expiry follows the server's wall clock, which
+    # hardly moves here, so a kept expiry shows as the first charge's lifetime.
+    clock.set_to(START)
+    quota(
+        BACKEND=backend,
+        REDIS_URL=redis_url,
+        CLOCK="tests.clock.now",
+        POLICIES={"p": {"algorithm": algorithm, "windows": "5/m"}},
+    )
+    ttl_of = limiter.get_backend().ttl_ms
+    slack = 2_000  # ms of real time the test itself may take
+
+    def charge_at(offset_s: float) -> int:
+        clock.set_to(START + offset_s)
+        assert django_quota.evaluate("p", SUBJECT).decision == "allowed"
+        return ttl_of(counter_of("p"))
+
+    try:
+        assert first_ttl - slack < charge_at(0) <= first_ttl
+        # 20 s later, same window: kept (a new PX would give 40 s (+ 60 s) + 1 s).
+        assert first_ttl - slack < charge_at(20) <= first_ttl
+        # 57 s: the window ends in 3 s, less than DEDUP_TTL; the id must live 5 s.
+        if algorithm == "fixed_window":
+            assert 5_000 - slack < charge_at(57) <= 5_000
+        else:  # the sliding window's counter lives a period more: 63 s + 1 s, kept
+            assert first_ttl - slack < charge_at(57) <= first_ttl
+        # 61 s: the next window, a new expiry (59 s (+ 60 s) + 1 s).
+        assert first_ttl - 1_000 - slack < charge_at(61) <= first_ttl - 1_000
+    finally:
+        clock.set_to(START)

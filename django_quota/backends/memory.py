@@ -103,9 +103,16 @@ class MemoryBackend:
                 if new_keys:
                     self._make_room(new_keys, clock_now)
                 for write in group.writes:
-                    # Expiry follows the wall clock, like a Redis TTL, whatever `now` was used.
+                    # Expiry follows the wall clock, like a Redis TTL, whatever `now` was
+                    # used; a write that keeps its expiry keeps the entry's (KEEPTTL).
+                    old = entries[write.index]
+                    expires_at = (
+                        old.expires_at
+                        if write.keep_ttl and old is not None
+                        else clock_now + write.ttl_ms
+                    )
                     self._counters[request.counters[write.index]] = _Entry(
-                        write.state, write.records, clock_now + write.ttl_ms, write.logs
+                        write.state, write.records, expires_at, write.logs
                     )
         return GroupReply(group.status, group.results)
 

@@ -217,13 +217,40 @@ class PolicyResult(NamedTuple):
 class Write(NamedTuple):
     """The new state of policy ``index``'s counter (numbers, and the ledger ``records``),
     with a time to live in milliseconds; a sliding log's new lists in ``logs``, one per
-    window (``()`` for the other algorithms)."""
+    window (``()`` for the other algorithms). ``keep_ttl``: the counter keeps the expiry
+    it has (``SET … KEEPTTL``) instead of ``ttl_ms`` from now, because that expiry is
+    already late enough (:func:`keeps_expiry`)."""
 
     index: int  # type: ignore[assignment]  # the field shadows tuple.index on purpose
     state: State
     ttl_ms: int
     records: bytes = b""
     logs: tuple[Log, ...] = ()
+    keep_ttl: bool = False
+
+
+def keeps_expiry(
+    algorithm: str, windows: Sequence[Window], state: Mapping[str, int], now: int, ttl: int,
+    dedup_ttl_ms: int,
+) -> bool:
+    """Whether a charge at ``now`` may keep the counter's expiry (ms): a fixed window or
+    sliding window counter whose every window is still the one of the stored ``t``, and
+    whose windows outlive ``now`` by ``dedup_ttl_ms`` at least (``ttl``, the longest
+    window time to live from ``now``).
+
+    The charge at ``t`` set the expiry at ``t + max(its ttl + grace, DEDUP_TTL)``, and
+    within the same windows ``t + its ttl`` equals ``now + ttl``: so the kept expiry is at
+    least ``now + ttl`` (the numbers are needed that long) and ``now + DEDUP_TTL`` (the
+    ledger remembers this evaluation that long), whatever the grace was then.
+    """
+    if algorithm != FIXED_WINDOW and algorithm != SLIDING_WINDOW:
+        return False
+    last = state.get("t")
+    if last is None or ttl < dedup_ttl_ms:
+        return False
+    return all(
+        now - now % window.period_ms == last - last % window.period_ms for window in windows
+    )
 
 
 class GroupResult(NamedTuple):
@@ -668,7 +695,8 @@ def evaluate_group(
                     )
                 )
             lifetime = max(ttl + cleanup_grace_ms, dedup_ttl_ms)
-            writes.append(Write(index, state, lifetime, ledger, new_logs))
+            keep = keeps_expiry(call.algorithm, call.windows, seen[index], now, ttl, dedup_ttl_ms)
+            writes.append(Write(index, state, lifetime, ledger, new_logs, keep))
         elif replay:
             # Charged by the earlier evaluation when its ledger holds the id: the cluster
             # backend's refunds count it as charged.

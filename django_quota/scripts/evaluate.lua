@@ -1,9 +1,12 @@
 --[[ evaluate.lua: decide a group of policies atomically (django-quota; docs/arithmetic.md).
 
 Mirrors django_quota/core/model.py function by function; the differential tests hold
-the two to identical replies and identical stored state. Integer arithmetic only: every
-product stays below 2^53 (the policy bounds guarantee it), every division goes through
-floor_div, which corrects the rounding of the double quotient.
+the two to identical replies and identical stored state. Integer arithmetic only, in
+doubles: every operand and product stays below 2^53 in magnitude (the policy bounds
+guarantee it), so floor(a / b) is the exact integer quotient (the rounding error of
+a / b is below 1 / b, the least distance from a non-integer quotient to an integer) and
+a % b, which Lua computes as a - floor(a / b) * b, the exact remainder, non-negative
+for b > 0 (docs/arithmetic.md).
 
 Cost: the script runs on every decision, so it avoids what Redis's Lua makes expensive
 (measured in instructions per call, docs/benchmarks.md): tonumber() on a decimal string
@@ -40,7 +43,8 @@ Reply (integers only):
                      then per window: remaining, reset_after (ms),
                                       retry_after (ms, -1 unless this window denied),
                                       replenish_after (ms until remaining next rises) }
-Writes: for each charged policy, one SET of its counter with PX (its lifetime); a
+Writes: for each charged policy, one SET of its counter with PX (its lifetime), or with
+KEEPTTL when the expiry it has is late enough (model.keeps_expiry); a
 sliding log also, per window: LPUSH of a new event (none when its newest event is at
 now), LTRIM of the events that left (only when some did; DEL instead when all did) and
 PEXPIRE (period + grace: until the unit just recorded leaves). A denial, a peek and a
@@ -74,46 +78,25 @@ local ENTRY = 9  -- bytes of a ledger entry: 5 of fingerprint, 4 of charge time
 local STAMP = 4294967296
 local LOG_MODULUS = 1000000000000  -- sliding-log counts wrap here (model.LOG_MODULUS)
 
-local function floor_div(a, b)
-  local q = floor(a / b)
-  if q * b > a then
-    q = q - 1
-  elseif (q + 1) * b <= a then
-    q = q + 1
-  end
-  return q
-end
-
--- a - floor_div(a, b) * b in one Lua call instead of two: about 1,300 instructions less
--- per fixed-window decision (callgrind).
-local function mod(a, b)
-  local q = floor(a / b)
-  if q * b > a then
-    q = q - 1
-  elseif (q + 1) * b <= a then
-    q = q + 1
-  end
-  return a - q * b
-end
-
 -- The u48 at byte i of s.
 local function u48(s, i)
   local a, b, c, d, e, f = byte(s, i, i + 5)
   return ((((a * 256 + b) * 256 + c) * 256 + d) * 256 + e) * 256 + f
 end
 
--- x (0 <= x < 2^48) as a u48; divisions by powers of two are exact.
-local function bytes48(x)
-  local b1 = floor(x / 1099511627776)
-  x = x - b1 * 1099511627776
-  local b2 = floor(x / 4294967296)
-  x = x - b2 * 4294967296
-  local b3 = floor(x / 16777216)
-  x = x - b3 * 16777216
-  local b4 = floor(x / 65536)
-  x = x - b4 * 65536
-  local b5 = floor(x / 256)
-  return char(b1, b2, b3, b4, b5, x - b5 * 256)
+-- The six bytes of x (0 <= x < 2^48), most significant first: remainders and exact
+-- divisions by 256, no C call (char(split48(x)) is x as a u48).
+local function split48(x)
+  local b6 = x % 256
+  x = (x - b6) / 256
+  local b5 = x % 256
+  x = (x - b5) / 256
+  local b4 = x % 256
+  x = (x - b4) / 256
+  local b3 = x % 256
+  x = (x - b3) / 256
+  local b2 = x % 256
+  return (x - b2) / 256, b2, b3, b4, b5, b6
 end
 
 local sliding_wait  -- made below for a group with a sliding window counter
@@ -124,7 +107,7 @@ local function window_result(out, at, algorithm, limit, period, capacity, used, 
     cost, charged, replay)
   local remaining, reset_after, retry_after, replenish, ttl
   if algorithm == 1 then
-    reset_after = period - mod(now, period)
+    reset_after = period - now % period
     local count = used
     if charged then count = used + cost end
     retry_after = -1
@@ -137,22 +120,22 @@ local function window_result(out, at, algorithm, limit, period, capacity, used, 
     local capacity_scaled = capacity * period
     local deficit = used
     if charged then deficit = used + cost * period end
-    remaining = floor_div(capacity_scaled - deficit, period)
-    reset_after = -floor_div(-deficit, limit)
+    remaining = floor((capacity_scaled - deficit) / period)
+    reset_after = -floor((-deficit) / limit)
     retry_after = -1
     if used + cost * period > capacity_scaled then
-      retry_after = -floor_div(capacity_scaled - used - cost * period, limit)
+      retry_after = -floor((capacity_scaled - used - cost * period) / limit)
     end
     replenish = 0
     if remaining < capacity then
-      replenish = -floor_div(capacity_scaled - (remaining + 1) * period - deficit, limit)
+      replenish = -floor((capacity_scaled - (remaining + 1) * period - deficit) / limit)
     end
     ttl = reset_after
   else
-    local elapsed = mod(now, period)
+    local elapsed = now % period
     reset_after = period - elapsed
     local cur = used
-    local estimate = floor_div(prev * (period - elapsed), period) + used
+    local estimate = floor((prev * (period - elapsed)) / period) + used
     local counted = estimate
     if charged then
       cur = used + cost
@@ -183,7 +166,11 @@ local fingerprint, packed = ARGV[1], ARGV[2]
 local mode, n_high, n_low = byte(packed, 1, 3)
 local n = n_high * 256 + n_low
 local peek = mode == 2
-local now = u48(packed, 6) - 1
+local now
+do
+  local a, b, c, d, e, f = byte(packed, 6, 11)
+  now = ((((a * 256 + b) * 256 + c) * 256 + d) * 256 + e) * 256 + f - 1
+end
 if now < 0 then
   -- Redis TIME in ms, read from its digits: ten of seconds (until 2286), then the µs
   -- without leading zeros, whose digits but the last three are the whole ms.
@@ -210,21 +197,26 @@ end
 -- DEDUP_TTL and the grace are read when something may be charged or searched for; the
 -- clock bound only when a counter is ahead of now.
 local dedup_ttl, grace = 0, 0
-if not peek then dedup_ttl, grace = u48(packed, 22), u48(packed, 30) end
+if not peek then
+  local a, b, c, d, e, f, _, _, g, h, i, j, k, l = byte(packed, 22, 35)
+  dedup_ttl = ((((a * 256 + b) * 256 + c) * 256 + d) * 256 + e) * 256 + f
+  grace = ((((g * 256 + h) * 256 + i) * 256 + j) * 256 + k) * 256 + l
+end
 
 -- One array per policy: 1 algorithm, 2 enforced, 3 window count, 4 cost, 5 byte of its
 -- first window in the packed arguments, 6 its counter value ('' for none), 7 t (nil for
 -- none), 8 the effective now, 9 KEYS index of its first log, 10 u48s a window (1: c<w>;
--- 2: c<w>, p<w>), 11 byte of the ledger's end (the byte before d), then 12 allowed and
--- 13 the windows' views (set while deciding).
+-- 2: c<w>, p<w>), 11 byte of the ledger's end (the byte before d), then 12 allowed,
+-- 13 the windows' views and 14 whether every window is the stored t's (set while deciding).
 local policies = {nil, nil}  -- nil slots make room ahead (a table grown rehashes)
 local offset = 36
 local log_index = n + 1  -- KEYS index of the next sliding log
 local has_log, has_sliding = false, false
 for i = 1, n do
-  local algorithm, enforce, m_high, m_low = byte(packed, offset, offset + 3)
+  local algorithm, enforce, m_high, m_low, _, _, c1, c2, c3, c4, c5, c6 =
+    byte(packed, offset, offset + 11)
   local m = m_high * 256 + m_low
-  local cost = u48(packed, offset + 6)
+  local cost = ((((c1 * 256 + c2) * 256 + c3) * 256 + c4) * 256 + c5) * 256 + c6
   local first = offset + 12
   offset = first + 24 * m
   local value = redis.pcall('GET', KEYS[i])
@@ -242,7 +234,8 @@ for i = 1, n do
     ledger_end = 1 + ENTRY * entries
     local size = #value
     if size == ledger_end + 12 + 6 * stride * m then
-      last = u48(value, ledger_end + 7)
+      local a, b, c, d, e, f = byte(value, ledger_end + 7, ledger_end + 12)
+      last = ((((a * 256 + b) * 256 + c) * 256 + d) * 256 + e) * 256 + f
     elseif entries > LEDGER_SIZE or size ~= ledger_end + 6 then
       return redis.error_reply('django-quota: the value at ' .. KEYS[i] ..
         ' is not a counter of this policy (docs/operations.md); reset it')
@@ -264,7 +257,7 @@ for i = 1, n do
   end
   if algorithm == 2 then has_sliding = true end
   policies[i] = {algorithm, enforce == 1, m, cost, first, value, last, effective, logs, stride,
-    ledger_end, false, false}
+    ledger_end, false, false, false}
 end
 
 -- The sliding window counter's wait (model.sliding_wait): the smallest t >= 1 (ms) after
@@ -275,7 +268,7 @@ if has_sliding then
     if room >= 0 then
       local needed = 0
       if prev ~= 0 then
-        needed = period - floor_div((room + 1) * period - 1, prev)
+        needed = period - floor(((room + 1) * period - 1) / prev)
       end
       if needed < 0 then needed = 0 end
       if needed < period then
@@ -284,7 +277,7 @@ if has_sliding then
     end
     local offset = 0
     if cur ~= 0 then
-      offset = max(0, period - floor_div((target + 1) * period - 1, cur))
+      offset = max(0, period - floor(((target + 1) * period - 1) / cur))
     end
     return max(1, period - elapsed + offset)
   end
@@ -298,7 +291,7 @@ if mode == 1 then
     for i = 2, ledger_end - 1, ENTRY do
       if sub(value, i, i + 4) == fingerprint then
         local b1, b2, b3, b4 = byte(value, i + 5, i + 8)  -- its charge time modulo 2^32
-        if mod(at_now - (((b1 * 256 + b2) * 256 + b3) * 256 + b4), STAMP) < dedup_ttl then
+        if (at_now - (((b1 * 256 + b2) * 256 + b3) * 256 + b4)) % STAMP < dedup_ttl then
           return true
         end
       end
@@ -341,7 +334,7 @@ if has_log then
   -- time and the oldest inside's (0 when inside is 0); the events stored.
   log_view = function(key, count, at_now, period)
     local size = redis.call('LLEN', key)
-    local events = floor_div(size, 2)
+    local events = floor(size / 2)
     if events == 0 then return {used = 0, inside = 0, newest = 0, oldest = 0, events = 0} end
     local edge = at_now - period  -- a unit recorded at or before it has left
     local newest = tonumber(redis.call('LINDEX', key, '0'))
@@ -354,7 +347,7 @@ if has_log then
       local low, high = 1, events  -- low is inside, high is not
       oldest = newest
       while high - low > 1 do
-        local middle = floor_div(low + high, 2)
+        local middle = floor((low + high) / 2)
         local time = tonumber(redis.call('LINDEX', key, decimal(2 * middle - 2)))
         if time > edge then
           low = middle
@@ -366,7 +359,7 @@ if has_log then
       inside = low
     end
     local before = tonumber(redis.call('LINDEX', key, decimal(2 * inside - 1)))
-    return {used = mod(count - before, LOG_MODULUS), inside = inside, newest = newest,
+    return {used = (count - before) % LOG_MODULUS, inside = inside, newest = newest,
       oldest = oldest, events = events}
   end
 
@@ -377,9 +370,9 @@ if has_log then
     local rank = max(1, limit - cost + 1)
     local low, high = 0, lv.inside  -- events 1..low hold fewer than rank units, 1..high enough
     while high - low > 1 do
-      local middle = floor_div(low + high, 2)
+      local middle = floor((low + high) / 2)
       local before = tonumber(redis.call('LINDEX', key, decimal(2 * middle - 1)))
-      if mod(lv.count - before, LOG_MODULUS) >= rank then
+      if (lv.count - before) % LOG_MODULUS >= rank then
         high = middle
       else
         low = middle
@@ -448,6 +441,9 @@ for i = 1, n do
   local cost = policy[4]
   if peek then cost = 1 end
   local allowed = true
+  -- Whether every window is still the one of the stored t (fixed window and sliding
+  -- window counter only): then a charge may keep the counter's expiry (model.keeps_expiry).
+  local same_windows = last ~= nil and (algorithm == 1 or algorithm == 2)
   local views
   if m == 1 then
     views = {nil, nil, nil, nil, nil}
@@ -456,13 +452,21 @@ for i = 1, n do
   end
   for w = 1, m do
     local at = first + 24 * (w - 1)
-    local limit, period = u48(packed, at + 2), u48(packed, at + 10)
+    local l1, l2, l3, l4, l5, l6, _, _, p1, p2, p3, p4, p5, p6 = byte(packed, at + 2, at + 15)
+    local limit = ((((l1 * 256 + l2) * 256 + l3) * 256 + l4) * 256 + l5) * 256 + l6
+    local period = ((((p1 * 256 + p2) * 256 + p3) * 256 + p4) * 256 + p5) * 256 + p6
     local base = 5 * (w - 1)
     local count, extra = 0, 0
     if last ~= nil then
       local field = numbers + 6 * stride * (w - 1)
-      count = u48(value, field)
-      if stride == 2 then extra = u48(value, field + 6) end
+      if stride == 2 then
+        local a, b, c, d, e, f, g, h, i, j, k, l = byte(value, field, field + 11)
+        count = ((((a * 256 + b) * 256 + c) * 256 + d) * 256 + e) * 256 + f
+        extra = ((((g * 256 + h) * 256 + i) * 256 + j) * 256 + k) * 256 + l
+      else
+        local a, b, c, d, e, f = byte(value, field, field + 5)
+        count = ((((a * 256 + b) * 256 + c) * 256 + d) * 256 + e) * 256 + f
+      end
     end
     if algorithm == 4 then
       local lv = {used = 0, inside = 0, newest = 0, oldest = 0, events = -1}
@@ -479,8 +483,10 @@ for i = 1, n do
       -- bucket's deficit) and prev; then whether cost fits (model._allows).
       local capacity, used, prev = 0, 0, 0
       if algorithm == 1 then
-        if last ~= nil and policy_now - mod(policy_now, period) == last - mod(last, period) then
+        if last ~= nil and policy_now - policy_now % period == last - last % period then
           used = count
+        else
+          same_windows = false
         end
         if used + cost > limit then allowed = false end
       elseif algorithm == 3 then
@@ -488,21 +494,22 @@ for i = 1, n do
         if last ~= nil then
           local deficit = count * period + extra
           local elapsed = policy_now - last
-          if elapsed < -floor_div(-deficit, limit) then used = deficit - elapsed * limit end
+          if elapsed < -floor((-deficit) / limit) then used = deficit - elapsed * limit end
         end
         if used + cost * period > capacity * period then allowed = false end
       else
-        local elapsed = mod(policy_now, period)
+        local elapsed = policy_now % period
         if last ~= nil then
           local start = policy_now - elapsed
-          local stored_start = last - mod(last, period)
+          local stored_start = last - last % period
           if start == stored_start then
             used, prev = count, extra
-          elseif start == stored_start + period then
-            prev = count
+          else
+            same_windows = false
+            if start == stored_start + period then prev = count end
           end
         end
-        if floor_div(prev * (period - elapsed), period) + used + cost > limit then
+        if floor((prev * (period - elapsed)) / period) + used + cost > limit then
           allowed = false
         end
       end
@@ -513,6 +520,7 @@ for i = 1, n do
   end
   policy[12] = allowed
   policy[13] = views
+  policy[14] = same_windows
   if policy[2] and not allowed then commit = false end
 end
 
@@ -567,42 +575,63 @@ for i = 1, n do
       dropped = sub(value, ledger_end + 1, ledger_end + 6)
       if entries >= LEDGER_SIZE * ENTRY then
         local b1, b2, b3, b4 = byte(value, 7, 10)  -- the oldest's charge time modulo 2^32
-        local age = mod(policy_now - (((b1 * 256 + b2) * 256 + b3) * 256 + b4), STAMP)
-        if age < dedup_ttl then dropped = bytes48(policy_now - age + 1) end
+        local age = (policy_now - (((b1 * 256 + b2) * 256 + b3) * 256 + b4)) % STAMP
+        if age < dedup_ttl then dropped = char(split48(policy_now - age + 1)) end
         kept = 2 + ENTRY
         entries = entries - ENTRY
       end
     end
-    -- t as a u48; its low four bytes are the charge time modulo 2^32 (the entry's stamp)
-    local now_bytes = bytes48(policy_now)
-    local ledger = char(entries / ENTRY + 1) .. sub(value, kept, ledger_end) .. fingerprint
-      .. sub(now_bytes, 3, 6) .. dropped .. now_bytes
-    local stored = ledger
-    local parts  -- the pieces of a value with several windows (one window: one concat)
-    if m > 1 then parts = {ledger} end
+    -- The numbers of each window (a, and b for the sliding window counter and the token
+    -- bucket), as u48s; with one window they join t in a single char() call.
+    local a, b, numbers
     for w = 1, m do
       local base = 5 * (w - 1)
       local period = views[base + 4]
-      local numbers
       if algorithm == 3 then
         local deficit = views[base + 1] + call_cost * period
-        local whole = floor_div(deficit, period)
-        numbers = bytes48(whole) .. bytes48(deficit - whole * period)
+        a = floor(deficit / period)
+        b = deficit - a * period
       elseif algorithm == 4 then
         local lv = views[base + 2]
-        numbers = bytes48(mod(lv.count + call_cost, LOG_MODULUS))
+        a = (lv.count + call_cost) % LOG_MODULUS
         log_charge(KEYS[policy[9] + w - 1], period, lv, policy_now)
       elseif algorithm == 2 then
-        numbers = bytes48(views[base + 1] + call_cost) .. bytes48(views[base + 2])
+        a, b = views[base + 1] + call_cost, views[base + 2]
       else
-        numbers = bytes48(views[base + 1] + call_cost)
+        a = views[base + 1] + call_cost
       end
-      if parts then parts[w + 1] = numbers else stored = ledger .. numbers end
+      if m > 1 then
+        if w == 1 then numbers = {} end
+        numbers[w] = char(split48(a))
+        if b then numbers[w] = numbers[w] .. char(split48(b)) end
+      end
     end
-    if parts then stored = table.concat(parts) end
-    local lifetime = ttl + grace
-    if lifetime < dedup_ttl then lifetime = dedup_ttl end
-    redis.call('SET', KEYS[i], stored, 'PX', format('%d', lifetime))
+    -- t as a u48; its low four bytes are the charge time modulo 2^32 (the entry's stamp)
+    local t1, t2, t3, t4, t5, t6 = split48(policy_now)
+    local head = char(entries / ENTRY + 1)
+    local stamp = char(t3, t4, t5, t6)
+    local stored
+    if m > 1 then
+      stored = head .. sub(value, kept, ledger_end) .. fingerprint .. stamp .. dropped
+        .. char(t1, t2, t3, t4, t5, t6) .. table.concat(numbers)
+    else
+      local a1, a2, a3, a4, a5, a6 = split48(a)
+      if b then
+        stored = head .. sub(value, kept, ledger_end) .. fingerprint .. stamp .. dropped
+          .. char(t1, t2, t3, t4, t5, t6, a1, a2, a3, a4, a5, a6, split48(b))
+      else
+        stored = head .. sub(value, kept, ledger_end) .. fingerprint .. stamp .. dropped
+          .. char(t1, t2, t3, t4, t5, t6, a1, a2, a3, a4, a5, a6)
+      end
+    end
+    if policy[14] and ttl >= dedup_ttl then
+      -- The expiry set by the charge at t is late enough (model.keeps_expiry).
+      redis.call('SET', KEYS[i], stored, 'KEEPTTL')
+    else
+      local lifetime = ttl + grace
+      if lifetime < dedup_ttl then lifetime = dedup_ttl end
+      redis.call('SET', KEYS[i], stored, 'PX', format('%d', lifetime))
+    end
   end
 end
 return reply
