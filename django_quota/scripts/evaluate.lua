@@ -78,12 +78,6 @@ local ENTRY = 9  -- bytes of a ledger entry: 5 of fingerprint, 4 of charge time
 local STAMP = 4294967296
 local LOG_MODULUS = 1000000000000  -- sliding-log counts wrap here (model.LOG_MODULUS)
 
--- The u48 at byte i of s.
-local function u48(s, i)
-  local a, b, c, d, e, f = byte(s, i, i + 5)
-  return ((((a * 256 + b) * 256 + c) * 256 + d) * 256 + e) * 256 + f
-end
-
 -- The six bytes of x (0 <= x < 2^48), most significant first: remainders and exact
 -- divisions by 256, no C call (char(split48(x)) is x as a u48).
 local function split48(x)
@@ -100,66 +94,6 @@ local function split48(x)
 end
 
 local sliding_wait  -- made below for a group with a sliding window counter
-
--- Sets out[at + 1 .. at + 4] to remaining, reset_after, retry_after, replenish_after;
--- returns the ttl.
-local function window_result(out, at, algorithm, limit, period, capacity, used, prev, now,
-    cost, charged, replay)
-  local remaining, reset_after, retry_after, replenish, ttl
-  if algorithm == 1 then
-    reset_after = period - now % period
-    local count = used
-    if charged then count = used + cost end
-    retry_after = -1
-    if used + cost > limit then retry_after = reset_after end
-    remaining = 0
-    if count < limit then remaining = limit - count end
-    replenish = reset_after
-    ttl = reset_after
-  elseif algorithm == 3 then
-    local capacity_scaled = capacity * period
-    local deficit = used
-    if charged then deficit = used + cost * period end
-    remaining = floor((capacity_scaled - deficit) / period)
-    reset_after = -floor((-deficit) / limit)
-    retry_after = -1
-    if used + cost * period > capacity_scaled then
-      retry_after = -floor((capacity_scaled - used - cost * period) / limit)
-    end
-    replenish = 0
-    if remaining < capacity then
-      replenish = -floor((capacity_scaled - (remaining + 1) * period - deficit) / limit)
-    end
-    ttl = reset_after
-  else
-    local elapsed = now % period
-    reset_after = period - elapsed
-    local cur = used
-    local estimate = floor((prev * (period - elapsed)) / period) + used
-    local counted = estimate
-    if charged then
-      cur = used + cost
-      counted = estimate + cost
-    end
-    retry_after = -1
-    if estimate + cost > limit then
-      retry_after = sliding_wait(prev, used, elapsed, period, limit - cost)
-    end
-    replenish = 0
-    if counted ~= 0 then
-      replenish = sliding_wait(prev, cur, elapsed, period, counted - 1)
-    end
-    remaining = 0
-    if counted < limit then remaining = limit - counted end
-    ttl = reset_after + period
-  end
-  if replay then retry_after = -1 end
-  out[at + 1] = remaining
-  out[at + 2] = reset_after
-  out[at + 3] = retry_after
-  out[at + 4] = replenish
-  return ttl
-end
 
 local fingerprint, packed = ARGV[1], ARGV[2]
 
@@ -207,7 +141,8 @@ end
 -- first window in the packed arguments, 6 its counter value ('' for none), 7 t (nil for
 -- none), 8 the effective now, 9 KEYS index of its first log, 10 u48s a window (1: c<w>;
 -- 2: c<w>, p<w>), 11 byte of the ledger's end (the byte before d), then 12 allowed,
--- 13 the windows' views and 14 whether every window is the stored t's (set while deciding).
+-- 13 whether every window is the stored t's, and from 14 the windows' views, 5 values
+-- each (set while deciding).
 local policies = {nil, nil}  -- nil slots make room ahead (a table grown rehashes)
 local offset = 36
 local log_index = n + 1  -- KEYS index of the next sliding log
@@ -243,7 +178,8 @@ for i = 1, n do
   end
   local effective = now
   if last ~= nil and now < last then
-    local max_regression = u48(packed, 14) - 1
+    local a, b, c, d, e, f = byte(packed, 14, 19)
+    local max_regression = ((((a * 256 + b) * 256 + c) * 256 + d) * 256 + e) * 256 + f - 1
     if max_regression >= 0 and last - now > max_regression then
       return {1}
     end
@@ -257,7 +193,7 @@ for i = 1, n do
   end
   if algorithm == 2 then has_sliding = true end
   policies[i] = {algorithm, enforce == 1, m, cost, first, value, last, effective, logs, stride,
-    ledger_end, false, false, false}
+    ledger_end, false, false, nil, nil, nil, nil, nil}  -- room for one window's view
 end
 
 -- The sliding window counter's wait (model.sliding_wait): the smallest t >= 1 (ms) after
@@ -313,7 +249,8 @@ if mode == 1 then
     for i = 1, n do
       local policy = policies[i]
       if policy[6] ~= '' then
-        local dropped = u48(policy[6], policy[11] + 1) - 1
+        local a, b, c, d, e, f = byte(policy[6], policy[11] + 1, policy[11] + 6)
+        local dropped = ((((a * 256 + b) * 256 + c) * 256 + d) * 256 + e) * 256 + f - 1
         if dropped >= 0 and policy[8] - dropped < dedup_ttl then
           return {2}
         end
@@ -444,18 +381,13 @@ for i = 1, n do
   -- Whether every window is still the one of the stored t (fixed window and sliding
   -- window counter only): then a charge may keep the counter's expiry (model.keeps_expiry).
   local same_windows = last ~= nil and (algorithm == 1 or algorithm == 2)
-  local views
-  if m == 1 then
-    views = {nil, nil, nil, nil, nil}
-  else
-    views = {nil, nil, nil, nil, nil, nil, nil, nil, nil, nil}
-  end
+  local views = policy  -- the windows' views follow the policy's 13 fields
   for w = 1, m do
     local at = first + 24 * (w - 1)
     local l1, l2, l3, l4, l5, l6, _, _, p1, p2, p3, p4, p5, p6 = byte(packed, at + 2, at + 15)
     local limit = ((((l1 * 256 + l2) * 256 + l3) * 256 + l4) * 256 + l5) * 256 + l6
     local period = ((((p1 * 256 + p2) * 256 + p3) * 256 + p4) * 256 + p5) * 256 + p6
-    local base = 5 * (w - 1)
+    local base = 13 + 5 * (w - 1)
     local count, extra = 0, 0
     if last ~= nil then
       local field = numbers + 6 * stride * (w - 1)
@@ -490,7 +422,8 @@ for i = 1, n do
         end
         if used + cost > limit then allowed = false end
       elseif algorithm == 3 then
-        capacity = u48(packed, at + 18)
+        local a, b, c, d, e, f = byte(packed, at + 18, at + 23)
+        capacity = ((((a * 256 + b) * 256 + c) * 256 + d) * 256 + e) * 256 + f
         if last ~= nil then
           local deficit = count * period + extra
           local elapsed = policy_now - last
@@ -519,8 +452,7 @@ for i = 1, n do
     end
   end
   policy[12] = allowed
-  policy[13] = views
-  policy[14] = same_windows
+  policy[13] = same_windows
   if policy[2] and not allowed then commit = false end
 end
 
@@ -530,7 +462,7 @@ if replay then reply[1] = 3 end
 for i = 1, n do
   local policy = policies[i]
   local algorithm, m, value, policy_now = policy[1], policy[3], policy[6], policy[8]
-  local allowed, views = policy[12], policy[13]
+  local allowed, views = policy[12], policy
   local call_cost = policy[4]
   local cost = call_cost
   if peek then cost = 1 end
@@ -550,14 +482,69 @@ for i = 1, n do
   r = r + 2
   local ttl = 0
   for w = 1, m do
-    local base = 5 * (w - 1)
+    local base = 13 + 5 * (w - 1)
     local window_ttl
     if algorithm == 4 then
       window_ttl = log_result(reply, r, KEYS[policy[9] + w - 1], views[base + 3],
         views[base + 4], views[base + 2], policy_now, cost, charged, replay)
     else
-      window_ttl = window_result(reply, r, algorithm, views[base + 3], views[base + 4],
-        views[base + 5], views[base + 1], views[base + 2], policy_now, cost, charged, replay)
+      -- The window's numbers (model._window_result) into reply[r + 1 .. r + 4].
+      local used, prev, limit, period, capacity = views[base + 1], views[base + 2],
+        views[base + 3], views[base + 4], views[base + 5]
+      local remaining, reset_after, retry_after, replenish, ttl
+      if algorithm == 1 then
+        reset_after = period - policy_now % period
+        local count = used
+        if charged then count = used + cost end
+        retry_after = -1
+        if used + cost > limit then retry_after = reset_after end
+        remaining = 0
+        if count < limit then remaining = limit - count end
+        replenish = reset_after
+        ttl = reset_after
+      elseif algorithm == 3 then
+        local capacity_scaled = capacity * period
+        local deficit = used
+        if charged then deficit = used + cost * period end
+        remaining = floor((capacity_scaled - deficit) / period)
+        reset_after = -floor((-deficit) / limit)
+        retry_after = -1
+        if used + cost * period > capacity_scaled then
+          retry_after = -floor((capacity_scaled - used - cost * period) / limit)
+        end
+        replenish = 0
+        if remaining < capacity then
+          replenish = -floor((capacity_scaled - (remaining + 1) * period - deficit) / limit)
+        end
+        ttl = reset_after
+      else
+        local elapsed = policy_now % period
+        reset_after = period - elapsed
+        local cur = used
+        local estimate = floor((prev * (period - elapsed)) / period) + used
+        local counted = estimate
+        if charged then
+          cur = used + cost
+          counted = estimate + cost
+        end
+        retry_after = -1
+        if estimate + cost > limit then
+          retry_after = sliding_wait(prev, used, elapsed, period, limit - cost)
+        end
+        replenish = 0
+        if counted ~= 0 then
+          replenish = sliding_wait(prev, cur, elapsed, period, counted - 1)
+        end
+        remaining = 0
+        if counted < limit then remaining = limit - counted end
+        ttl = reset_after + period
+      end
+      if replay then retry_after = -1 end
+      reply[r + 1] = remaining
+      reply[r + 2] = reset_after
+      reply[r + 3] = retry_after
+      reply[r + 4] = replenish
+      window_ttl = ttl
     end
     r = r + 4
     if window_ttl > ttl then ttl = window_ttl end
@@ -585,7 +572,7 @@ for i = 1, n do
     -- bucket), as u48s; with one window they join t in a single char() call.
     local a, b, numbers
     for w = 1, m do
-      local base = 5 * (w - 1)
+      local base = 13 + 5 * (w - 1)
       local period = views[base + 4]
       if algorithm == 3 then
         local deficit = views[base + 1] + call_cost * period
@@ -624,7 +611,7 @@ for i = 1, n do
           .. char(t1, t2, t3, t4, t5, t6, a1, a2, a3, a4, a5, a6)
       end
     end
-    if policy[14] and ttl >= dedup_ttl then
+    if policy[13] and ttl >= dedup_ttl then
       -- The expiry set by the charge at t is late enough (model.keeps_expiry).
       redis.call('SET', KEYS[i], stored, 'KEEPTTL')
     else
