@@ -27,6 +27,7 @@ class Slots:
     def __init__(self, size: int) -> None:
         self.size = size
         self._used = 0
+        self._waiting = 0  # threads inside acquire's wait: release notifies only then
         self._condition = threading.Condition(threading.Lock())
 
     @property
@@ -51,12 +52,16 @@ class Slots:
             if timeout <= 0:
                 return False
             deadline = time.monotonic() + timeout
-            while self._used >= self.size:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0 or not self._condition.wait(remaining):
-                    if self._used < self.size:
-                        break
-                    return False
+            self._waiting += 1
+            try:
+                while self._used >= self.size:
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0 or not self._condition.wait(remaining):
+                        if self._used < self.size:
+                            break
+                        return False
+            finally:
+                self._waiting -= 1
             self._used += 1
             return True
 
@@ -75,7 +80,8 @@ class Slots:
         """Give a slot back."""
         with self._condition:
             self._used -= 1
-            self._condition.notify()
+            if self._waiting:
+                self._condition.notify()
 
 
 class NodeGuard:
