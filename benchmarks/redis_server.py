@@ -50,8 +50,17 @@ def _die_with_parent() -> None:  # pragma: no cover - runs in the child
 class RedisServer:
     """``with RedisServer() as server: server.url``: a private redis-server."""
 
-    def __init__(self, binary: str = "redis-server") -> None:
+    def __init__(
+        self,
+        binary: str = "redis-server",
+        *,
+        prefix: tuple[str, ...] = (),
+        start_timeout: float = START_TIMEOUT,
+    ) -> None:
         self.binary = binary
+        #: A command the server runs under (``valgrind --tool=callgrind ...``).
+        self.prefix = prefix
+        self.start_timeout = start_timeout
         self.port = 0
         self.process: subprocess.Popen[bytes] | None = None
         self.directory: Path | None = None
@@ -94,6 +103,7 @@ class RedisServer:
         log = self.directory / "redis.log"
         self.process = subprocess.Popen(
             [
+                *self.prefix,
                 self.binary,
                 "--bind",
                 LOOPBACK,
@@ -118,7 +128,7 @@ class RedisServer:
             start_new_session=True,  # Ctrl-C reaches the benchmark, which stops the server
             preexec_fn=_die_with_parent,  # started before any benchmark thread exists
         )
-        deadline = time.monotonic() + START_TIMEOUT
+        deadline = time.monotonic() + self.start_timeout
         client = self.client()
         try:
             while time.monotonic() < deadline:

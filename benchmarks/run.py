@@ -31,11 +31,13 @@ from types import FrameType
 
 import redis
 
-from benchmarks import aio, measure, report, saved
+from benchmarks import aio, instructions, measure, report, saved
 from benchmarks.contenders import BULK, DQ, EXACT, Contender, Decide, all_contenders
 from benchmarks.redis_server import RedisServer
 
 MEMORY_DECISIONS = (1, 100)
+DEFAULT_DECISIONS = 3000
+DEFAULT_COUNTED = instructions.DEFAULT_DECISIONS
 #: Untimed decisions before each timed loop (connections made, scripts loaded).
 WARMUP = 200
 
@@ -62,7 +64,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         description="django-quota against its peers on a private, loopback redis-server.",
     )
     parser.add_argument(
-        "--decisions", type=int, default=3000, help="decisions per row, per loop, per round"
+        "--decisions",
+        type=int,
+        default=None,
+        help="decisions per row, per loop, per round (3000; with --instructions, decisions "
+        "counted per row: 1000)",
     )
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds (median)")
     parser.add_argument("--threads", type=int, default=8, help="threads of the threaded loop")
@@ -96,7 +102,17 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="measure nothing: print the report of a run saved with --json (and chart it "
         "with --plot); the measuring options are then those saved",
     )
+    parser.add_argument(
+        "--instructions",
+        action="store_true",
+        help="measure nothing else: count the server's instructions per decision with "
+        "callgrind (needs valgrind)",
+    )
     args = parser.parse_args(argv)
+    if args.decisions is None:
+        args.decisions = DEFAULT_COUNTED if args.instructions else DEFAULT_DECISIONS
+    if args.instructions and (args.json or args.plot or args.from_json):
+        parser.error("--instructions prints its own table: no --json, --plot or --from-json")
     if args.from_json is not None and args.json is not None:
         parser.error("--json saves a run that is measured; --from-json measures nothing")
     if args.from_json is not None and not args.from_json.is_file():
@@ -249,6 +265,8 @@ def _versions(extra: dict[str, str], redis_version: str) -> list[str]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.instructions:
+        return instructions.run(args)
     if args.from_json is not None:
         try:
             run = saved.read(args.from_json)

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import chart, goals, run, saved, whole_request
+from benchmarks import chart, goals, instructions, run, saved, whole_request
 from benchmarks import contenders as c
 from benchmarks.measure import Exactness, Footprint
 from benchmarks.report import Row
-from tests.conftest import require_redis_server
+from tests.conftest import IN_CI, require_redis_server
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -352,3 +352,85 @@ def test_from_json_reprints_and_plots_a_saved_run_without_measuring(
     assert f"chart drawn to {png}" in err
     assert "redis-server" not in err  # nothing was started
     assert _png_size(png)[0] == 1100
+
+
+# -- --instructions ----------------------------------------------------------------------
+def test_callgrind_totals_are_read_from_the_totals_line_else_the_summary():
+    dump = "version: 1\ncmd: redis-server\nsummary: 1200\ntotals: 1234\n"
+    assert instructions.total_instructions(dump) == 1234
+    assert instructions.total_instructions("summary: 99\n") == 99
+    with pytest.raises(ValueError, match="no totals"):
+        instructions.total_instructions("events: Ir\n")
+
+
+def test_instruction_table_takes_each_ratio_to_limits_row_of_the_same_algorithm():
+    counted = [
+        instructions.Counted("django-quota fixed_window", c.DQ_FIXED, 88_000.0, 4.0),
+        instructions.Counted("django-quota token_bucket", c.DQ_TOKEN, 110_000.0, 4.0),
+        instructions.Counted("django-quota sliding_window", c.DQ_SLIDING, 90_000.0, 4.0),
+        instructions.Counted("limits FixedWindow", c.LIMITS_FIXED, 22_000.0, 2.0),
+    ]
+    lines = instructions.table(counted).splitlines()
+    assert lines[2] == "| django-quota fixed_window | 88,000 | 4.00 | 4.00x limits FixedWindow |"
+    assert lines[3] == "| django-quota token_bucket | 110,000 | 4.00 | 5.00x limits FixedWindow |"
+    assert lines[4] == "| django-quota sliding_window | 90,000 | 4.00 |  |"  # its peer not counted
+    assert lines[5] == "| limits FixedWindow | 22,000 | 2.00 |  |"
+
+
+def test_instructions_count_only_sync_decision_rows_on_redis():
+    rows = [
+        *c.django_quota_contenders("redis://127.0.0.1:1/0", 100),
+        *whole_request.contenders([]),
+    ]
+    kept = {contender.key for contender in instructions.selected(rows, "")}
+    assert c.DQ_FIXED in kept and c.DQ_TWO_POLICIES in kept
+    assert c.DQ_ASYNC_FIXED not in kept  # the same script as fixed_window, awaited
+    assert c.DQ_MEMORY_FIXED not in kept  # no Redis
+    assert not any(key.startswith("request/") for key in kept)
+    assert {contender.key for contender in instructions.selected(rows, "sliding")} == {
+        c.DQ_SLIDING, c.DQ_SLIDING_LOG, c.DQ_TWO_WINDOWS, c.DQ_TWO_POLICIES,
+    }
+
+
+def test_instructions_without_valgrind_says_what_to_install(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+):
+    monkeypatch.setattr(instructions.shutil, "which", lambda tool: None)
+    assert run.main(["--instructions"]) == 2
+    assert capsys.readouterr().err == (
+        "--instructions needs valgrind and callgrind_control "
+        "(Debian: apt-get install valgrind)\n"
+    )
+
+
+def test_instructions_refuse_the_saving_and_charting_options():
+    with pytest.raises(SystemExit):
+        run.parse_args(["--instructions", "--json", "x.json"])
+    assert run.parse_args(["--instructions"]).decisions == instructions.DEFAULT_DECISIONS
+    assert run.parse_args([]).decisions == run.DEFAULT_DECISIONS
+
+
+def test_a_tiny_instruction_count_prints_a_figure_per_row():
+    require_redis_server()
+    if instructions.missing_tools():
+        message = "valgrind not found (install Debian's valgrind)"
+        if IN_CI:
+            pytest.fail(message + "; in CI --instructions must run")
+        pytest.skip(message)
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks", "--instructions", "--decisions", "20",
+         "--subjects", "4", "--only", "fixed_window"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300, check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    rows = [line for line in lines if line.startswith("| ") and "---" not in line]
+    names = [line.split(" | ")[0].lstrip("| ") for line in rows[1:]]
+    assert names == [
+        "django-quota fixed_window",
+        "limits FixedWindow fixed_window",
+        "django-ratelimit fixed_window (cache add + incr)",
+    ]
+    figures = [int(line.split(" | ")[1].replace(",", "")) for line in rows[1:]]
+    assert all(figure > 1_000 for figure in figures)  # a decision runs at least a command
+    assert rows[1].endswith("x limits FixedWindow fixed_window |")
