@@ -97,6 +97,7 @@ class MemoryBackend:
                 may_repeat=request.may_repeat,
                 dedup_ttl_ms=request.dedup_ttl_ms,
                 logs=[() if entry is None else entry.logs for entry in entries],
+                server_clock=request.now_ms is None,
             )
             if group.writes:
                 new_keys = sum(1 for write in group.writes if entries[write.index] is None)

@@ -230,23 +230,32 @@ class Write(NamedTuple):
 
 
 def keeps_expiry(
-    algorithm: str, windows: Sequence[Window], state: Mapping[str, int], now: int, ttl: int,
+    algorithm: str,
+    windows: Sequence[Window],
+    state: Mapping[str, int],
+    now: int,
+    ttl: int,
     dedup_ttl_ms: int,
+    *,
+    server_clock: bool,
 ) -> bool:
-    """Whether a charge at ``now`` may keep the counter's expiry (ms): a fixed window or
-    sliding window counter whose every window is still the one of the stored ``t``, and
-    whose windows outlive ``now`` by ``dedup_ttl_ms`` at least (``ttl``, the longest
-    window time to live from ``now``).
+    """Whether a charge at ``now`` (ms, not clamped to the stored ``t``) may keep the
+    counter's expiry: on the clock the expiry follows (``server_clock``: Redis ``TIME``,
+    or the memory backend's own clock), a fixed window or sliding window counter whose
+    every window is still the one of ``t``, and whose windows outlive ``now`` by
+    ``dedup_ttl_ms`` at least (``ttl``, the longest window time to live from ``now``).
 
-    The charge at ``t`` set the expiry at ``t + max(its ttl + grace, DEDUP_TTL)``, and
-    within the same windows ``t + its ttl`` equals ``now + ttl``: so the kept expiry is at
-    least ``now + ttl`` (the numbers are needed that long) and ``now + DEDUP_TTL`` (the
-    ledger remembers this evaluation that long), whatever the grace was then.
+    The charge at ``t`` set the expiry at ``t + max(its ttl + grace, DEDUP_TTL)`` on that
+    clock, and within the same windows ``t + its ttl`` equals ``now + ttl``: so the kept
+    expiry is at least ``now + ttl`` (the numbers are needed that long) and
+    ``now + DEDUP_TTL`` (the ledger remembers this evaluation that long), whatever the
+    grace was then. A client clock may run slower than the expiry's, or stand still while
+    clamped to ``t``: then every charge sets the expiry afresh.
     """
-    if algorithm != FIXED_WINDOW and algorithm != SLIDING_WINDOW:
+    if not server_clock or (algorithm != FIXED_WINDOW and algorithm != SLIDING_WINDOW):
         return False
     last = state.get("t")
-    if last is None or ttl < dedup_ttl_ms:
+    if last is None or now < last or ttl < dedup_ttl_ms:
         return False
     return all(
         now - now % window.period_ms == last - last % window.period_ms for window in windows
@@ -562,6 +571,7 @@ def evaluate_group(
     may_repeat: bool = False,
     dedup_ttl_ms: int = 5000,
     logs: Sequence[Sequence[Log]] | None = None,
+    server_clock: bool = False,
 ) -> GroupResult:
     """Decide a group of policies at ``now_ms``, atomically.
 
@@ -574,7 +584,8 @@ def evaluate_group(
     allow is charged (shadow ones included), and ``fingerprint`` is appended to each
     charged counter's ledger. A denial charges nothing anywhere. ``may_repeat`` searches
     the ledgers first (module docstring). A charged counter lives ``max(its windows'
-    time to live + cleanup_grace_ms, dedup_ttl_ms)``.
+    time to live + cleanup_grace_ms, dedup_ttl_ms)``, or keeps its expiry
+    (:func:`keeps_expiry`; ``server_clock``: ``now_ms`` is on the clock expiries follow).
     """
     count = len(calls)
     ledgers = records if records is not None else [b""] * count
@@ -695,7 +706,15 @@ def evaluate_group(
                     )
                 )
             lifetime = max(ttl + cleanup_grace_ms, dedup_ttl_ms)
-            keep = keeps_expiry(call.algorithm, call.windows, seen[index], now, ttl, dedup_ttl_ms)
+            keep = keeps_expiry(
+                call.algorithm,
+                call.windows,
+                seen[index],
+                now_ms,
+                ttl,
+                dedup_ttl_ms,
+                server_clock=server_clock,
+            )
             writes.append(Write(index, state, lifetime, ledger, new_logs, keep))
         elif replay:
             # Charged by the earlier evaluation when its ledger holds the id: the cluster

@@ -43,8 +43,8 @@ Reply (integers only):
                      then per window: remaining, reset_after (ms),
                                       retry_after (ms, -1 unless this window denied),
                                       replenish_after (ms until remaining next rises) }
-Writes: for each charged policy, one SET of its counter with PX (its lifetime), or with
-KEEPTTL when the expiry it has is late enough (model.keeps_expiry); a
+Writes: for each charged policy, one SET of its counter with PX (its lifetime), or, on
+the server clock, with KEEPTTL when the expiry it has is late enough (model.keeps_expiry); a
 sliding log also, per window: LPUSH of a new event (none when its newest event is at
 now), LTRIM of the events that left (only when some did; DEL instead when all did) and
 PEXPIRE (period + grace: until the unit just recorded leaves). A denial, a peek and a
@@ -105,6 +105,9 @@ do
   local a, b, c, d, e, f = byte(packed, 6, 11)
   now = ((((a * 256 + b) * 256 + c) * 256 + d) * 256 + e) * 256 + f - 1
 end
+-- Whether now is on the clock expiries follow (Redis TIME): only then may a charge keep
+-- its counter's expiry (model.keeps_expiry).
+local server_clock = now < 0
 if now < 0 then
   -- Redis TIME in ms, read from its digits: ten of seconds (until 2286), then the µs
   -- without leading zeros, whose digits but the last three are the whole ms.
@@ -611,7 +614,7 @@ for i = 1, n do
           .. char(t1, t2, t3, t4, t5, t6, a1, a2, a3, a4, a5, a6)
       end
     end
-    if policy[13] and ttl >= dedup_ttl then
+    if policy[13] and server_clock and policy_now == now and ttl >= dedup_ttl then
       -- The expiry set by the charge at t is late enough (model.keeps_expiry).
       redis.call('SET', KEYS[i], stored, 'KEEPTTL')
     else
