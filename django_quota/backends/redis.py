@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import socket
 import threading
 from collections.abc import Callable, Iterable, Mapping
@@ -115,8 +116,54 @@ class _AsyncMarkConnectFailures:
         return connection
 
 
-class MarkingConnectionPool(_MarkConnectFailures, redis.ConnectionPool):
-    """redis-py's pool, telling connect failures apart."""
+class _IdleStack:
+    """Pool mixin: connections given back wait in a last-in first-out stack of the pool's
+    own, and are taken from it again with the checks redis-py's ``get_connection`` makes
+    (connected; nothing unread, so the server did not close it), without its
+    per-checkout bookkeeping: its lock, four connection-state counters and a release
+    event, 12 µs of a decision's 35 µs of Python here (a loop of 50,000, best of 3),
+    against 2 µs for the checks.
+
+    The stack's connections stay "in use" for redis-py: the pool still creates at most
+    ``max_connections``, ``disconnect()`` still reaches them (the next taker reconnects),
+    and after a fork the child drops the parent's (their ``pid``). redis-py's
+    connection-count metrics, when enabled, count them as in use.
+    """
+
+    _idle: list[Any]
+
+    def get_connection(self, *args: Any, **kwargs: Any) -> Any:
+        idle = self.__dict__.setdefault("_idle", [])
+        pid = os.getpid()
+        while idle:
+            try:
+                connection = idle.pop()  # atomic: no lock needed
+            except IndexError:
+                break
+            if connection.pid != pid:
+                continue  # the parent's, after a fork: redis-py resets the pool itself
+            if connection.is_connected:
+                try:
+                    if not connection.can_read():
+                        return connection
+                except (redis_exceptions.ConnectionError, redis_exceptions.TimeoutError, OSError):
+                    pass
+                connection.disconnect()  # closed by the server, or stray bytes
+            # Back to redis-py, which connects it again (once, its failure marked).
+            super().release(connection)  # type: ignore[misc]
+            break
+        return super().get_connection(*args, **kwargs)  # type: ignore[misc]
+
+    def release(self, connection: Any) -> None:
+        if connection.pid == os.getpid() and self.owns_connection(connection):  # type: ignore[attr-defined]
+            self.__dict__.setdefault("_idle", []).append(connection)
+        else:
+            super().release(connection)  # type: ignore[misc]
+
+
+class MarkingConnectionPool(_IdleStack, _MarkConnectFailures, redis.ConnectionPool):
+    """redis-py's pool, telling connect failures apart, with its own stack of idle
+    connections (:class:`_IdleStack`)."""
 
 
 class MarkingSentinelConnectionPool(_MarkConnectFailures, SentinelConnectionPool):

@@ -1,0 +1,97 @@
+"""The synchronous pool's own stack of idle connections (``backends/redis.py``,
+``_IdleStack``): a connection given back is taken again without redis-py's per-checkout
+bookkeeping, but with its checks, so that one the server closed while idle is replaced
+before anything is written (the decision is made, never ``indeterminate``), the pool never
+creates more than ``MAX_INFLIGHT`` connections, and a forked child never shares its
+parent's socket."""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import Any
+
+import pytest
+
+import django_quota
+from django_quota import limiter
+
+SUBJECT = {"ip": "192.0.2.77"}
+
+
+@pytest.fixture
+def on_redis(quota: Any, redis_url: str) -> Any:
+    quota(REDIS_URL=redis_url, MAX_INFLIGHT=4, POLICIES={"p": {"windows": "1000/h"}})
+    return limiter.get_backend().client.connection_pool
+
+
+def test_a_connection_given_back_is_taken_again(on_redis: Any) -> None:
+    for _ in range(50):
+        assert django_quota.evaluate("p", SUBJECT).decision == "allowed"
+    idle = on_redis._idle
+    assert len(idle) == 1  # one connection did all 50
+    first = idle[0]
+    django_quota.evaluate("p", SUBJECT)
+    assert on_redis._idle == [first]
+    assert len(on_redis._in_use_connections) == 1  # redis-py still counts it as taken
+    assert on_redis._available_connections == []
+
+
+def test_a_connection_the_server_closed_while_idle_is_replaced_before_any_write(
+    on_redis: Any, redis_client: Any
+) -> None:
+    assert django_quota.evaluate("p", SUBJECT).remaining == 999
+    # Close every client connection but the test's own, as a server timeout or restart
+    # of connections would: the idle one now reads as end of file.
+    assert redis_client.client_kill_filter(_type="normal", skipme=True) >= 1
+    outcome = django_quota.evaluate("p", SUBJECT)
+    assert (outcome.decision, outcome.reason, outcome.remaining) == ("allowed", None, 998)
+    # Decided on the first attempt: no failed call (an EVALSHA written into the closed
+    # socket would be indeterminate, and only the retry with the same id would decide).
+    assert list(limiter.get_limiter().recent_errors) == []
+
+
+def test_threads_never_take_more_connections_than_max_inflight(
+    on_redis: Any, redis_client: Any
+) -> None:
+    outcomes: list[str] = []
+
+    def work() -> None:
+        for _ in range(25):
+            outcomes.append(django_quota.evaluate("p", SUBJECT).decision)
+
+    threads = [threading.Thread(target=work) for _ in range(12)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert outcomes.count("allowed") == 300
+    assert len(on_redis._in_use_connections) + len(on_redis._available_connections) <= 4
+    assert 1 <= len(on_redis._idle) <= 4
+    assert django_quota.peek("p", SUBJECT).remaining == 1000 - 300
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_forked_child_makes_its_own_connection(on_redis: Any, redis_client: Any) -> None:
+    django_quota.evaluate("p", SUBJECT)
+    parent_connection = on_redis._idle[0]
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: decide, and say whether it used the parent's connection
+        code = 1
+        try:
+            outcome = django_quota.evaluate("p", SUBJECT)
+            shared = any(c is parent_connection for c in on_redis._idle)
+            os.write(write, f"{outcome.decision} {outcome.remaining} {shared}".encode())
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(write)
+    reported = os.read(read, 100).decode()
+    os.close(read)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert reported == "allowed 998 False"
+    # The parent's connection still works: the child never wrote on its socket.
+    assert on_redis._idle == [parent_connection]
+    assert django_quota.evaluate("p", SUBJECT).remaining == 997
