@@ -7,6 +7,7 @@ parent's socket."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import threading
 from typing import Any
@@ -95,3 +96,26 @@ def test_a_forked_child_makes_its_own_connection(on_redis: Any, redis_client: An
     # The parent's connection still works: the child never wrote on its socket.
     assert on_redis._idle == [parent_connection]
     assert django_quota.evaluate("p", SUBJECT).remaining == 997
+
+
+def test_async_a_connection_given_back_is_taken_again(on_redis: Any) -> None:
+    async def run() -> tuple[int, int]:
+        for _ in range(30):
+            assert (await django_quota.aevaluate("p", SUBJECT)).decision == "allowed"
+        pool = limiter.get_backend()._async().connection_pool
+        return len(pool._idle), len(pool._in_use_connections)
+
+    assert asyncio.run(run()) == (1, 1)  # one connection did all 30
+
+
+def test_async_a_connection_the_server_closed_while_idle_is_replaced_before_any_write(
+    on_redis: Any, redis_client: Any
+) -> None:
+    async def run() -> Any:
+        assert (await django_quota.aevaluate("p", SUBJECT)).remaining == 999
+        assert redis_client.client_kill_filter(_type="normal", skipme=True) >= 1
+        return await django_quota.aevaluate("p", SUBJECT)
+
+    outcome = asyncio.run(run())
+    assert (outcome.decision, outcome.reason, outcome.remaining) == ("allowed", None, 998)
+    assert list(limiter.get_limiter().recent_errors) == []  # decided on the first attempt
