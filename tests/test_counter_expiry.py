@@ -13,7 +13,6 @@ would then come too early for the ledger or the window.
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -257,23 +256,21 @@ def test_lua_sets_the_same_expiry_as_the_model(redis_server: Any) -> None:
     from hypothesis import HealthCheck, given, settings
     from hypothesis import strategies as st
 
-    from tests.test_differential import policy_calls, steps
+    from tests.test_differential import EXAMPLES, policy_calls, steps
 
     client = redis.Redis(host=redis_server.host, port=redis_server.port, db=2)
+    slow = [HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
 
-    @settings(
-        max_examples=int(os.environ.get("QUOTA_DIFFERENTIAL_EXAMPLES", "150")),
-        deadline=None,
-        suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+    @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=slow)
+    @given(
+        group=st.lists(policy_calls(), min_size=1, max_size=3),
+        dedup=st.sampled_from([0, 1_000, 2_000, 5_000, 60_000, 3_600_000]),
+        grace=st.sampled_from([0, 1, 1_000]),
+        data=st.data(),
     )
-    @given(data=st.data())
-    def check(data: Any) -> None:
-        group = data.draw(st.lists(policy_calls(), min_size=1, max_size=3))
-        max_limit = max(window.capacity for _, ws, _ in group for window in ws)
-        sequence = data.draw(steps(min(max_limit, 20)))
-        dedup = data.draw(st.sampled_from([1_000, 2_000, 5_000, 60_000, 3_600_000]))
-        grace = data.draw(st.sampled_from([0, 1, 1_000]))
-        _expiry_run(client, group, sequence, dedup, grace)
+    def check(group: Any, dedup: int, grace: int, data: Any) -> None:
+        longest = max(window.capacity for _, windows, _ in group for window in windows)
+        _expiry_run(client, group, data.draw(steps(min(longest, 20))), dedup, grace)
 
     try:
         check()
