@@ -4,6 +4,7 @@ timing is asserted anywhere: the figures are whatever the machine gives."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import struct
 import subprocess
@@ -426,11 +427,19 @@ def test_a_tiny_instruction_count_prints_a_figure_per_row():
     lines = done.stdout.splitlines()
     rows = [line for line in lines if line.startswith("| ") and "---" not in line]
     names = [line.split(" | ")[0].lstrip("| ") for line in rows[1:]]
-    assert names == [
-        "django-quota fixed_window",
-        "limits FixedWindow fixed_window",
-        "django-ratelimit fixed_window (cache add + incr)",
-    ]
+    # The peers are rows only where the bench extra is installed (scripts/bench does it;
+    # CI's test run does not), and a note says so otherwise.
+    peers = importlib.util.find_spec("limits") is not None
+    expected = ["django-quota fixed_window"]
+    if peers:
+        expected.append("limits FixedWindow fixed_window")
+    if importlib.util.find_spec("django_ratelimit") is not None:
+        expected.append("django-ratelimit fixed_window (cache add + incr)")
+    assert names == expected
     figures = [int(line.split(" | ")[1].replace(",", "")) for line in rows[1:]]
     assert all(figure > 1_000 for figure in figures)  # a decision runs at least a command
-    assert rows[1].endswith("x limits FixedWindow fixed_window |")
+    if peers:
+        assert rows[1].endswith("x limits FixedWindow fixed_window |")
+    else:
+        assert rows[1].endswith(" | 4.00 |  |")  # no peer row: no ratio
+        assert "- limits is not installed (pip install -e '.[bench]'): rows skipped" in lines
