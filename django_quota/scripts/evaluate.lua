@@ -494,7 +494,7 @@ for i = 1, n do
       -- The window's numbers (model._window_result) into reply[r + 1 .. r + 4].
       local used, prev, limit, period, capacity = views[base + 1], views[base + 2],
         views[base + 3], views[base + 4], views[base + 5]
-      local remaining, reset_after, retry_after, replenish, ttl
+      local remaining, reset_after, retry_after, replenish
       if algorithm == 1 then
         reset_after = period - policy_now % period
         local count = used
@@ -504,7 +504,7 @@ for i = 1, n do
         remaining = 0
         if count < limit then remaining = limit - count end
         replenish = reset_after
-        ttl = reset_after
+        window_ttl = reset_after
       elseif algorithm == 3 then
         local capacity_scaled = capacity * period
         local deficit = used
@@ -519,7 +519,7 @@ for i = 1, n do
         if remaining < capacity then
           replenish = -floor((capacity_scaled - (remaining + 1) * period - deficit) / limit)
         end
-        ttl = reset_after
+        window_ttl = reset_after
       else
         local elapsed = policy_now % period
         reset_after = period - elapsed
@@ -540,14 +540,13 @@ for i = 1, n do
         end
         remaining = 0
         if counted < limit then remaining = limit - counted end
-        ttl = reset_after + period
+        window_ttl = reset_after + period
       end
       if replay then retry_after = -1 end
       reply[r + 1] = remaining
       reply[r + 2] = reset_after
       reply[r + 3] = retry_after
       reply[r + 4] = replenish
-      window_ttl = ttl
     end
     r = r + 4
     if window_ttl > ttl then ttl = window_ttl end
