@@ -125,13 +125,14 @@ def count_rows(
                         decide(pool[index % len(pool)])
                     for stale in workdir.glob("callgrind.out*"):
                         stale.unlink()
-                    _control("-z", pid)
+                    # The INFO calls stay outside the counted span; the first one is
+                    # itself in the second one's figures.
                     before = _commands(admin.info("commandstats"))
+                    _control("-z", pid)
                     for index in range(decisions):
                         decide(pool[index % len(pool)])
-                    # INFO itself is one command, counted here and not by callgrind.
-                    commands = _commands(admin.info("commandstats")) - before - 1
                     _control("-d", pid)
+                    commands = _commands(admin.info("commandstats")) - before - 1
                     dumps = sorted(workdir.glob("callgrind.out.*"))
                     if not dumps:
                         raise RuntimeError("callgrind wrote no dump")
