@@ -50,6 +50,10 @@ TIMEOUT = 0.1
 DEADLINE = 0.25
 #: Scheduling slack on a busy CI machine: latency must stay below DEADLINE + SLACK.
 SLACK = 0.5
+#: The same for four threads of traffic across a server stop and restart, the case with
+#: the widest spread: 68-456 ms worst in twelve isolated runs on this 2-core machine, and
+#: 937 ms once inside a full CI run (2026-12-01).
+TRAFFIC_SLACK = 1.0
 PAUSE_MS = 400
 #: For tests of behaviour rather than latency (replays, recoveries): timeouts no
 #: scheduling hiccup of a loaded CI machine reaches.
@@ -528,7 +532,7 @@ def test_server_lost_mid_traffic_never_raises_and_recovers(
     for thread in threads:
         thread.join(timeout=10)
     assert not errors, errors
-    assert slowest[0].seconds < DEADLINE + SLACK, slowest[0]
+    assert slowest[0].seconds < DEADLINE + TRAFFIC_SLACK, slowest[0]
     reasons = {reason for _, reason, _, _ in seen}
     assert reasons <= {None, "indeterminate", "backend_unavailable", "backend_timeout"}, seen
     assert reasons - {None}, "the fault was not observed"
