@@ -130,10 +130,12 @@ class _IdleStack:
     connection-count metrics, when enabled, count them as in use.
     """
 
-    _idle: list[Any]
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._idle: list[Any] = []
 
     def get_connection(self, *args: Any, **kwargs: Any) -> Any:
-        idle = self.__dict__.setdefault("_idle", [])
+        idle = self._idle
         pid = os.getpid()
         while idle:
             try:
@@ -155,8 +157,9 @@ class _IdleStack:
         return super().get_connection(*args, **kwargs)  # type: ignore[misc]
 
     def release(self, connection: Any) -> None:
-        if connection.pid == os.getpid() and self.owns_connection(connection):  # type: ignore[attr-defined]
-            self.__dict__.setdefault("_idle", []).append(connection)
+        # A parent's connection given back in a forked child is skipped when taken.
+        if self.owns_connection(connection):  # type: ignore[attr-defined]
+            self._idle.append(connection)
         else:
             super().release(connection)  # type: ignore[misc]
 
@@ -176,10 +179,12 @@ class _AsyncIdleStack:
     asyncio checkout (its ``asyncio.Lock`` twice, the state counters) cost 10.3 µs here of
     which the checks are about 4."""
 
-    _idle: list[Any]
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._idle: list[Any] = []
 
     async def get_connection(self, *args: Any, **kwargs: Any) -> Any:
-        idle = self.__dict__.setdefault("_idle", [])
+        idle = self._idle
         while idle:
             connection = idle.pop()
             if connection.is_connected and not peer_hung_up(connection):
@@ -194,7 +199,7 @@ class _AsyncIdleStack:
         return await super().get_connection(*args, **kwargs)  # type: ignore[misc]
 
     async def release(self, connection: Any) -> None:
-        self.__dict__.setdefault("_idle", []).append(connection)
+        self._idle.append(connection)
 
 
 class AsyncMarkingConnectionPool(
