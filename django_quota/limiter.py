@@ -417,16 +417,16 @@ class Limiter:
             except ClockUnusable as exc:
                 clock_error = str(exc)
         if clock_error is None and sent and not refused:
-            request = GroupRequest(
-                counters=tuple(counters),
-                calls=tuple(calls),
-                now_ms=now_ms,
-                peek=peek,
-                max_regression_ms=-1 if now_ms is None else self.max_regression_ms,
-                dedup_ttl_ms=self.dedup_ttl_ms,
-                cleanup_grace_ms=self.cleanup_grace_ms,
-                fingerprint=b"" if peek else fingerprint(evaluation_id),
-                may_repeat=caller_id,
+            request = GroupRequest(  # positional: the hot path's cheaper call
+                tuple(counters),
+                tuple(calls),
+                now_ms,
+                peek,
+                -1 if now_ms is None else self.max_regression_ms,
+                self.dedup_ttl_ms,
+                self.cleanup_grace_ms,
+                b"" if peek else fingerprint(evaluation_id),
+                caller_id,
             )
         elif refused:
             sent = []

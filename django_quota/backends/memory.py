@@ -83,24 +83,45 @@ class MemoryBackend:
         """Decide ``request`` with the Python model under the lock (atomic per process)."""
         clock_now = self._clock_ms()
         now_ms = clock_now if request.now_ms is None else request.now_ms
+        counters = self._counters
         with self._lock:
-            entries = [self._entry(key, clock_now) for key in request.counters]
+            entries: list[_Entry | None] = []
+            states: list[State | None] = []
+            records: list[bytes] = []
+            logs: list[tuple[Log, ...]] = []
+            for key in request.counters:
+                entry = counters.get(key)
+                if entry is not None and entry.expires_at <= clock_now:
+                    del counters[key]
+                    entry = None
+                entries.append(entry)
+                if entry is None:
+                    states.append(None)
+                    records.append(b"")
+                    logs.append(())
+                else:
+                    states.append(entry.state)
+                    records.append(entry.records)
+                    logs.append(entry.logs)
             group = evaluate_group(
                 request.calls,
-                [None if entry is None else entry.state for entry in entries],
+                states,
                 now_ms,
                 peek=request.peek,
                 max_regression_ms=request.max_regression_ms,
                 cleanup_grace_ms=request.cleanup_grace_ms,
-                records=[b"" if entry is None else entry.records for entry in entries],
+                records=records,
                 fingerprint=request.fingerprint,
                 may_repeat=request.may_repeat,
                 dedup_ttl_ms=request.dedup_ttl_ms,
-                logs=[() if entry is None else entry.logs for entry in entries],
+                logs=logs,
                 server_clock=request.now_ms is None,
             )
             if group.writes:
-                new_keys = sum(1 for write in group.writes if entries[write.index] is None)
+                new_keys = 0
+                for write in group.writes:
+                    if entries[write.index] is None:
+                        new_keys += 1
                 if new_keys:
                     self._make_room(new_keys, clock_now)
                 for write in group.writes:

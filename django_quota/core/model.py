@@ -89,6 +89,10 @@ FINGERPRINT_BYTES = 5
 #: Bytes of one ledger entry: the fingerprint, then the charge time modulo 2**32 ms.
 ENTRY_BYTES = FINGERPRINT_BYTES + 4
 STAMP_MODULUS = 2**32
+#: Bytes of a full ledger.
+LEDGER_FULL = LEDGER_SIZE * ENTRY_BYTES
+#: An entry's charge time (modulo 2**32 ms), as it is stored.
+_STAMP = struct.Struct(">I")
 
 ALGORITHM_CODES = {FIXED_WINDOW: 1, SLIDING_WINDOW: 2, TOKEN_BUCKET: 3, SLIDING_LOG: 4}
 
@@ -257,9 +261,11 @@ def keeps_expiry(
     last = state.get("t")
     if last is None or now < last or ttl < dedup_ttl_ms:
         return False
-    return all(
-        now - now % window.period_ms == last - last % window.period_ms for window in windows
-    )
+    for window in windows:
+        period = window.period_ms
+        if now - now % period != last - last % period:
+            return False
+    return True
 
 
 class GroupResult(NamedTuple):
@@ -509,21 +515,24 @@ def _charged_state(
 ) -> State:
     """The counter's numbers after charging ``call.cost``: the ones the script's ``SET``
     writes over the stored ones (``d`` stays)."""
-    state: State = dict(old)
+    state: State = {**old}
     state["t"] = now
+    algorithm, cost = call.algorithm, call.cost
     for index, (window, (used, prev)) in enumerate(zip(call.windows, views, strict=True), 1):
-        if call.algorithm == TOKEN_BUCKET:
-            deficit = used + call.cost * window.period_ms
-            whole = floor_div(deficit, window.period_ms)
+        if algorithm == FIXED_WINDOW:
+            state[COUNT_FIELDS[index]] = used + cost
+        elif algorithm == SLIDING_WINDOW:
+            state[COUNT_FIELDS[index]] = used + cost
+            state[EXTRA_FIELDS[index]] = prev
+        elif algorithm == TOKEN_BUCKET:
+            period = window.period_ms
+            deficit = used + cost * period
+            whole = floor_div(deficit, period)
             state[COUNT_FIELDS[index]] = whole
-            state[EXTRA_FIELDS[index]] = deficit - whole * window.period_ms
-        elif call.algorithm == SLIDING_LOG:
+            state[EXTRA_FIELDS[index]] = deficit - whole * period
+        else:  # sliding log
             count = old.get(COUNT_FIELDS[index], 0)
-            state[COUNT_FIELDS[index]] = (count + call.cost) % LOG_MODULUS
-        else:
-            state[COUNT_FIELDS[index]] = used + call.cost
-            if call.algorithm == SLIDING_WINDOW:
-                state[EXTRA_FIELDS[index]] = prev
+            state[COUNT_FIELDS[index]] = (count + cost) % LOG_MODULUS
     return state
 
 
@@ -551,11 +560,16 @@ def appended(
     """The ledger with ``fingerprint`` charged at ``now`` appended, the oldest entry
     dropped when full; and that entry's charge time when it was younger than
     ``dedup_ttl_ms`` (else None)."""
-    entry = fingerprint + (now % STAMP_MODULUS).to_bytes(4, "big")
-    if len(records) < LEDGER_SIZE * ENTRY_BYTES:
+    stamp = now % STAMP_MODULUS
+    entry = fingerprint + _STAMP.pack(stamp)
+    if len(records) < LEDGER_FULL:
         return records + entry, None
-    age = _stamp_age(records, 0, now)
+    age = (stamp - _STAMP.unpack_from(records, FINGERPRINT_BYTES)[0]) % STAMP_MODULUS
     return records[ENTRY_BYTES:] + entry, (now - age if age < dedup_ttl_ms else None)
+
+
+#: The state of a counter that does not exist.
+_EMPTY: Mapping[str, int] = {}
 
 
 def evaluate_group(
@@ -589,10 +603,14 @@ def evaluate_group(
     """
     count = len(calls)
     ledgers = records if records is not None else [b""] * count
-    empty: Mapping[str, int] = {}
-    seen = [empty if state is None else state for state in states]
-    nows = []
-    for state in seen:
+    seen: list[Mapping[str, int]] = []
+    nows: list[int] = []
+    for state in states:
+        if state is None:
+            seen.append(_EMPTY)
+            nows.append(now_ms)
+            continue
+        seen.append(state)
         last = state.get("t")
         if last is not None and now_ms < last:
             if max_regression_ms >= 0 and last - now_ms > max_regression_ms:
@@ -616,10 +634,8 @@ def evaluate_group(
 
     views: list[list[tuple[int, int]]] = []
     own_allows: list[bool] = []
-    # Sliding logs: per policy, each window's stored count, list and view (else empty).
-    log_counts: list[list[int]] = []
-    log_lists: list[list[Log]] = []
-    log_views: list[list[LogView]] = []
+    # Sliding logs, by policy number: each window's stored count, list and view.
+    sliding_logs: dict[int, tuple[list[int], list[Log], list[LogView]]] = {}
     commit = not peek and not replay
     for number in range(count):
         call = calls[number]
@@ -638,14 +654,11 @@ def evaluate_group(
                 ]
             else:  # no numbers: whatever a list holds is not this counter's
                 seen_logs = [LogView(0, 0, 0, 0, -1) for _ in call.windows]
-            log_counts.append(counts)
-            log_lists.append(lists)
-            log_views.append(seen_logs)
+            sliding_logs[number] = (counts, lists, seen_logs)
             policy_views = [(view.used, 0) for view in seen_logs]
+        elif len(call.windows) == 1:
+            policy_views = [_view(algorithm, call.windows[0], 1, state, now)]
         else:
-            log_counts.append([])
-            log_lists.append([])
-            log_views.append([])
             policy_views = [
                 _view(algorithm, window, position, state, now)
                 for position, window in enumerate(call.windows, 1)
@@ -664,27 +677,29 @@ def evaluate_group(
     writes = []
     for index in range(count):
         call = calls[index]
+        algorithm = call.algorithm
         now = nows[index]
         cost = 1 if peek else call.cost
         charged = commit and own_allows[index] and call.cost > 0
         window_results = []
         ttl = 0
+        log_data = sliding_logs.get(index)
         for number, (window, (used, prev)) in enumerate(
             zip(call.windows, views[index], strict=True)
         ):
-            if call.algorithm == SLIDING_LOG:
+            if log_data is not None:
                 result, window_ttl = _log_result(
                     window,
-                    log_views[index][number],
-                    log_counts[index][number],
-                    log_lists[index][number],
+                    log_data[2][number],
+                    log_data[0][number],
+                    log_data[1][number],
                     now,
                     cost,
                     charged,
                 )
             else:
                 result, window_ttl = _window_result(
-                    call.algorithm, window, used, prev, now, cost, charged
+                    algorithm, window, used, prev, now, cost, charged
                 )
             if replay:
                 result = result._replace(retry_after_ms=-1)
@@ -698,16 +713,16 @@ def evaluate_group(
             if dropped_at is not None:
                 state["d"] = dropped_at
             new_logs: tuple[Log, ...] = ()
-            if call.algorithm == SLIDING_LOG:
+            if log_data is not None:
                 new_logs = tuple(
                     _charged_log(view, count, log, now)
-                    for view, count, log in zip(
-                        log_views[index], log_counts[index], log_lists[index], strict=True
-                    )
+                    for view, count, log in zip(log_data[2], log_data[0], log_data[1], strict=True)
                 )
-            lifetime = max(ttl + cleanup_grace_ms, dedup_ttl_ms)
+            lifetime = ttl + cleanup_grace_ms
+            if lifetime < dedup_ttl_ms:
+                lifetime = dedup_ttl_ms
             keep = keeps_expiry(
-                call.algorithm,
+                algorithm,
                 call.windows,
                 seen[index],
                 now_ms,

@@ -4,7 +4,9 @@ and the rules that turn a script's per-window numbers into one :class:`Outcome`
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
+from typing import Any
 
 from django_quota.core.model import DENIED, PolicyResult
 from django_quota.core.policy import Policy
@@ -136,6 +138,39 @@ class Outcome:
         return next((w for w in self.windows if w.name == self.window), None)
 
 
+def _fast_init(cls: type[Any]) -> None:
+    """Give the frozen, slotted dataclass ``cls`` an ``__init__`` that stores each field
+    through its slot's descriptor instead of ``object.__setattr__``, as the one
+    ``dataclass`` generates does: the same parameters, order and defaults (generated from
+    ``dataclasses.fields`` the way ``dataclass`` generates its own), less than half the
+    cost (one :class:`Outcome` and one :class:`WindowState` are built per decision:
+    ``docs/benchmarks.md``). Instances stay frozen: assigning a field still raises
+    ``dataclasses.FrozenInstanceError``."""
+    namespace: dict[str, Any] = {}
+    parameters = []
+    body = []
+    for number, item in enumerate(dataclasses.fields(cls)):
+        namespace[f"_set{number}"] = cls.__dict__[item.name].__set__
+        if item.default is dataclasses.MISSING:
+            parameters.append(item.name)
+        else:
+            namespace[f"_default{number}"] = item.default
+            parameters.append(f"{item.name}=_default{number}")
+        body.append(f"    _set{number}(self, {item.name})\n")
+    source = f"def __init__(self, {', '.join(parameters)}):\n{''.join(body)}"
+    exec(source, namespace)  # the source is built from the class's own field names
+    init = namespace["__init__"]
+    init.__qualname__ = f"{cls.__qualname__}.__init__"
+    init.__module__ = cls.__module__
+    init.__doc__ = cls.__init__.__doc__
+    init.__annotations__ = dict(cls.__init__.__annotations__)
+    cls.__init__ = init
+
+
+_fast_init(WindowState)
+_fast_init(Outcome)
+
+
 def outcome_from_result(
     policy: Policy, result: PolicyResult, *, backend_mode: str, evaluation_id: str
 ) -> Outcome:
@@ -146,6 +181,18 @@ def outcome_from_result(
     ``remaining`` (ties: larger ``reset_after``, then declaration order).
     """
     token_bucket = policy.algorithm == "token_bucket"
+    if len(policy.windows) == 1 and len(result.windows) == 1:  # the common shape, unrolled
+        window, numbers = policy.windows[0], result.windows[0]
+        reported = WindowState(
+            window.name,
+            window.capacity if token_bucket else window.limit,
+            window.period_ms / 1000,
+            numbers.remaining,
+            numbers.reset_after_ms / 1000,
+            None if numbers.retry_after_ms < 0 else numbers.retry_after_ms / 1000,
+            numbers.replenish_after_ms / 1000,
+        )
+        return _outcome(policy, result.status, reported, (reported,), backend_mode, evaluation_id)
     states = [
         WindowState(
             window.name,
@@ -158,9 +205,7 @@ def outcome_from_result(
         )
         for window, numbers in zip(policy.windows, result.windows, strict=True)
     ]
-    if len(states) == 1:
-        chosen = 0
-    elif result.status == DENIED:
+    if result.status == DENIED:
         chosen = min(
             (i for i, numbers in enumerate(result.windows) if numbers.retry_after_ms >= 0),
             key=lambda i: (-result.windows[i].retry_after_ms, -policy.windows[i].period_ms, i),
@@ -170,8 +215,20 @@ def outcome_from_result(
             range(len(states)),
             key=lambda i: (result.windows[i].remaining, -result.windows[i].reset_after_ms, i),
         )
-    reported = states[chosen]
-    if result.status == DENIED:
+    return _outcome(
+        policy, result.status, states[chosen], tuple(states), backend_mode, evaluation_id
+    )
+
+
+def _outcome(
+    policy: Policy,
+    status: int,
+    reported: WindowState,
+    states: tuple[WindowState, ...],
+    backend_mode: str,
+    evaluation_id: str,
+) -> Outcome:
+    if status == DENIED:
         decision = SHADOW_DENIED if policy.shadow else DENIED_DECISION
         reason: str | None = reported.name + QUOTA_EXHAUSTED_SUFFIX
         retry_after = reported.retry_after
@@ -186,7 +243,7 @@ def outcome_from_result(
         reported.remaining,
         reported.reset_after,
         retry_after,
-        tuple(states),
+        states,
         policy.certainty,
         backend_mode,
         evaluation_id,

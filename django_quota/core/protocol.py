@@ -148,6 +148,29 @@ def fingerprint(evaluation_id: str) -> bytes:
 
 
 
+#: Packed headers of the server clock's groups (no ``now`` in them): a handful per
+#: process (mode, policy count and the settings' lifetimes), packed once each.
+_HEADERS: dict[tuple[int, ...], bytes] = {}
+
+
+def _pack_header(fields: tuple[int, ...]) -> bytes:
+    mode, count, now, regression, dedup_ttl, grace = fields
+    try:
+        header = PACKED_HEADER.pack(
+            mode,
+            count,
+            0 if now == 0 else check_packable(now - 1) + 1,
+            check_packable(regression),
+            check_packable(dedup_ttl),
+            check_packable(grace),
+        )
+    except struct.error as exc:
+        raise ValueError(f"cannot pack this group for evaluate.lua: {exc}") from exc
+    if now == 0 and len(_HEADERS) < 64:
+        _HEADERS[fields] = header
+    return header
+
+
 class GroupRequest(NamedTuple):
     """Everything a backend needs to decide a group of policies in one call.
 
@@ -187,17 +210,17 @@ class GroupRequest(NamedTuple):
         """ARGV for ``evaluate.lua`` (see its header): the fingerprint, then every number
         packed in one string. Raises ``ValueError`` for more than 65,535 policies or a
         time outside 0..2**48 ms."""
-        try:
-            header = PACKED_HEADER.pack(
-                self.mode,
-                len(self.calls),
-                0 if self.now_ms is None else check_packable(self.now_ms) + 1,
-                check_packable(self.max_regression_ms + 1),
-                check_packable(self.dedup_ttl_ms),
-                check_packable(self.cleanup_grace_ms),
-            )
-        except struct.error as exc:
-            raise ValueError(f"cannot pack this group for evaluate.lua: {exc}") from exc
+        fields = (
+            self.mode,
+            len(self.calls),
+            0 if self.now_ms is None else self.now_ms + 1,
+            self.max_regression_ms + 1,
+            self.dedup_ttl_ms,
+            self.cleanup_grace_ms,
+        )
+        header = _HEADERS.get(fields)
+        if header is None:
+            header = _pack_header(fields)
         if len(self.calls) == 1:
             packed = header + self.calls[0].packed
         else:
