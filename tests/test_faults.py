@@ -867,3 +867,41 @@ def test_async_twin_classifies_faults_as_the_sync_path(
     )
     ledger = read_ledger(env.admin, PERIOD_MS)
     assert not ledger.dropped and ledger.counts == ledger.charged
+
+
+NEW_CONNECTION_FAULTS = [fault for fault in FAULTS if not fault.pooled]
+
+
+@pytest.mark.parametrize(
+    "fault", NEW_CONNECTION_FAULTS, ids=[fault.name for fault in NEW_CONNECTION_FAULTS]
+)
+def test_async_new_connection_faults_are_classified_as_the_sync_path(
+    env: Env, quota: Any, fault: Fault
+) -> None:
+    """A new event loop makes a new async client, so its first call connects: the one
+    ``asyncio.timeout`` of ``asend`` that bounds the checkout too must give a fault
+    before ``EVALSHA`` was written its reason (``backend_timeout`` for a connect or
+    handshake that never answers), as the sync path's socket timeouts do."""
+    configure(quota, env.proxy.url if fault.through_proxy else env.server.url)
+    reason = fault.reason(env) if callable(fault.reason) else fault.reason
+    fault.inject(env)
+    try:
+        started = time.monotonic()
+        outcome = asyncio.run(django_quota.aevaluate("p", SUBJECT))
+        seconds = time.monotonic() - started
+    finally:
+        fault.heal(env)
+    assert (outcome.decision, outcome.reason, outcome.backend_mode) == (
+        "failed_closed",
+        reason,
+        "redis",
+    )
+    assert seconds < DEADLINE + SLACK
+    REPORT.observe(
+        f"{fault.name} | closed | fallback off | async api",
+        seconds,
+        outcome=f"failed_closed/{reason}/redis",
+        status=None,
+    )
+    recovered = asyncio.run(django_quota.aevaluate("p", SUBJECT))
+    assert (recovered.decision, recovered.backend_mode) == ("allowed", "redis")

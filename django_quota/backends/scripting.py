@@ -185,10 +185,15 @@ def run_script(
 
 
 async def arun_script(
-    source: ScriptSource, call: Call, execute: Callable[[Command], Awaitable[Any]]
+    source: ScriptSource,
+    call: Call,
+    execute: Callable[[Command], Awaitable[Any]],
+    *,
+    missing: bool = False,
 ) -> Any:
     """Async twin of :func:`run_script`."""
-    return await adrive(script_steps(source, call), execute, (redis_exceptions.NoScriptError,))
+    steps = script_steps(source, call, missing=missing)
+    return await adrive(steps, execute, (redis_exceptions.NoScriptError,))
 
 
 class ScriptedBackend:
