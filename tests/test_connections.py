@@ -119,3 +119,72 @@ def test_async_a_connection_the_server_closed_while_idle_is_replaced_before_any_
     outcome = asyncio.run(run())
     assert (outcome.decision, outcome.reason, outcome.remaining) == ("allowed", None, 998)
     assert list(limiter.get_limiter().recent_errors) == []  # decided on the first attempt
+
+
+def _configure_proxied(quota: Any, url: str, **extra: Any) -> None:
+    quota(
+        REDIS_URL=url,
+        FAILURE_MODE="closed",
+        LOCAL_FALLBACK={"ENABLED": False},
+        POLICIES={"p": {"algorithm": "fixed_window", "windows": "100/h", "selector": ["ip"]}},
+        **extra,
+    )
+
+
+@pytest.mark.redis
+def test_a_slow_link_every_round_trip_of_which_fits_timeout_is_decided_async(quota: Any) -> None:
+    """Each reply 60 ms late, ``TIMEOUT`` 0.1 s: a new connection's connect and handshake
+    take several round trips, each within ``TIMEOUT``, as the command's does. Async must
+    decide as sync does: on a new event loop (a new client, so a new connection) and
+    again and again on one loop."""
+    from tests.faults import proxy_to, redis_process
+
+    with redis_process() as server, proxy_to(server) as proxy:
+        _configure_proxied(quota, proxy.url, TIMEOUT=0.1, DEADLINE=0.25)
+        proxy.latency(0.06)
+        sync = [django_quota.evaluate("p", SUBJECT) for _ in range(3)]
+
+        async def three() -> list[Any]:
+            return [await django_quota.aevaluate("p", SUBJECT) for _ in range(3)]
+
+        fresh_loops = [asyncio.run(django_quota.aevaluate("p", SUBJECT)) for _ in range(3)]
+        one_loop = asyncio.run(three())
+        assert [(o.decision, o.reason) for o in sync + fresh_loops + one_loop] == [
+            ("allowed", None)
+        ] * 9
+
+
+@pytest.mark.redis
+def test_a_checkout_cut_short_gives_its_connection_back(quota: Any) -> None:
+    """A pooled connection the server closed is discarded during the checkout; when the
+    call's timeout (another task holding the loop) cuts the checkout there, the
+    connection still goes back to redis-py: the loop's pool is not exhausted by
+    ``MAX_INFLIGHT`` such calls, and every taken connection is idle once nothing runs."""
+    import time
+
+    from tests.faults import redis_process
+
+    with redis_process() as server:
+        _configure_proxied(quota, server.url, TIMEOUT=0.1, DEADLINE=0.25, MAX_INFLIGHT=2)
+        admin = server.client()
+
+        async def hog() -> None:
+            time.sleep(0.2)  # another task holds the loop past TIMEOUT
+
+        async def run() -> tuple[int, int, Any]:
+            pool = limiter.get_backend()._async().connection_pool
+            for _ in range(2):
+                assert (await django_quota.aevaluate("p", SUBJECT)).decision == "allowed"
+                admin.client_kill_filter(_type="normal", skipme=True)
+                time.sleep(0.05)  # the idle connection now reads as end of file
+                call = asyncio.ensure_future(django_quota.aevaluate("p", SUBJECT))
+                blocker = asyncio.ensure_future(hog())
+                await call
+                await blocker
+            await asyncio.sleep(0.3)
+            after = await django_quota.aevaluate("p", SUBJECT)
+            return len(pool._in_use_connections), len(pool._idle), after
+
+        in_use, idle, after = asyncio.run(run())
+        assert in_use == idle
+        assert (after.decision, after.reason) == ("allowed", None)

@@ -130,3 +130,17 @@ def test_the_sync_command_is_sent_as_the_bytes_redis_py_would_pack() -> None:
         assert connection.commands == [command]
     else:
         assert connection.packed == [[expected]]
+
+
+def test_the_init_annotations_resolve_in_the_module() -> None:
+    import typing
+
+    assert typing.get_type_hints(Outcome.__init__)["windows"] == tuple[WindowState, ...]
+    signature = inspect.signature(Outcome, eval_str=True)
+    assert signature.parameters["reason"].annotation == str | None
+
+
+def test_a_now_outside_the_packable_range_is_refused_not_sent_as_the_server_clock() -> None:
+    request = GroupRequest(("k",), (CALL,), -1, False, 2000, 5000, 1000, b"abcde", False)
+    with pytest.raises(ValueError, match=r"outside 0\.\.2\*\*48"):
+        request.args()

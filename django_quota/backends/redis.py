@@ -173,6 +173,10 @@ class MarkingSentinelConnectionPool(_MarkConnectFailures, SentinelConnectionPool
     """redis-py's Sentinel pool, telling connect failures apart."""
 
 
+#: What a pooled connection's ``can_read`` raises when it is not usable.
+_UNREADABLE = (redis_exceptions.ConnectionError, redis_exceptions.TimeoutError, OSError)
+
+
 class _AsyncIdleStack:
     """Async twin of :class:`_IdleStack`, with the asyncio checks: connected, no end of
     file the event loop has not read yet (:func:`peer_hung_up`), nothing unread. redis-py's
@@ -187,14 +191,20 @@ class _AsyncIdleStack:
         idle = self._idle
         while idle:
             connection = idle.pop()
-            if connection.is_connected and not peer_hung_up(connection):
-                try:
-                    if not await connection.can_read():
-                        return connection
-                except (redis_exceptions.ConnectionError, redis_exceptions.TimeoutError, OSError):
-                    pass
-            await connection.disconnect()
-            await super().release(connection)  # type: ignore[misc]
+            usable = False
+            try:
+                if connection.is_connected and not peer_hung_up(connection):
+                    with contextlib.suppress(*_UNREADABLE):
+                        usable = not await connection.can_read()
+                if usable:
+                    return connection
+                await connection.disconnect(nowait=True)
+            finally:
+                # Whatever interrupts the checkout here (a cancel, a timeout), a connection
+                # taken off the stack and not handed out goes back to redis-py: else it
+                # would count as in use for good, and MAX_INFLIGHT of them exhaust the pool.
+                if not usable:
+                    await super().release(connection)  # type: ignore[misc]
             break
         return await super().get_connection(*args, **kwargs)  # type: ignore[misc]
 
@@ -279,9 +289,6 @@ class RedisBackend(ScriptedBackend):
         options = {**client_options(self.timeout, self.max_inflight), **self.url_options}
         if asynchronous:
             options["retry"] = AsyncRetry(NoBackoff(), 0)
-            # asend bounds each call by TIMEOUT itself: with a socket timeout, redis-py's
-            # asyncio connection wraps every write in asyncio.wait_for, a task a command.
-            options["socket_timeout"] = None
         if self.sentinel is not None:
             sentinel_class = redis_asyncio.Sentinel if asynchronous else redis.Sentinel
             sentinel = sentinel_class(
@@ -499,36 +506,38 @@ def send(pool: Any, command: tuple[Any, ...]) -> Any:
 
 
 async def asend(pool: Any, command: tuple[Any, ...], timeout: float) -> Any:
-    """Async twin of :func:`send`, the whole call bounded by ``timeout`` seconds.
+    """Async twin of :func:`send`; the command (its write and its read) is bounded by
+    ``timeout`` seconds.
 
-    The pools' connections have no socket timeout (redis-py's asyncio connection would
-    wrap every write in ``asyncio.wait_for``, a task and two more turns of the event loop
-    a command: about 8 µs of a decision here); one ``asyncio.timeout`` covers the
-    checkout, the write and the read instead. Expired before a connection was had, it
-    is :class:`ConnectFailed` (nothing was written); after, a builtin ``TimeoutError``
-    (the command may have run), and the connection is closed, its reply unread. The
-    command is packed by hiredis when it is installed (redis-py's asyncio connection
-    packs in Python: about 5.8 µs for an ``EVALSHA`` here, hiredis 0.6 µs).
+    A connection is had as redis-py has it, its connect and handshake bounded by the
+    pool's socket timeouts. The command then runs inside one ``asyncio.timeout`` with
+    the connection's socket timeout off, because with one redis-py's asyncio connection
+    wraps every write in ``asyncio.wait_for`` (a task and two more turns of the event
+    loop a command); the socket timeout is restored before the connection goes back. On
+    expiry the command may have run: the connection is closed with its reply unread and
+    a ``TimeoutError`` is raised (``indeterminate``). The command is packed by hiredis
+    when it is installed (redis-py's asyncio connection packs in Python: about 5.8 µs
+    for an ``EVALSHA`` here, hiredis 0.6 µs).
     """
-    connection = None
+    connection = await pool.get_connection()
+    socket_timeout = connection.socket_timeout
     try:
+        connection.socket_timeout = None
         async with asyncio.timeout(timeout):
-            connection = await pool.get_connection()
-            try:
-                if pack_command is not None:
-                    await connection.send_packed_command(pack_command(command))
-                else:
-                    await connection.send_command(*command)
-                return await connection.read_response()
-            except (*_BROKEN, asyncio.CancelledError):
-                await connection.disconnect(nowait=True)
-                raise
-            finally:
-                await pool.release(connection)
+            if pack_command is not None:
+                await connection.send_packed_command(pack_command(command))
+            else:
+                await connection.send_command(*command)
+            return await connection.read_response()
     except TimeoutError as exc:
-        if connection is None:
-            raise ConnectFailed(exc) from exc
+        await connection.disconnect(nowait=True)
+        raise TimeoutError(f"no reply within TIMEOUT ({timeout} s): {command[0]}") from exc
+    except (*_BROKEN, asyncio.CancelledError):
+        await connection.disconnect(nowait=True)
         raise
+    finally:
+        connection.socket_timeout = socket_timeout
+        await pool.release(connection)
 
 
 def async_connections(client: Any) -> list[Any]:

@@ -5,6 +5,7 @@ and the rules that turn a script's per-window numbers into one :class:`Outcome`
 from __future__ import annotations
 
 import dataclasses
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -157,9 +158,15 @@ def _fast_init(cls: type[Any]) -> None:
             namespace[f"_default{number}"] = item.default
             parameters.append(f"{item.name}=_default{number}")
         body.append(f"    _set{number}(self, {item.name})\n")
-    source = f"def __init__(self, {', '.join(parameters)}):\n{''.join(body)}"
-    exec(source, namespace)  # the source is built from the class's own field names
-    init = namespace["__init__"]
+    source = (
+        f"def __create__({', '.join(namespace)}):\n"
+        f"  def __init__(self, {', '.join(parameters)}):\n{''.join(body)}"
+        "  return __init__\n"
+    )
+    created: dict[str, Any] = {}
+    # In the module's globals, as dataclass does: the string annotations resolve.
+    exec(source, sys.modules[cls.__module__].__dict__, created)
+    init = created["__create__"](**namespace)
     init.__qualname__ = f"{cls.__qualname__}.__init__"
     init.__module__ = cls.__module__
     init.__doc__ = cls.__init__.__doc__

@@ -213,7 +213,7 @@ class GroupRequest(NamedTuple):
         fields = (
             self.mode,
             len(self.calls),
-            0 if self.now_ms is None else self.now_ms + 1,
+            0 if self.now_ms is None else check_packable(self.now_ms) + 1,
             self.max_regression_ms + 1,
             self.dedup_ttl_ms,
             self.cleanup_grace_ms,
