@@ -188,3 +188,37 @@ def test_a_checkout_cut_short_gives_its_connection_back(quota: Any) -> None:
         in_use, idle, after = asyncio.run(run())
         assert in_use == idle
         assert (after.decision, after.reason) == ("allowed", None)
+
+
+@pytest.mark.redis
+def test_peer_hung_up_sees_what_the_loop_has_not_read_yet(quota: Any) -> None:
+    """``peer_hung_up`` (the asyncio checkout's check) is False for an idle open
+    connection, True once the server closed it even though the loop has not run since,
+    True for a closing transport, and polls a new transport afresh after a reconnect."""
+    import time
+
+    from django_quota.backends.redis import peer_hung_up
+    from tests.faults import redis_process
+
+    with redis_process() as server:
+        _configure_proxied(quota, server.url)
+        admin = server.client()
+
+        async def run() -> list[bool]:
+            assert (await django_quota.aevaluate("p", SUBJECT)).decision == "allowed"
+            pool = limiter.get_backend()._async().connection_pool
+            (connection,) = pool._idle
+            seen = [peer_hung_up(connection), peer_hung_up(connection)]
+            first_probe = connection._quota_probe
+            admin.client_kill_filter(_type="normal", skipme=True)
+            time.sleep(0.05)  # the loop does not run: it has read nothing
+            seen.append(peer_hung_up(connection))
+            assert (await django_quota.aevaluate("p", SUBJECT)).decision == "allowed"
+            (again,) = pool._idle
+            seen.append(peer_hung_up(again))
+            assert again._quota_probe is not first_probe  # a new transport, a new poll
+            again._writer.transport.close()
+            seen.append(peer_hung_up(again))
+            return seen
+
+        assert asyncio.run(run()) == [False, False, True, False, True]

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import select
 import socket
 import threading
 from collections.abc import Callable, Iterable, Mapping
@@ -66,25 +67,55 @@ class _MarkConnectFailures:
 
 
 def peer_hung_up(connection: Any) -> bool:
-    """Whether an asyncio connection's socket holds an end of file (or stray bytes) that
-    the event loop has not read yet: redis-py's ``can_read`` sees only what the loop
-    already read, and a loop that did not run since the server closed the connection has
-    read nothing. Peeks (``MSG_PEEK``, consuming nothing) on the socket under asyncio's
-    transport wrapper, or on a duplicate of its descriptor where the wrapper hides it
-    (one more system call)."""
-    writer = getattr(connection, "_writer", None)
-    transport = getattr(writer, "transport", None)
-    sock = transport.get_extra_info("socket") if transport is not None else None
-    if sock is None:
+    """Whether an asyncio connection's socket holds an end of file (or stray bytes, or an
+    error) that the event loop has not read yet: redis-py's ``can_read`` sees only what
+    the loop already read, and a loop that did not run since the server closed the
+    connection has read nothing.
+
+    Asks the kernel without reading: ``poll`` with a zero timeout on the socket under
+    asyncio's transport (a poll object made once per transport and kept on the
+    connection: about 0.3 µs a checkout, against 1.5 µs for a ``MSG_PEEK`` receive and
+    the ``BlockingIOError`` it raises when nothing is there). Where ``select.poll`` does
+    not exist, peeks (``MSG_PEEK``, consuming nothing) on the socket, or on a duplicate
+    of its descriptor where the transport's wrapper hides it.
+    """
+    transport = getattr(getattr(connection, "_writer", None), "transport", None)
+    if transport is None:
         return False
-    flags = socket.MSG_PEEK | getattr(socket, "MSG_DONTWAIT", 0)
+    if transport.is_closing():
+        return True  # its socket is closed or about to be: nothing can be sent on it
+    probe = getattr(connection, "_quota_probe", None)
+    if probe is None or probe[0] is not transport:
+        # An open transport's socket keeps its descriptor: polling it is polling this
+        # connection (a new transport, after a reconnect, gets a new poll object).
+        sock = transport.get_extra_info("socket")
+        if sock is None:
+            return False
+        if _poll is None:
+            return _peeked(sock)
+        descriptor = sock.fileno()
+        if descriptor < 0:
+            return True
+        poller = _poll()
+        poller.register(descriptor, _POLL_EVENTS)
+        probe = (transport, poller)
+        connection._quota_probe = probe
+    return bool(probe[1].poll(0))
+
+
+_poll: Callable[[], Any] | None = getattr(select, "poll", None)
+_POLL_EVENTS = getattr(select, "POLLIN", 1) | getattr(select, "POLLPRI", 2)
+_PEEK_FLAGS = int(socket.MSG_PEEK | getattr(socket, "MSG_DONTWAIT", 0))
+
+
+def _peeked(sock: Any) -> bool:
     raw = getattr(sock, "_sock", None)
     try:
         if isinstance(raw, socket.socket):
-            raw.recv(1, flags)
+            raw.recv(1, _PEEK_FLAGS)
         else:
             with socket.fromfd(sock.fileno(), sock.family, sock.type) as probe:
-                probe.recv(1, flags)
+                probe.recv(1, _PEEK_FLAGS)
     except BlockingIOError:
         return False  # nothing to read: idle and open
     except OSError:
