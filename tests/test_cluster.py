@@ -32,9 +32,9 @@ from django_quota.backends.cluster import (
 )
 from django_quota.backends.scripting import drive
 from django_quota.core.errors import BackendError
-from django_quota.core.model import GROUP_CLOCK_UNSAFE, PolicyResult, WindowResult, log_units
+from django_quota.core.model import GROUP_CLOCK_UNSAFE, log_units
 from django_quota.core.outcome import Outcome
-from django_quota.core.protocol import GroupReply, decode_counter, encode_reply, log_key
+from django_quota.core.protocol import GroupReply, decode_counter, log_key
 from django_quota.scripts import all_scripts
 from tests import clock
 from tests.cluster import Cluster, redis_cluster
@@ -769,9 +769,10 @@ def _two_slot_request(quota: Any, order: str = "ab") -> Any:
 
 
 def _reply(status: int) -> list[int]:
-    remaining, retry = (4, -1) if status else (0, 60_000)
-    result = PolicyResult(status, 1_000, (WindowResult(remaining, 60_000, retry, 60_000),))
-    return encode_reply(GroupReply(0, (result,)))
+    """evaluate.lua's reply for one fixed window: allowed and charged from nothing used,
+    or denied with 5 used (above both policies' limits)."""
+    used = 0 if status else 5
+    return [0, status, 1_000, used, 0]
 
 
 def _scripted(request: Any, answers: list[Any]) -> tuple[Any, list[Call]]:
@@ -830,7 +831,7 @@ def test_a_failure_in_a_later_slot_fails_the_group(
 
 def test_slots_after_a_denial_run_dry_and_charge_nothing(quota: Any) -> None:
     request = _two_slot_request(quota, order="ba")
-    veto = [0, 1_000, 0, 1, 1, 1]  # denied: status, now, then remaining, reset, retry, next
+    veto = [0, 1_000, 0, 0]  # denied: status, now, then its view (used, prev)
     reply, calls = _scripted(request, [_reply(0), [*_reply(2), *veto]])
     assert [c.script for c in calls] == ["evaluate", "evaluate"]
     veto_counter = calls[1].keys[-1]

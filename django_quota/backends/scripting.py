@@ -95,7 +95,7 @@ def evaluate_call(request: GroupRequest) -> Call:
 def parse(reply: Any, request: GroupRequest) -> GroupReply:
     """Parse an ``evaluate.lua`` reply; a malformed one is ``backend_error``."""
     try:
-        return parse_reply(reply, request.window_counts)
+        return parse_reply(reply, request.calls, request.peek)
     except (TypeError, ValueError) as exc:
         raise BackendError(BACKEND_ERROR, f"unexpected script reply: {exc}") from exc
 

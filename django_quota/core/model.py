@@ -2,7 +2,10 @@
 
 This is the memory backend's engine, the local fallback's engine and the oracle of the
 differential tests: ``django_quota/scripts/evaluate.lua`` mirrors it function by function
-and must return identical results, and store identical state, for identical inputs.
+(views, admission, charges, ledgers, expiries) and must return identical results, and
+store identical state, for identical inputs. The script replies the windows' views of
+the algorithms other than the sliding log, and :func:`window_result` turns them into
+the reported numbers on the client, as it does here.
 
 State layout (one counter per (policy, revision, identity); in Redis a binary string,
 ``evaluate.lua``'s header and :func:`~django_quota.core.protocol.decode_counter` give its
@@ -360,10 +363,13 @@ def _allows(algorithm: str, window: Window, used: int, prev: int, now: int, cost
     return _sliding_estimate(prev, used, now % period, period) + cost <= window.limit
 
 
-def _window_result(
+def window_result(
     algorithm: str, window: Window, used: int, prev: int, now: int, cost: int, charged: bool
 ) -> tuple[WindowResult, int]:
-    """The reported numbers of one window and its time to live (ms) after the call."""
+    """The reported numbers of one window of a fixed window, sliding window counter or
+    token bucket, and its time to live (ms) after the call, from the window's view before
+    it (``used``, ``prev``: :func:`_view`), ``now`` (ms), the cost and whether it charged.
+    The script reports the view; every backend's numbers come from here."""
     period = window.period_ms
     limit = window.limit
     if algorithm == FIXED_WINDOW:
@@ -698,7 +704,7 @@ def evaluate_group(
                     charged,
                 )
             else:
-                result, window_ttl = _window_result(
+                result, window_ttl = window_result(
                     algorithm, window, used, prev, now, cost, charged
                 )
             if replay:

@@ -12,6 +12,7 @@ from typing import NamedTuple
 
 from django_quota.core.identity import Identity
 from django_quota.core.model import (
+    ALLOWED,
     ENTRY_BYTES,
     FINGERPRINT_BYTES,
     GROUP_CLOCK_UNSAFE,
@@ -24,7 +25,9 @@ from django_quota.core.model import (
     PACKED_HEADER,
     PolicyCall,
     PolicyResult,
+    WindowResult,
     check_packable,
+    window_result,
 )
 from django_quota.core.policy import SLIDING_LOG, SLIDING_WINDOW, TOKEN_BUCKET, Policy
 
@@ -227,11 +230,6 @@ class GroupRequest(NamedTuple):
             packed = header + b"".join(call.packed for call in self.calls)
         return [b"" if self.peek else self.fingerprint, packed]
 
-    @property
-    def window_counts(self) -> tuple[int, ...]:
-        """The window count of each call, to parse the reply."""
-        return tuple(len(call.windows) for call in self.calls)
-
 
 class GroupReply(NamedTuple):
     """A backend's answer: ``status`` (decided, clock unsafe, indeterminate or replayed,
@@ -269,39 +267,64 @@ class Probe:
     charge: GroupRequest
 
 
-def parse_reply(reply: Sequence[int], window_counts: Sequence[int]) -> GroupReply:
-    """Parse ``evaluate.lua``'s flat integer reply (``ValueError`` when malformed)."""
+def parse_reply(reply: Sequence[int], calls: Sequence[PolicyCall], peek: bool) -> GroupReply:
+    """Parse ``evaluate.lua``'s flat integer reply to the group of ``calls`` (``peek``: the
+    group was a peek) into results (``ValueError`` when malformed).
+
+    A sliding log's windows come with their reported numbers; the other algorithms'
+    with their views (used, prev), from which :func:`~django_quota.core.model.window_result`
+    computes the numbers, as the model does for the memory backend: the arithmetic of a
+    reported number exists once, in Python.
+    """
     if not reply:
         raise ValueError("empty script reply")
     status = int(reply[0])
-    if status == GROUP_DECIDED and len(window_counts) == 1:
-        count = window_counts[0]
-        if len(reply) != 3 + 4 * count:
-            raise ValueError("script reply of another length than its windows")
-        return GroupReply(status, (PolicyResult.decode(reply[1:], count),))
     if status in (GROUP_CLOCK_UNSAFE, GROUP_INDETERMINATE):
         if len(reply) != 1:
             raise ValueError("script reply longer than its status")
         return GroupReply(status, ())
     if status not in (GROUP_DECIDED, GROUP_REPLAYED):
         raise ValueError(f"unknown script status {status}")
+    replayed = status == GROUP_REPLAYED
+    size = len(reply)
     position = 1
     results = []
-    for count in window_counts:
-        size = 2 + 4 * count
-        chunk = reply[position : position + size]
-        if len(chunk) != size:
+    for call in calls:
+        log = call.algorithm == SLIDING_LOG
+        if position + 2 + (4 if log else 2) * len(call.windows) > size:
             raise ValueError("script reply shorter than its windows")
-        results.append(PolicyResult.decode(chunk, count))
-        position += size
-    if position != len(reply):
+        policy_status, now = int(reply[position]), int(reply[position + 1])
+        position += 2
+        windows: list[WindowResult] = []
+        if log:
+            for _ in call.windows:
+                windows.append(
+                    WindowResult(
+                        int(reply[position]),
+                        int(reply[position + 1]),
+                        int(reply[position + 2]),
+                        int(reply[position + 3]),
+                    )
+                )
+                position += 4
+        else:
+            cost = 1 if peek else call.cost
+            charged = policy_status == ALLOWED and not replayed
+            for window in call.windows:
+                result = window_result(
+                    call.algorithm,
+                    window,
+                    int(reply[position]),
+                    int(reply[position + 1]),
+                    now,
+                    cost,
+                    charged,
+                )[0]
+                if replayed:
+                    result = result._replace(retry_after_ms=-1)
+                windows.append(result)
+                position += 2
+        results.append(PolicyResult(policy_status, now, tuple(windows)))
+    if position != size:
         raise ValueError("script reply longer than its windows")
     return GroupReply(status, tuple(results))
-
-
-def encode_reply(reply: GroupReply) -> list[int]:
-    """Inverse of :func:`parse_reply` (tests answer in the script's shape)."""
-    out = [reply.status]
-    for result in reply.results:
-        out += result.encode()
-    return out

@@ -40,9 +40,17 @@ Reply (integers only):
     then per policy (only when 0 or 3): status (0 denied, 1 allowed and charged, now
                      or, when replayed, by the earlier evaluation; 2 allowed, not
                      charged), effective now (ms),
-                     then per window: remaining, reset_after (ms),
-                                      retry_after (ms, -1 unless this window denied),
-                                      replenish_after (ms until remaining next rises) }
+                     then per window of a fixed window, sliding window counter or token
+                       bucket: its view before this call (model._view): used (the fixed
+                       count, the sliding window's current count, the bucket's scaled
+                       deficit) and prev (the sliding window's previous count, else 0),
+                       from which the client computes the reported numbers with the
+                       model's own arithmetic (model.window_result: every one follows
+                       from the view, now, the window and the cost);
+                     per window of a sliding log: remaining, reset_after (ms),
+                       retry_after (ms, -1 unless this window denied or replayed),
+                       replenish_after (ms until remaining next rises), which need its
+                       list }
 Writes: for each charged policy, one SET of its counter with PX (its lifetime), or, on
 the server clock, with KEEPTTL when the expiry it has is late enough (model.keeps_expiry); a
 sliding log also, per window: LPUSH of a new event (none when its newest event is at
@@ -92,8 +100,6 @@ local function split48(x)
   local b2 = x % 256
   return (x - b2) / 256, b2, b3, b4, b5, b6
 end
-
-local sliding_wait  -- made below for a group with a sliding window counter
 
 local fingerprint, packed = ARGV[1], ARGV[2]
 
@@ -149,7 +155,7 @@ end
 local policies = {nil, nil}  -- nil slots make room ahead (a table grown rehashes)
 local offset = 36
 local log_index = n + 1  -- KEYS index of the next sliding log
-local has_log, has_sliding = false, false
+local has_log = false
 for i = 1, n do
   local algorithm, enforce, m_high, m_low, _, _, c1, c2, c3, c4, c5, c6 =
     byte(packed, offset, offset + 11)
@@ -194,32 +200,8 @@ for i = 1, n do
     log_index = log_index + m
     has_log = true
   end
-  if algorithm == 2 then has_sliding = true end
   policies[i] = {algorithm, enforce == 1, m, cost, first, value, last, effective, logs, stride,
     ledger_end, false, false, nil, nil, nil, nil, nil}  -- room for one window's view
-end
-
--- The sliding window counter's wait (model.sliding_wait): the smallest t >= 1 (ms) after
--- which the estimate is <= target if nothing else arrives.
-if has_sliding then
-  sliding_wait = function(prev, cur, elapsed, period, target)
-    local room = target - cur
-    if room >= 0 then
-      local needed = 0
-      if prev ~= 0 then
-        needed = period - floor(((room + 1) * period - 1) / prev)
-      end
-      if needed < 0 then needed = 0 end
-      if needed < period then
-        return max(1, needed - elapsed)
-      end
-    end
-    local offset = 0
-    if cur ~= 0 then
-      offset = max(0, period - floor(((target + 1) * period - 1) / cur))
-    end
-    return max(1, period - elapsed + offset)
-  end
 end
 
 -- Whether the ledger of value (entries up to byte ledger_end) holds the fingerprint in an
@@ -483,72 +465,33 @@ for i = 1, n do
   reply[r + 1] = status
   reply[r + 2] = policy_now
   r = r + 2
+  -- Per window: a sliding log's four reported numbers (model._log_result); for the other
+  -- algorithms the window's view (used, prev: model._view), from which the client
+  -- computes the reported numbers (model.window_result). A charge needs the windows'
+  -- time to live.
   local ttl = 0
   for w = 1, m do
     local base = 13 + 5 * (w - 1)
-    local window_ttl
+    local window_ttl = 0
     if algorithm == 4 then
       window_ttl = log_result(reply, r, KEYS[policy[9] + w - 1], views[base + 3],
         views[base + 4], views[base + 2], policy_now, cost, charged, replay)
+      r = r + 4
     else
-      -- The window's numbers (model._window_result) into reply[r + 1 .. r + 4].
-      local used, prev, limit, period, capacity = views[base + 1], views[base + 2],
-        views[base + 3], views[base + 4], views[base + 5]
-      local remaining, reset_after, retry_after, replenish
-      if algorithm == 1 then
-        reset_after = period - policy_now % period
-        local count = used
-        if charged then count = used + cost end
-        retry_after = -1
-        if used + cost > limit then retry_after = reset_after end
-        remaining = 0
-        if count < limit then remaining = limit - count end
-        replenish = reset_after
-        window_ttl = reset_after
-      elseif algorithm == 3 then
-        local capacity_scaled = capacity * period
-        local deficit = used
-        if charged then deficit = used + cost * period end
-        remaining = floor((capacity_scaled - deficit) / period)
-        reset_after = -floor((-deficit) / limit)
-        retry_after = -1
-        if used + cost * period > capacity_scaled then
-          retry_after = -floor((capacity_scaled - used - cost * period) / limit)
+      local used, period = views[base + 1], views[base + 4]
+      reply[r + 1] = used
+      reply[r + 2] = views[base + 2]
+      r = r + 2
+      if charged then
+        if algorithm == 1 then
+          window_ttl = period - policy_now % period
+        elseif algorithm == 3 then
+          window_ttl = -floor(-(used + cost * period) / views[base + 3])
+        else
+          window_ttl = period - policy_now % period + period
         end
-        replenish = 0
-        if remaining < capacity then
-          replenish = -floor((capacity_scaled - (remaining + 1) * period - deficit) / limit)
-        end
-        window_ttl = reset_after
-      else
-        local elapsed = policy_now % period
-        reset_after = period - elapsed
-        local cur = used
-        local estimate = floor((prev * (period - elapsed)) / period) + used
-        local counted = estimate
-        if charged then
-          cur = used + cost
-          counted = estimate + cost
-        end
-        retry_after = -1
-        if estimate + cost > limit then
-          retry_after = sliding_wait(prev, used, elapsed, period, limit - cost)
-        end
-        replenish = 0
-        if counted ~= 0 then
-          replenish = sliding_wait(prev, cur, elapsed, period, counted - 1)
-        end
-        remaining = 0
-        if counted < limit then remaining = limit - counted end
-        window_ttl = reset_after + period
       end
-      if replay then retry_after = -1 end
-      reply[r + 1] = remaining
-      reply[r + 2] = reset_after
-      reply[r + 3] = retry_after
-      reply[r + 4] = replenish
     end
-    r = r + 4
     if window_ttl > ttl then ttl = window_ttl end
   end
   if charged then
