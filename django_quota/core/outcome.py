@@ -9,8 +9,8 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
-from django_quota.core.model import DENIED, PolicyResult
-from django_quota.core.policy import Policy
+from django_quota.core.model import DENIED, PolicyResult, WindowResult
+from django_quota.core.policy import Policy, Window
 
 ALLOWED = "allowed"
 DENIED_DECISION = "denied"
@@ -189,27 +189,10 @@ def outcome_from_result(
     """
     token_bucket = policy.algorithm == "token_bucket"
     if len(policy.windows) == 1 and len(result.windows) == 1:  # the common shape, unrolled
-        window, numbers = policy.windows[0], result.windows[0]
-        reported = WindowState(
-            window.name,
-            window.capacity if token_bucket else window.limit,
-            window.period_ms / 1000,
-            numbers.remaining,
-            numbers.reset_after_ms / 1000,
-            None if numbers.retry_after_ms < 0 else numbers.retry_after_ms / 1000,
-            numbers.replenish_after_ms / 1000,
-        )
+        reported = _window_state(policy.windows[0], result.windows[0], token_bucket)
         return _outcome(policy, result.status, reported, (reported,), backend_mode, evaluation_id)
     states = [
-        WindowState(
-            window.name,
-            window.capacity if token_bucket else window.limit,
-            window.period_ms / 1000,
-            numbers.remaining,
-            numbers.reset_after_ms / 1000,
-            None if numbers.retry_after_ms < 0 else numbers.retry_after_ms / 1000,
-            numbers.replenish_after_ms / 1000,
-        )
+        _window_state(window, numbers, token_bucket)
         for window, numbers in zip(policy.windows, result.windows, strict=True)
     ]
     if result.status == DENIED:
@@ -224,6 +207,18 @@ def outcome_from_result(
         )
     return _outcome(
         policy, result.status, states[chosen], tuple(states), backend_mode, evaluation_id
+    )
+
+
+def _window_state(window: Window, numbers: WindowResult, token_bucket: bool) -> WindowState:
+    return WindowState(
+        window.name,
+        window.capacity if token_bucket else window.limit,
+        window.period_ms / 1000,
+        numbers.remaining,
+        numbers.reset_after_ms / 1000,
+        None if numbers.retry_after_ms < 0 else numbers.retry_after_ms / 1000,
+        numbers.replenish_after_ms / 1000,
     )
 
 
