@@ -21,27 +21,38 @@ from tests.faults import RedisProcess, free_port
 NODE_TIMEOUT_MS = 30_000
 
 
+#: Starts of a node, each on fresh ports, before a cluster's start fails.
+START_ATTEMPTS = 3
+
+
 class Cluster:
     """``size`` primaries (no replicas) covering all 16384 slots; ``options`` are more
     ``redis-server`` arguments for every node (``"--cluster-require-full-coverage",
     "no"``)."""
 
     def __init__(self, size: int = 3, *options: str) -> None:
+        self.options = options
         self.nodes: list[RedisProcess] = []
         for _ in range(size):
             node = RedisProcess()
-            node.extra_args = (
-                "--cluster-enabled",
-                "yes",
-                "--cluster-config-file",
-                f"{node.directory}/nodes-{node.port}.conf",
-                "--cluster-port",
-                str(free_port()),
-                "--cluster-node-timeout",
-                str(NODE_TIMEOUT_MS),
-                *options,
-            )
+            self._ports(node)
             self.nodes.append(node)
+
+    def _ports(self, node: RedisProcess, *, anew: bool = False) -> None:
+        """Give ``node`` its cluster arguments (``anew``: on fresh free ports)."""
+        if anew:
+            node.port = free_port()
+        node.extra_args = (
+            "--cluster-enabled",
+            "yes",
+            "--cluster-config-file",
+            f"{node.directory}/nodes-{node.port}.conf",
+            "--cluster-port",
+            str(free_port()),
+            "--cluster-node-timeout",
+            str(NODE_TIMEOUT_MS),
+            *self.options,
+        )
 
     @property
     def url(self) -> str:
@@ -50,7 +61,21 @@ class Cluster:
 
     def start(self) -> None:
         for node in self.nodes:
-            node.start()
+            # A free port is only free when it was probed: until the node binds it and
+            # its cluster bus port, another socket (the other nodes' bus connections
+            # take ephemeral ports) may have taken one, and redis-server exits with 1.
+            for attempt in range(START_ATTEMPTS):
+                try:
+                    node.start()
+                    break
+                except RuntimeError:
+                    if attempt == START_ATTEMPTS - 1:
+                        raise
+                    if node.process is not None and node.process.poll() is None:
+                        node.process.kill()
+                        node.process.wait(5)
+                    node.process = None
+                    self._ports(node, anew=True)
         subprocess.run(
             [
                 "redis-cli",
