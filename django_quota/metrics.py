@@ -56,8 +56,6 @@ _counts_lock = threading.Lock()
 #: labels() is resolved once per combination, not once per decision.
 _outcome_children: dict[tuple[str, str, str, str, str], Any] = {}
 _backend_children: dict[tuple[str, str], tuple[Any, Any]] = {}
-#: ``selector_dimensions`` labels by selector (a few per process).
-_selector_labels: dict[tuple[str, ...], str] = {}
 _LOGGED = frozenset({DENIED_DECISION, SHADOW_DENIED, FAILED_CLOSED, FAILED_OPEN})
 
 
@@ -149,10 +147,7 @@ def _selector_label(evaluated: Sequence[Evaluated | Policy], policy_id: str) -> 
     for item in evaluated:
         policy = item if isinstance(item, Policy) else item.policy
         if policy.id == policy_id:
-            label = _selector_labels.get(policy.selector)
-            if label is None:
-                label = _selector_labels[policy.selector] = "+".join(policy.selector)
-            return label
+            return "+".join(policy.selector)
     return ""
 
 

@@ -189,37 +189,6 @@ class PolicyResult(NamedTuple):
     now_ms: int
     windows: tuple[WindowResult, ...]
 
-    def encode(self) -> list[int]:
-        """Flatten to the script's reply shape: status, now, then 4 integers a window."""
-        out = [self.status, self.now_ms]
-        for window in self.windows:
-            out += [
-                window.remaining,
-                window.reset_after_ms,
-                window.retry_after_ms,
-                window.replenish_after_ms,
-            ]
-        return out
-
-    @classmethod
-    def decode(cls, values: Sequence[int], window_count: int) -> PolicyResult:
-        """Inverse of :meth:`encode` for ``window_count`` windows."""
-        if window_count == 1:
-            windows: tuple[WindowResult, ...] = (
-                WindowResult(int(values[2]), int(values[3]), int(values[4]), int(values[5])),
-            )
-        else:
-            windows = tuple(
-                WindowResult(
-                    int(values[2 + 4 * i]),
-                    int(values[3 + 4 * i]),
-                    int(values[4 + 4 * i]),
-                    int(values[5 + 4 * i]),
-                )
-                for i in range(window_count)
-            )
-        return cls(int(values[0]), int(values[1]), windows)
-
 
 class Write(NamedTuple):
     """The new state of policy ``index``'s counter (numbers, and the ledger ``records``),

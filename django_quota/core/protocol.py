@@ -162,7 +162,7 @@ def _pack_header(fields: tuple[int, ...]) -> bytes:
         header = PACKED_HEADER.pack(
             mode,
             count,
-            0 if now == 0 else check_packable(now - 1) + 1,
+            now,  # 0 (Redis TIME) or now + 1, checked by args()
             check_packable(regression),
             check_packable(dedup_ttl),
             check_packable(grace),

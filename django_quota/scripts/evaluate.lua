@@ -150,7 +150,7 @@ end
 -- first window in the packed arguments, 6 its counter value ('' for none), 7 t (nil for
 -- none), 8 the effective now, 9 KEYS index of its first log, 10 u48s a window (1: c<w>;
 -- 2: c<w>, p<w>), 11 byte of the ledger's end (the byte before d), then 12 allowed,
--- 13 whether every window is the stored t's, and from 14 the windows' views, 5 values
+-- 13 whether every window is the stored t's, and from 14 the windows' views, 4 values
 -- each (set while deciding).
 local policies = {nil, nil}  -- nil slots make room ahead (a table grown rehashes)
 local offset = 36
@@ -201,7 +201,7 @@ for i = 1, n do
     has_log = true
   end
   policies[i] = {algorithm, enforce == 1, m, cost, first, value, last, effective, logs, stride,
-    ledger_end, false, false, nil, nil, nil, nil, nil}  -- room for one window's view
+    ledger_end, false, false, nil, nil, nil, nil}  -- room for one window's view
 end
 
 -- Whether the ledger of value (entries up to byte ledger_end) holds the fingerprint in an
@@ -352,7 +352,7 @@ if has_log then
   end
 end
 
--- Decide every window. A window's view is 5 values (used, prev, limit, period, capacity);
+-- Decide every window. A window's view is 4 values (used, prev, limit, period);
 -- a sliding log's prev is its log view instead (a table; its count is lv.count).
 local commit = not peek and not replay
 for i = 1, n do
@@ -372,7 +372,7 @@ for i = 1, n do
     local l1, l2, l3, l4, l5, l6, _, _, p1, p2, p3, p4, p5, p6 = byte(packed, at + 2, at + 15)
     local limit = ((((l1 * 256 + l2) * 256 + l3) * 256 + l4) * 256 + l5) * 256 + l6
     local period = ((((p1 * 256 + p2) * 256 + p3) * 256 + p4) * 256 + p5) * 256 + p6
-    local base = 13 + 5 * (w - 1)
+    local base = 13 + 4 * (w - 1)
     local count, extra = 0, 0
     if last ~= nil then
       local field = numbers + 6 * stride * (w - 1)
@@ -393,7 +393,6 @@ for i = 1, n do
       lv.count = count
       views[base + 1], views[base + 2], views[base + 3], views[base + 4] = lv.used, lv, limit,
         period
-      views[base + 5] = 0
       if lv.used + cost > limit then allowed = false end
     else
       -- The window seen at now (model._view): used (the fixed count, the sliding cur, the
@@ -433,7 +432,6 @@ for i = 1, n do
       end
       views[base + 1], views[base + 2], views[base + 3], views[base + 4] = used, prev, limit,
         period
-      views[base + 5] = capacity
     end
   end
   policy[12] = allowed
@@ -471,7 +469,7 @@ for i = 1, n do
   -- time to live.
   local ttl = 0
   for w = 1, m do
-    local base = 13 + 5 * (w - 1)
+    local base = 13 + 4 * (w - 1)
     local window_ttl = 0
     if algorithm == 4 then
       window_ttl = log_result(reply, r, KEYS[policy[9] + w - 1], views[base + 3],
@@ -517,7 +515,7 @@ for i = 1, n do
     -- bucket), as u48s; with one window they join t in a single char() call.
     local a, b, numbers
     for w = 1, m do
-      local base = 13 + 5 * (w - 1)
+      local base = 13 + 4 * (w - 1)
       local period = views[base + 4]
       if algorithm == 3 then
         local deficit = views[base + 1] + call_cost * period
