@@ -769,10 +769,11 @@ def _two_slot_request(quota: Any, order: str = "ab") -> Any:
 
 
 def _reply(status: int) -> list[int]:
-    """evaluate.lua's reply for one fixed window: allowed and charged from nothing used,
-    or denied with 5 used (above both policies' limits)."""
+    """evaluate.lua's reply for one fixed window (decided; now, then the view's used):
+    nothing used (allowed, and charged unless another policy refuses), or 5 used for
+    ``status`` 0 (denied: above both policies' limits)."""
     used = 0 if status else 5
-    return [0, status, 1_000, used, 0]
+    return [0, 1_000, used]
 
 
 def _scripted(request: Any, answers: list[Any]) -> tuple[Any, list[Call]]:
@@ -831,7 +832,7 @@ def test_a_failure_in_a_later_slot_fails_the_group(
 
 def test_slots_after_a_denial_run_dry_and_charge_nothing(quota: Any) -> None:
     request = _two_slot_request(quota, order="ba")
-    veto = [0, 1_000, 0, 0]  # denied: status, now, then its view (used, prev)
+    veto = [1_000, 0]  # now, then its view (used): its cost of 2 never fits its limit of 1
     reply, calls = _scripted(request, [_reply(0), [*_reply(2), *veto]])
     assert [c.script for c in calls] == ["evaluate", "evaluate"]
     veto_counter = calls[1].keys[-1]

@@ -62,7 +62,7 @@ def test_an_outcome_built_by_position_or_keyword_has_every_field_and_stays_froze
 
 def packed_afresh(request: GroupRequest) -> bytes:
     return PACKED_HEADER.pack(
-        request.mode,
+        request.mode + (0 if request.now_ms is None else 4),  # 4: the client's clock
         len(request.calls),
         0 if request.now_ms is None else request.now_ms + 1,
         request.max_regression_ms + 1,

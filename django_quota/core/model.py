@@ -321,7 +321,9 @@ def sliding_wait(prev: int, cur: int, elapsed: int, period: int, target: int) ->
     return max(1, period - elapsed + offset)
 
 
-def _allows(algorithm: str, window: Window, used: int, prev: int, now: int, cost: int) -> bool:
+def allows(algorithm: str, window: Window, used: int, prev: int, now: int, cost: int) -> bool:
+    """Whether ``cost`` fits in a window whose view before the call is (``used``,
+    ``prev``: :func:`_view`, or a sliding log's used units) at ``now`` (ms)."""
     if algorithm == FIXED_WINDOW:
         return used + cost <= window.limit
     if algorithm == SLIDING_LOG:
@@ -638,14 +640,14 @@ def evaluate_group(
                 _view(algorithm, window, position, state, now)
                 for position, window in enumerate(call.windows, 1)
             ]
-        allows = True
+        fits = True
         for window, (used, prev) in zip(call.windows, policy_views, strict=True):
-            if not _allows(algorithm, window, used, prev, now, cost):
-                allows = False
+            if not allows(algorithm, window, used, prev, now, cost):
+                fits = False
                 break
         views.append(policy_views)
-        own_allows.append(allows)
-        if call.enforce and not allows:
+        own_allows.append(fits)
+        if call.enforce and not fits:
             commit = False
 
     results = []

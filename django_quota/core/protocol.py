@@ -13,6 +13,8 @@ from typing import NamedTuple
 from django_quota.core.identity import Identity
 from django_quota.core.model import (
     ALLOWED,
+    ALLOWED_UNCHARGED,
+    DENIED,
     ENTRY_BYTES,
     FINGERPRINT_BYTES,
     GROUP_CLOCK_UNSAFE,
@@ -29,7 +31,13 @@ from django_quota.core.model import (
     check_packable,
     window_result,
 )
-from django_quota.core.policy import SLIDING_LOG, SLIDING_WINDOW, TOKEN_BUCKET, Policy
+from django_quota.core.policy import (
+    FIXED_WINDOW,
+    SLIDING_LOG,
+    SLIDING_WINDOW,
+    TOKEN_BUCKET,
+    Policy,
+)
 
 
 def counter_tail(policy: Policy) -> str:
@@ -151,6 +159,10 @@ def fingerprint(evaluation_id: str) -> bytes:
 
 
 
+#: Added to the header's mode when the group gives ``now`` (the client's clock): without
+#: it the script reads Redis ``TIME``.
+CLIENT_CLOCK = 4
+
 #: Packed headers of the server clock's groups (no ``now`` in them): a handful per
 #: process (mode, policy count and the settings' lifetimes), packed once each.
 _HEADERS: dict[tuple[int, ...], bytes] = {}
@@ -214,7 +226,7 @@ class GroupRequest(NamedTuple):
         packed in one string. Raises ``ValueError`` for more than 65,535 policies or a
         time outside 0..2**48 ms."""
         fields = (
-            self.mode,
+            self.mode if self.now_ms is None else self.mode + CLIENT_CLOCK,
             len(self.calls),
             0 if self.now_ms is None else check_packable(self.now_ms) + 1,
             self.max_regression_ms + 1,
@@ -271,10 +283,15 @@ def parse_reply(reply: Sequence[int], calls: Sequence[PolicyCall], peek: bool) -
     """Parse ``evaluate.lua``'s flat integer reply to the group of ``calls`` (``peek``: the
     group was a peek) into results (``ValueError`` when malformed).
 
-    A sliding log's windows come with their reported numbers; the other algorithms'
-    with their views (used, prev), from which :func:`~django_quota.core.model.window_result`
-    computes the numbers, as the model does for the memory backend: the arithmetic of a
-    reported number exists once, in Python.
+    A sliding log's windows come with their reported numbers; the other algorithms' with
+    their views (used, and prev for the sliding window counter), from which
+    :func:`~django_quota.core.model.window_result` computes the numbers, as the model does
+    for the memory backend: the arithmetic of a reported number exists once, in Python.
+    Per policy the reply holds its status only when the group replayed. Otherwise the
+    status follows from the windows as the script decided it
+    (:func:`~django_quota.core.model.evaluate_group`'s rule): a window allows iff its
+    ``retry_after`` is -1; the group is allowed iff every enforced policy's windows allow;
+    then each policy whose windows allow is charged, unless its cost is 0.
     """
     if not reply:
         raise ValueError("empty script reply")
@@ -288,43 +305,90 @@ def parse_reply(reply: Sequence[int], calls: Sequence[PolicyCall], peek: bool) -
     replayed = status == GROUP_REPLAYED
     size = len(reply)
     position = 1
-    results = []
+    results: list[PolicyResult] = []
+    # The views of the policies computed as charged, kept to compute them again as not
+    # charged should another enforced policy refuse (a rare second pass).
+    views: dict[int, list[tuple[int, int]]] = {}
+    commit = not peek and not replayed
     for call in calls:
-        log = call.algorithm == SLIDING_LOG
-        if position + 2 + (4 if log else 2) * len(call.windows) > size:
+        policy_status = ALLOWED
+        if replayed:
+            if position >= size:
+                raise ValueError("script reply shorter than its windows")
+            policy_status = int(reply[position])
+            position += 1
+        algorithm = call.algorithm
+        width = _WIDTHS[algorithm]
+        if position + 1 + width * len(call.windows) > size:
             raise ValueError("script reply shorter than its windows")
-        policy_status, now = int(reply[position]), int(reply[position + 1])
-        position += 2
+        now = int(reply[position])
+        position += 1
+        allowed = True
         windows: list[WindowResult] = []
-        if log:
+        if algorithm == SLIDING_LOG:
             for _ in call.windows:
-                windows.append(
-                    WindowResult(
-                        int(reply[position]),
-                        int(reply[position + 1]),
-                        int(reply[position + 2]),
-                        int(reply[position + 3]),
-                    )
+                result = WindowResult(
+                    int(reply[position]),
+                    int(reply[position + 1]),
+                    int(reply[position + 2]),
+                    int(reply[position + 3]),
                 )
+                if result.retry_after_ms != -1:
+                    allowed = False
+                windows.append(result)
                 position += 4
         else:
             cost = 1 if peek else call.cost
-            charged = policy_status == ALLOWED and not replayed
+            charge = commit and call.cost > 0  # until a window or another policy refuses
+            seen: list[tuple[int, int]] = []
             for window in call.windows:
-                result = window_result(
-                    call.algorithm,
-                    window,
-                    int(reply[position]),
-                    int(reply[position + 1]),
-                    now,
-                    cost,
-                    charged,
-                )[0]
-                if replayed:
-                    result = result._replace(retry_after_ms=-1)
+                used = int(reply[position])
+                prev = int(reply[position + 1]) if width == 2 else 0
+                position += width
+                result = window_result(algorithm, window, used, prev, now, cost, charge)[0]
+                if result.retry_after_ms != -1:  # retry_after does not depend on the charge
+                    allowed = False
+                seen.append((used, prev))
                 windows.append(result)
-                position += 2
+            if replayed:
+                windows = [result._replace(retry_after_ms=-1) for result in windows]
+            elif charge and not allowed:  # a denied policy charges nothing
+                windows = _uncharged(call, seen, now, cost)
+            elif charge:
+                views[len(results)] = seen
+        if not replayed:
+            if not allowed:
+                policy_status = DENIED
+                if call.enforce:
+                    commit = False
+            elif not commit or call.cost == 0:
+                policy_status = ALLOWED_UNCHARGED
         results.append(PolicyResult(policy_status, now, tuple(windows)))
     if position != size:
         raise ValueError("script reply longer than its windows")
+    if not replayed and not commit:
+        # An enforced policy refused after some were taken as charged: none is (a sliding
+        # log's numbers came from the script, which knew).
+        for index, decided in enumerate(results):
+            if decided.status == ALLOWED:
+                kept = decided.windows
+                if index in views:
+                    call = calls[index]
+                    kept = tuple(_uncharged(call, views[index], decided.now_ms, call.cost))
+                results[index] = PolicyResult(ALLOWED_UNCHARGED, decided.now_ms, kept)
     return GroupReply(status, tuple(results))
+
+
+def _uncharged(
+    call: PolicyCall, seen: Sequence[tuple[int, int]], now: int, cost: int
+) -> list[WindowResult]:
+    """The windows of ``call`` (views ``seen``) reported as charged nothing."""
+    return [
+        window_result(call.algorithm, window, used, prev, now, cost, False)[0]
+        for window, (used, prev) in zip(call.windows, seen, strict=True)
+    ]
+
+
+#: Integers per window in the reply: a view (used; used and prev for the sliding window
+#: counter) or a sliding log's four numbers.
+_WIDTHS = {FIXED_WINDOW: 1, TOKEN_BUCKET: 1, SLIDING_WINDOW: 2, SLIDING_LOG: 4}

@@ -9,10 +9,13 @@ a % b, which Lua computes as a - floor(a / b) * b, the exact remainder, non-nega
 for b > 0 (docs/arithmetic.md).
 
 Cost: the script runs on every decision, so it avoids what Redis's Lua makes expensive
-(measured in instructions per call, docs/benchmarks.md): tonumber() on a decimal string
-(strtod), a Lua number passed to redis.call or concatenated (formatted through "%.17g"),
-a closure or table made per call, and every extra command. Hence binary arguments and a
-binary counter value: one GET and one SET (with its expiry) per charged counter.
+(measured in instructions per call, docs/benchmarks.md): every VM instruction (about 50
+machine instructions each) and C call, tonumber() on a decimal string (strtod), a Lua
+number passed to redis.call or concatenated (formatted through "%.17g"), a closure or
+table made or grown per call, every integer of the reply and every extra command. Hence
+binary arguments read in as few string.byte calls as possible, a binary counter value
+(one GET and one SET with its expiry per charged counter), each policy decided in the
+pass that reads it, and a reply without what the client can derive.
 
 KEYS (1 per policy i = 1..n, in call order, then the sliding logs):
   KEYS[i]  the counter of (policy, revision, identity): a string (layout below)
@@ -24,9 +27,11 @@ ARGV:
      "u8" one byte, "u16" two, "u64" eight (every value below 2^48, so the script
      reads only the low six bytes)
        u8 mode: 0 = a fresh evaluation id; 1 = it may repeat an earlier one (search the
-                ledgers first); 2 = peek (decide as cost 1 would and write nothing)
+                ledgers first); 2 = peek (decide as cost 1 would and write nothing); plus
+                4 when the client gives now (else the script reads Redis TIME)
        u16 n, the number of policies
-       u64 now + 1, integer ms since the epoch; 0 = read Redis TIME (µs floored to ms)
+       u64 now + 1, integer ms since the epoch (0 when mode has no 4: Redis TIME, µs
+           floored to ms)
        u64 max clock regression + 1, ms; 0 = clamp silently (server clock)
        u64 DEDUP_TTL, ms: a charged counter lives at least this long; ledger entries
            younger than this are remembered, and dropping one makes a possible repeat
@@ -37,16 +42,17 @@ ARGV:
        then per window: u64 limit, u64 period (ms), u64 capacity
 Reply (integers only):
   { group status (0 decided, 1 clock unsafe, 2 indeterminate, 3 replayed),
-    then per policy (only when 0 or 3): status (0 denied, 1 allowed and charged, now
-                     or, when replayed, by the earlier evaluation; 2 allowed, not
-                     charged), effective now (ms),
-                     then per window of a fixed window, sliding window counter or token
-                       bucket: its view before this call (model._view): used (the fixed
-                       count, the sliding window's current count, the bucket's scaled
-                       deficit) and prev (the sliding window's previous count, else 0),
-                       from which the client computes the reported numbers with the
-                       model's own arithmetic (model.window_result: every one follows
-                       from the view, now, the window and the cost);
+    then per policy (only when 0 or 3): its status, only when replayed (1 charged by the
+                     earlier evaluation, 2 not; a decided group's statuses follow from the
+                     views, and the client derives them as model.evaluate_group decides),
+                     its effective now (ms),
+                     then per window of a fixed window or token bucket: its view before
+                       this call (model._view) used (the fixed count, the bucket's scaled
+                       deficit); of a sliding window counter: used (its current count) and
+                       prev (its previous count); from the view the client computes the
+                       reported numbers with the model's own arithmetic
+                       (model.window_result: every one follows from the view, now, the
+                       window and the cost);
                      per window of a sliding log: remaining, reset_after (ms),
                        retry_after (ms, -1 unless this window denied or replayed),
                        replenish_after (ms until remaining next rises), which need its
@@ -103,18 +109,21 @@ end
 
 local fingerprint, packed = ARGV[1], ARGV[2]
 
-local mode, n_high, n_low = byte(packed, 1, 3)
+-- The header in one call (a C call costs more than the numbers it returns): mode, n, then
+-- the low six bytes of now + 1, max regression + 1, DEDUP_TTL and the grace.
+local mode, n_high, n_low, _, _, h1, h2, h3, h4, h5, h6, _, _, r1, r2, r3, r4, r5, r6,
+  _, _, e1, e2, e3, e4, e5, e6, _, _, g1, g2, g3, g4, g5, g6 = byte(packed, 1, 35)
 local n = n_high * 256 + n_low
-local peek = mode == 2
-local now
-do
-  local a, b, c, d, e, f = byte(packed, 6, 11)
-  now = ((((a * 256 + b) * 256 + c) * 256 + d) * 256 + e) * 256 + f - 1
+local now = -1
+if mode >= 4 then  -- the client's clock
+  mode = mode - 4
+  now = ((((h1 * 256 + h2) * 256 + h3) * 256 + h4) * 256 + h5) * 256 + h6 - 1
 end
+local peek = mode == 2
 -- Whether now is on the clock expiries follow (Redis TIME): only then may a charge keep
 -- its counter's expiry (model.keeps_expiry).
 local server_clock = now < 0
-if now < 0 then
+if server_clock then
   -- Redis TIME in ms, read from its digits: ten of seconds (until 2286), then the µs
   -- without leading zeros, whose digits but the last three are the whole ms.
   local time = redis.call('TIME')
@@ -137,117 +146,17 @@ if now < 0 then
     now = now + byte(micros, 1) - 48
   end
 end
--- DEDUP_TTL and the grace are read when something may be charged or searched for; the
--- clock bound only when a counter is ahead of now.
+-- DEDUP_TTL and the grace matter when something may be charged or searched for.
 local dedup_ttl, grace = 0, 0
 if not peek then
-  local a, b, c, d, e, f, _, _, g, h, i, j, k, l = byte(packed, 22, 35)
-  dedup_ttl = ((((a * 256 + b) * 256 + c) * 256 + d) * 256 + e) * 256 + f
-  grace = ((((g * 256 + h) * 256 + i) * 256 + j) * 256 + k) * 256 + l
-end
-
--- One array per policy: 1 algorithm, 2 enforced, 3 window count, 4 cost, 5 byte of its
--- first window in the packed arguments, 6 its counter value ('' for none), 7 t (nil for
--- none), 8 the effective now, 9 KEYS index of its first log, 10 u48s a window (1: c<w>;
--- 2: c<w>, p<w>), 11 byte of the ledger's end (the byte before d), then 12 allowed,
--- 13 whether every window is the stored t's, and from 14 the windows' views, 4 values
--- each (set while deciding).
-local policies = {nil, nil}  -- nil slots make room ahead (a table grown rehashes)
-local offset = 36
-local log_index = n + 1  -- KEYS index of the next sliding log
-local has_log = false
-for i = 1, n do
-  local algorithm, enforce, m_high, m_low, _, _, c1, c2, c3, c4, c5, c6 =
-    byte(packed, offset, offset + 11)
-  local m = m_high * 256 + m_low
-  local cost = ((((c1 * 256 + c2) * 256 + c3) * 256 + c4) * 256 + c5) * 256 + c6
-  local first = offset + 12
-  offset = first + 24 * m
-  local value = redis.pcall('GET', KEYS[i])
-  if type(value) == 'table' then  -- an error: only another type at the key is no counter
-    if sub(tostring(value.err), 1, 9) ~= 'WRONGTYPE' then return value end
-    value = ''
-  elseif not value then
-    value = ''
-  end
-  local stride = 1
-  if algorithm == 2 or algorithm == 3 then stride = 2 end
-  local ledger_end, last = 1, nil
-  if value ~= '' then
-    local entries = byte(value, 1)
-    ledger_end = 1 + ENTRY * entries
-    local size = #value
-    if size == ledger_end + 12 + 6 * stride * m then
-      local a, b, c, d, e, f = byte(value, ledger_end + 7, ledger_end + 12)
-      last = ((((a * 256 + b) * 256 + c) * 256 + d) * 256 + e) * 256 + f
-    elseif entries > LEDGER_SIZE or size ~= ledger_end + 6 then
-      return redis.error_reply('django-quota: the value at ' .. KEYS[i] ..
-        ' is not a counter of this policy (docs/operations.md); reset it')
-    end
-  end
-  local effective = now
-  if last ~= nil and now < last then
-    local a, b, c, d, e, f = byte(packed, 14, 19)
-    local max_regression = ((((a * 256 + b) * 256 + c) * 256 + d) * 256 + e) * 256 + f - 1
-    if max_regression >= 0 and last - now > max_regression then
-      return {1}
-    end
-    effective = last
-  end
-  local logs = 0
-  if algorithm == 4 then
-    logs = log_index
-    log_index = log_index + m
-    has_log = true
-  end
-  policies[i] = {algorithm, enforce == 1, m, cost, first, value, last, effective, logs, stride,
-    ledger_end, false, false, nil, nil, nil, nil}  -- room for one window's view
-end
-
--- Whether the ledger of value (entries up to byte ledger_end) holds the fingerprint in an
--- entry charged less than DEDUP_TTL before now.
-local remembers
-if mode == 1 then
-  remembers = function(value, ledger_end, at_now)
-    for i = 2, ledger_end - 1, ENTRY do
-      if sub(value, i, i + 4) == fingerprint then
-        local b1, b2, b3, b4 = byte(value, i + 5, i + 8)  -- its charge time modulo 2^32
-        if (at_now - (((b1 * 256 + b2) * 256 + b3) * 256 + b4)) % STAMP < dedup_ttl then
-          return true
-        end
-      end
-    end
-    return false
-  end
-end
-
-local replay = false
-if mode == 1 then
-  for i = 1, n do
-    local policy = policies[i]
-    if remembers(policy[6], policy[11], policy[8]) then
-      replay = true
-      break
-    end
-  end
-  if not replay then
-    for i = 1, n do
-      local policy = policies[i]
-      if policy[6] ~= '' then
-        local a, b, c, d, e, f = byte(policy[6], policy[11] + 1, policy[11] + 6)
-        local dropped = ((((a * 256 + b) * 256 + c) * 256 + d) * 256 + e) * 256 + f - 1
-        if dropped >= 0 and policy[8] - dropped < dedup_ttl then
-          return {2}
-        end
-      end
-    end
-  end
+  dedup_ttl = ((((e1 * 256 + e2) * 256 + e3) * 256 + e4) * 256 + e5) * 256 + e6
+  grace = ((((g1 * 256 + g2) * 256 + g3) * 256 + g4) * 256 + g5) * 256 + g6
 end
 
 -- The sliding log's functions (model._log_view, _log_wait, _log_result, _charged_log),
--- made only for a group that has one.
+-- made only for a group that has one (decided in the policies' loop).
 local log_view, log_result, log_charge
-if has_log then
+if #KEYS > n then  -- the sliding logs' lists follow the counters
   local function decimal(x)  -- an integer as redis.call takes it, without "%.17g"
     return format('%d', x)
   end
@@ -352,52 +261,105 @@ if has_log then
   end
 end
 
--- Decide every window. A window's view is 4 values (used, prev, limit, period);
--- a sliding log's prev is its log view instead (a table; its count is lv.count).
-local commit = not peek and not replay
+-- Each policy is read and decided in one pass; what the reply and the writes need is kept
+-- in one array per policy: 1 algorithm, 2 window count, 3 cost, 4 its counter value (''
+-- for none), 5 the effective now, 6 KEYS index of its first log, 7 byte of the ledger's
+-- end (the byte before d), 8 allowed, 9 whether every window is the stored t's, and
+-- from 10 the windows' views, 4 values each: used, prev (a sliding log's view table
+-- instead), limit, period.
+local policies = {nil, nil}  -- nil slots make room ahead (a table grown rehashes)
+local offset = 36
+local log_index = n + 1  -- KEYS index of the next sliding log
+local commit = not peek
 for i = 1, n do
-  local policy = policies[i]
-  local algorithm, m, first, value = policy[1], policy[3], policy[5], policy[6]
-  local last, policy_now, stride = policy[7], policy[8], policy[10]
-  local numbers = policy[11] + 13  -- byte of c1
-  local cost = policy[4]
+  -- The policy and its first window in one call.
+  local algorithm, enforce, m_high, m_low, _, _, c1, c2, c3, c4, c5, c6,
+    _, _, l1, l2, l3, l4, l5, l6, _, _, p1, p2, p3, p4, p5, p6, _, _, q1, q2, q3, q4, q5, q6 =
+    byte(packed, offset, offset + 35)
+  local m = m_high * 256 + m_low
+  local call_cost = ((((c1 * 256 + c2) * 256 + c3) * 256 + c4) * 256 + c5) * 256 + c6
+  local first = offset + 12
+  offset = first + 24 * m
+  local value = redis.pcall('GET', KEYS[i])
+  if not value then
+    value = ''
+  elseif value.err then  -- an error (a string has no field err): only another type is no counter
+    if sub(tostring(value.err), 1, 9) ~= 'WRONGTYPE' then return value end
+    value = ''
+  end
+  local stride = 1
+  if algorithm == 2 or algorithm == 3 then stride = 2 end
+  local ledger_end, last, count, extra = 1, nil, 0, 0
+  if value ~= '' then
+    local entries = byte(value, 1)
+    ledger_end = 1 + ENTRY * entries
+    local size = #value
+    if size == ledger_end + 12 + 6 * stride * m then
+      -- t and the first window's numbers in one call.
+      local t1, t2, t3, t4, t5, t6, u1, u2, u3, u4, u5, u6, x1, x2, x3, x4, x5, x6 =
+        byte(value, ledger_end + 7, ledger_end + 24)
+      last = ((((t1 * 256 + t2) * 256 + t3) * 256 + t4) * 256 + t5) * 256 + t6
+      count = ((((u1 * 256 + u2) * 256 + u3) * 256 + u4) * 256 + u5) * 256 + u6
+      if stride == 2 then
+        extra = ((((x1 * 256 + x2) * 256 + x3) * 256 + x4) * 256 + x5) * 256 + x6
+      end
+    elseif entries > LEDGER_SIZE or size ~= ledger_end + 6 then
+      return redis.error_reply('django-quota: the value at ' .. KEYS[i] ..
+        ' is not a counter of this policy (docs/operations.md); reset it')
+    end
+  end
+  local policy_now = now
+  if last ~= nil and now < last then
+    local max_regression = ((((r1 * 256 + r2) * 256 + r3) * 256 + r4) * 256 + r5) * 256 + r6 - 1
+    if max_regression >= 0 and last - now > max_regression then
+      return {1}
+    end
+    policy_now = last
+  end
+  local logs = 0
+  if algorithm == 4 then
+    logs = log_index
+    log_index = log_index + m
+  end
+  local policy = {algorithm, m, call_cost, value, policy_now, logs, ledger_end, true, false,
+    nil, nil, nil, nil, nil, nil, nil, nil}  -- room for two windows' views
+  policies[i] = policy
+  local cost = call_cost
   if peek then cost = 1 end
   local allowed = true
   -- Whether every window is still the one of the stored t (fixed window and sliding
   -- window counter only): then a charge may keep the counter's expiry (model.keeps_expiry).
   local same_windows = last ~= nil and (algorithm == 1 or algorithm == 2)
-  local views = policy  -- the windows' views follow the policy's 13 fields
   for w = 1, m do
-    local at = first + 24 * (w - 1)
-    local l1, l2, l3, l4, l5, l6, _, _, p1, p2, p3, p4, p5, p6 = byte(packed, at + 2, at + 15)
-    local limit = ((((l1 * 256 + l2) * 256 + l3) * 256 + l4) * 256 + l5) * 256 + l6
-    local period = ((((p1 * 256 + p2) * 256 + p3) * 256 + p4) * 256 + p5) * 256 + p6
-    local base = 13 + 4 * (w - 1)
-    local count, extra = 0, 0
-    if last ~= nil then
-      local field = numbers + 6 * stride * (w - 1)
-      if stride == 2 then
+    if w > 1 then
+      local at = first + 24 * (w - 1)
+      l1, l2, l3, l4, l5, l6, _, _, p1, p2, p3, p4, p5, p6, _, _, q1, q2, q3, q4, q5, q6 =
+        byte(packed, at + 2, at + 23)
+      if last ~= nil then
+        local field = ledger_end + 13 + 6 * stride * (w - 1)  -- c<w>
         local a, b, c, d, e, f, g, h, i, j, k, l = byte(value, field, field + 11)
         count = ((((a * 256 + b) * 256 + c) * 256 + d) * 256 + e) * 256 + f
-        extra = ((((g * 256 + h) * 256 + i) * 256 + j) * 256 + k) * 256 + l
-      else
-        local a, b, c, d, e, f = byte(value, field, field + 5)
-        count = ((((a * 256 + b) * 256 + c) * 256 + d) * 256 + e) * 256 + f
+        if stride == 2 then
+          extra = ((((g * 256 + h) * 256 + i) * 256 + j) * 256 + k) * 256 + l
+        end
       end
     end
+    local limit = ((((l1 * 256 + l2) * 256 + l3) * 256 + l4) * 256 + l5) * 256 + l6
+    local period = ((((p1 * 256 + p2) * 256 + p3) * 256 + p4) * 256 + p5) * 256 + p6
+    local base = 5 + 4 * w
     if algorithm == 4 then
       local lv = {used = 0, inside = 0, newest = 0, oldest = 0, events = -1}
       if last ~= nil then  -- no numbers: whatever a list holds is not this counter's
-        lv = log_view(KEYS[policy[9] + w - 1], count, policy_now, period)
+        lv = log_view(KEYS[logs + w - 1], count, policy_now, period)
       end
       lv.count = count
-      views[base + 1], views[base + 2], views[base + 3], views[base + 4] = lv.used, lv, limit,
+      policy[base + 1], policy[base + 2], policy[base + 3], policy[base + 4] = lv.used, lv, limit,
         period
       if lv.used + cost > limit then allowed = false end
     else
       -- The window seen at now (model._view): used (the fixed count, the sliding cur, the
-      -- bucket's deficit) and prev; then whether cost fits (model._allows).
-      local capacity, used, prev = 0, 0, 0
+      -- bucket's deficit) and prev; then whether cost fits (model.allows).
+      local used, prev = 0, 0
       if algorithm == 1 then
         if last ~= nil and policy_now - policy_now % period == last - last % period then
           used = count
@@ -406,8 +368,7 @@ for i = 1, n do
         end
         if used + cost > limit then allowed = false end
       elseif algorithm == 3 then
-        local a, b, c, d, e, f = byte(packed, at + 18, at + 23)
-        capacity = ((((a * 256 + b) * 256 + c) * 256 + d) * 256 + e) * 256 + f
+        local capacity = ((((q1 * 256 + q2) * 256 + q3) * 256 + q4) * 256 + q5) * 256 + q6
         if last ~= nil then
           local deficit = count * period + extra
           local elapsed = policy_now - last
@@ -430,131 +391,163 @@ for i = 1, n do
           allowed = false
         end
       end
-      views[base + 1], views[base + 2], views[base + 3], views[base + 4] = used, prev, limit,
+      policy[base + 1], policy[base + 2], policy[base + 3], policy[base + 4] = used, prev, limit,
         period
     end
   end
-  policy[12] = allowed
-  policy[13] = same_windows
-  if policy[2] and not allowed then commit = false end
+  if not allowed then
+    policy[8] = false
+    if enforce == 1 then commit = false end
+  end
+  policy[9] = same_windows
 end
 
+-- Whether the ledger of value (entries up to byte ledger_end) holds the fingerprint in an
+-- entry charged less than DEDUP_TTL before now.
+local remembers
+local replay = false
+if mode == 1 then
+  remembers = function(value, ledger_end, at_now)
+    for i = 2, ledger_end - 1, ENTRY do
+      if sub(value, i, i + 4) == fingerprint then
+        local b1, b2, b3, b4 = byte(value, i + 5, i + 8)  -- its charge time modulo 2^32
+        if (at_now - (((b1 * 256 + b2) * 256 + b3) * 256 + b4)) % STAMP < dedup_ttl then
+          return true
+        end
+      end
+    end
+    return false
+  end
+  for i = 1, n do
+    local policy = policies[i]
+    if remembers(policy[4], policy[7], policy[5]) then
+      replay = true
+      commit = false
+      break
+    end
+  end
+  if not replay then
+    for i = 1, n do
+      local policy = policies[i]
+      local value, ledger_end = policy[4], policy[7]
+      if value ~= '' then
+        local a, b, c, d, e, f = byte(value, ledger_end + 1, ledger_end + 6)
+        local dropped = ((((a * 256 + b) * 256 + c) * 256 + d) * 256 + e) * 256 + f - 1
+        if dropped >= 0 and policy[5] - dropped < dedup_ttl then
+          return {2}
+        end
+      end
+    end
+  end
+end
+
+-- The reply, then the writes. Per policy: its status only when replayed (else the client
+-- derives it from the views, as model.evaluate_group decides), its effective now, then
+-- per window its view or, for a sliding log, its numbers.
 local reply = {0, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil}
 local r = 1  -- the reply's last index
 if replay then reply[1] = 3 end
 for i = 1, n do
   local policy = policies[i]
-  local algorithm, m, value, policy_now = policy[1], policy[3], policy[6], policy[8]
-  local allowed, views = policy[12], policy
-  local call_cost = policy[4]
+  local algorithm, m, call_cost, value, policy_now = policy[1], policy[2], policy[3],
+    policy[4], policy[5]
   local cost = call_cost
   if peek then cost = 1 end
-  local charged = commit and allowed and call_cost > 0
-  local status = 0
-  if charged then
-    status = 1
-  elseif replay then
+  local charged = commit and policy[8] and call_cost > 0
+  if replay then
     -- charged by the earlier evaluation when its ledger holds the id (cluster refunds)
-    status = 2
-    if remembers(value, policy[11], policy_now) then status = 1 end
-  elseif allowed then
-    status = 2
+    local status = 2
+    if remembers(value, policy[7], policy_now) then status = 1 end
+    r = r + 1
+    reply[r] = status
   end
-  reply[r + 1] = status
-  reply[r + 2] = policy_now
-  r = r + 2
+  r = r + 1
+  reply[r] = policy_now
   -- Per window: a sliding log's four reported numbers (model._log_result); for the other
-  -- algorithms the window's view (used, prev: model._view), from which the client
-  -- computes the reported numbers (model.window_result). A charge needs the windows'
-  -- time to live.
-  local ttl = 0
+  -- algorithms the window's view (used, and prev for the sliding window counter:
+  -- model._view), from which the client computes the reported numbers
+  -- (model.window_result). A charge needs the windows' time to live and new numbers (a,
+  -- and b for the sliding window counter and the token bucket), as u48s for more than one
+  -- window (with one they join d and t in a single char() call).
+  local ttl, a, b, numbers = 0, nil, nil, nil
   for w = 1, m do
-    local base = 13 + 4 * (w - 1)
+    local base = 5 + 4 * w
     local window_ttl = 0
     if algorithm == 4 then
-      window_ttl = log_result(reply, r, KEYS[policy[9] + w - 1], views[base + 3],
-        views[base + 4], views[base + 2], policy_now, cost, charged, replay)
+      window_ttl = log_result(reply, r, KEYS[policy[6] + w - 1], policy[base + 3],
+        policy[base + 4], policy[base + 2], policy_now, cost, charged, replay)
       r = r + 4
-    else
-      local used, period = views[base + 1], views[base + 4]
-      reply[r + 1] = used
-      reply[r + 2] = views[base + 2]
-      r = r + 2
       if charged then
+        local lv = policy[base + 2]
+        a = (lv.count + call_cost) % LOG_MODULUS
+        log_charge(KEYS[policy[6] + w - 1], policy[base + 4], lv, policy_now)
+      end
+    else
+      local used = policy[base + 1]
+      r = r + 1
+      reply[r] = used
+      if algorithm == 2 then
+        r = r + 1
+        reply[r] = policy[base + 2]
+      end
+      if charged then
+        local period = policy[base + 4]
         if algorithm == 1 then
           window_ttl = period - policy_now % period
+          a = used + call_cost
         elseif algorithm == 3 then
-          window_ttl = -floor(-(used + cost * period) / views[base + 3])
+          local deficit = used + call_cost * period
+          window_ttl = -floor(-deficit / policy[base + 3])
+          a = floor(deficit / period)
+          b = deficit - a * period
         else
           window_ttl = period - policy_now % period + period
+          a, b = used + call_cost, policy[base + 2]
         end
       end
     end
     if window_ttl > ttl then ttl = window_ttl end
+    if charged and m > 1 then
+      if w == 1 then numbers = {} end
+      numbers[w] = char(split48(a))
+      if b then numbers[w] = numbers[w] .. char(split48(b)) end
+    end
   end
   if charged then
     -- The ledger with this evaluation appended (the oldest entry dropped when full), d,
     -- then the numbers.
-    local ledger_end = policy[11]
+    local ledger_end = policy[7]
     local entries = ledger_end - 1
     local kept = 2  -- byte of the oldest entry kept
-    local dropped
-    if value == '' then
-      dropped = '\0\0\0\0\0\0'
-    else
-      dropped = sub(value, ledger_end + 1, ledger_end + 6)
-      if entries >= LEDGER_SIZE * ENTRY then
-        local b1, b2, b3, b4 = byte(value, 7, 10)  -- the oldest's charge time modulo 2^32
-        local age = (policy_now - (((b1 * 256 + b2) * 256 + b3) * 256 + b4)) % STAMP
-        if age < dedup_ttl then dropped = char(split48(policy_now - age + 1)) end
-        kept = 2 + ENTRY
-        entries = entries - ENTRY
-      end
+    local source = value  -- for d + 1 as stored: none (six zeros) without a counter
+    if source == '' then source = '\0\0\0\0\0\0\0' end
+    local d1, d2, d3, d4, d5, d6 = byte(source, ledger_end + 1, ledger_end + 6)
+    if entries >= LEDGER_SIZE * ENTRY then
+      local b1, b2, b3, b4 = byte(value, 7, 10)  -- the oldest's charge time modulo 2^32
+      local age = (policy_now - (((b1 * 256 + b2) * 256 + b3) * 256 + b4)) % STAMP
+      if age < dedup_ttl then d1, d2, d3, d4, d5, d6 = split48(policy_now - age + 1) end
+      kept = 2 + ENTRY
+      entries = entries - ENTRY
     end
-    -- The numbers of each window (a, and b for the sliding window counter and the token
-    -- bucket), as u48s; with one window they join t in a single char() call.
-    local a, b, numbers
-    for w = 1, m do
-      local base = 13 + 4 * (w - 1)
-      local period = views[base + 4]
-      if algorithm == 3 then
-        local deficit = views[base + 1] + call_cost * period
-        a = floor(deficit / period)
-        b = deficit - a * period
-      elseif algorithm == 4 then
-        local lv = views[base + 2]
-        a = (lv.count + call_cost) % LOG_MODULUS
-        log_charge(KEYS[policy[9] + w - 1], period, lv, policy_now)
-      elseif algorithm == 2 then
-        a, b = views[base + 1] + call_cost, views[base + 2]
-      else
-        a = views[base + 1] + call_cost
-      end
-      if m > 1 then
-        if w == 1 then numbers = {} end
-        numbers[w] = char(split48(a))
-        if b then numbers[w] = numbers[w] .. char(split48(b)) end
-      end
-    end
-    -- t as a u48; its low four bytes are the charge time modulo 2^32 (the entry's stamp)
+    -- The entry's stamp is t's low four bytes (the charge time modulo 2^32).
     local t1, t2, t3, t4, t5, t6 = split48(policy_now)
-    local head = char(entries / ENTRY + 1)
-    local stamp = char(t3, t4, t5, t6)
+    local count_byte, entries_kept = char(entries / ENTRY + 1), sub(value, kept, ledger_end)
     local stored
     if m > 1 then
-      stored = head .. sub(value, kept, ledger_end) .. fingerprint .. stamp .. dropped
-        .. char(t1, t2, t3, t4, t5, t6) .. table.concat(numbers)
+      stored = count_byte .. entries_kept .. fingerprint
+        .. char(t3, t4, t5, t6, d1, d2, d3, d4, d5, d6, t1, t2, t3, t4, t5, t6)
+        .. table.concat(numbers)
     else
       local a1, a2, a3, a4, a5, a6 = split48(a)
       if b then
-        stored = head .. sub(value, kept, ledger_end) .. fingerprint .. stamp .. dropped
-          .. char(t1, t2, t3, t4, t5, t6, a1, a2, a3, a4, a5, a6, split48(b))
+        stored = count_byte .. entries_kept .. fingerprint .. char(t3, t4, t5, t6, d1, d2, d3,
+          d4, d5, d6, t1, t2, t3, t4, t5, t6, a1, a2, a3, a4, a5, a6, split48(b))
       else
-        stored = head .. sub(value, kept, ledger_end) .. fingerprint .. stamp .. dropped
-          .. char(t1, t2, t3, t4, t5, t6, a1, a2, a3, a4, a5, a6)
+        stored = count_byte .. entries_kept .. fingerprint .. char(t3, t4, t5, t6, d1, d2, d3,
+          d4, d5, d6, t1, t2, t3, t4, t5, t6, a1, a2, a3, a4, a5, a6)
       end
     end
-    if policy[13] and server_clock and policy_now == now and ttl >= dedup_ttl then
+    if policy[9] and server_clock and policy_now == now and ttl >= dedup_ttl then
       -- The expiry set by the charge at t is late enough (model.keeps_expiry).
       redis.call('SET', KEYS[i], stored, 'KEEPTTL')
     else
