@@ -14,15 +14,24 @@ Families (docs/operations.md):
 
 Under gunicorn with several workers set ``PROMETHEUS_MULTIPROC_DIR`` (prometheus_client's
 multiprocess mode) and expose :func:`django_quota.views.metrics`.
+
+Without multiprocess mode a decision's counts are plain integers in this module's
+dictionaries, under one lock, and a collector registered in prometheus_client's default
+registry reads them at scrape time: the same families, labels and samples as
+prometheus_client's own ``Counter`` and ``Histogram`` expose, at a fraction of their cost
+per decision (each of their increments takes a lock of its own). In multiprocess mode the
+values must live in the files the workers share, so they are prometheus_client's own
+objects. The admin status page reads the same counts in either mode.
 """
 
 from __future__ import annotations
 
+import bisect
 import logging
+import os
 import threading
 import time
-from collections import Counter
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Collection, Iterable, Iterator, Sequence
 from typing import Any, Protocol
 
 from django_quota.core.outcome import (
@@ -48,12 +57,22 @@ try:  # the optional extra
 except ImportError:  # pragma: no cover - exercised only without the extra
     prometheus_client = None
 
+#: prometheus_client's multiprocess mode (read when this module is imported, as
+#: prometheus_client reads it when it is).
+MULTIPROCESS = prometheus_client is not None and bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
+
+_lock = threading.Lock()
+#: (policy, decision, reason, selector, backend_mode) -> [count, created (epoch s)]
+_outcomes: dict[tuple[str, str, str, str, str], list[float]] = {}
+#: (backend_mode, reason) -> [count, created]
+_health: dict[tuple[str, str], list[float]] = {}
+#: backend_mode -> [count per bucket of LATENCY_BUCKETS, count above the last, sum (s), created]
+_latency: dict[str, list[float]] = {}
+
+# Multiprocess mode only: prometheus_client's metrics, and their children by labels
+# (labels() is resolved once per combination, not once per decision).
 _families: dict[str, Any] = {}
 _families_lock = threading.Lock()
-_counts: Counter[tuple[str, str, str]] = Counter()
-_counts_lock = threading.Lock()
-#: prometheus_client children by (policy, decision, reason, selector, backend_mode):
-#: labels() is resolved once per combination, not once per decision.
 _outcome_children: dict[tuple[str, str, str, str, str], Any] = {}
 _backend_children: dict[tuple[str, str], tuple[Any, Any]] = {}
 _LOGGED = frozenset({DENIED_DECISION, SHADOW_DENIED, FAILED_CLOSED, FAILED_OPEN})
@@ -83,24 +102,15 @@ def _family(name: str) -> Any:
 
 def _create(name: str) -> Any:
     assert prometheus_client is not None
-    if name == "outcomes":
-        return prometheus_client.Counter(
-            "django_quota_outcomes_total",
-            "Rate-limit decisions by policy, decision, reason, selector and backend mode.",
-            ["policy", "decision", "reason", "selector_dimensions", "backend_mode"],
+    if name == "latency":
+        return prometheus_client.Histogram(
+            "django_quota_backend_latency_seconds",
+            _HELP[name],
+            _LABELS[name],
+            buckets=LATENCY_BUCKETS,
         )
-    if name == "health":
-        return prometheus_client.Counter(
-            "django_quota_backend_health_total",
-            "Backend calls by backend mode and result (ok or a failure reason).",
-            ["backend_mode", "reason"],
-        )
-    return prometheus_client.Histogram(
-        "django_quota_backend_latency_seconds",
-        "Time of one backend call (one EVALSHA on Redis), in seconds.",
-        ["backend_mode"],
-        buckets=LATENCY_BUCKETS,
-    )
+    full = "django_quota_outcomes" if name == "outcomes" else "django_quota_backend_health"
+    return prometheus_client.Counter(f"{full}_total", _HELP[name], _LABELS[name])
 
 
 def record_outcomes(
@@ -113,24 +123,30 @@ def record_outcomes(
     (or objects naming them), in any order. An allowed outcome of a policy in
     ``group_denied`` (its windows allowed, another policy of its group refused, nothing
     charged) is counted with reason :data:`GROUP_DENIED`, not as admitting."""
-    family = _family("outcomes")
     for outcome in outcomes:
         reason = outcome.reason or ""
         decision = outcome.decision
         if group_denied and outcome.policy in group_denied and decision == ALLOWED:
             reason = GROUP_DENIED
-        with _counts_lock:
-            _counts[(outcome.policy, decision, reason)] += 1
-        if family is not None:
-            # The selector is part of the key: a policy id may come back with another
-            # selector (an edited admin policy, another settings generation).
-            selector = _selector_label(evaluated, outcome.policy)
-            key = (outcome.policy, decision, reason, selector, outcome.backend_mode)
+        # The selector is part of the key: a policy id may come back with another
+        # selector (an edited admin policy, another settings generation).
+        key = (
+            outcome.policy,
+            decision,
+            reason,
+            _selector_label(evaluated, outcome.policy),
+            outcome.backend_mode,
+        )
+        with _lock:
+            counted = _outcomes.get(key)
+            if counted is None:
+                _outcomes[key] = [1, time.time()]
+            else:
+                counted[0] += 1
+        if MULTIPROCESS:
             child = _outcome_children.get(key)
             if child is None:
-                child = family.labels(
-                    outcome.policy, decision, reason, selector, outcome.backend_mode
-                )
+                child = _family("outcomes").labels(*key)
                 _outcome_children[key] = child
             child.inc()
         if decision in _LOGGED and logger.isEnabledFor(logging.INFO):
@@ -154,18 +170,99 @@ def _selector_label(evaluated: Sequence[Evaluated | Policy], policy_id: str) -> 
 def record_backend(backend_mode: str, reason: str, seconds: float) -> None:
     """Count one evaluation's backend result (``reason`` ``ok`` or a failure reason) and
     its latency (seconds, the whole evaluation with its retry)."""
-    children = _backend_children.get((backend_mode, reason))
-    if children is None:
-        health = _family("health")
-        if health is None:
-            return
-        children = (health.labels(backend_mode, reason), _family("latency").labels(backend_mode))
-        _backend_children[(backend_mode, reason)] = children
-    children[0].inc()
-    children[1].observe(seconds)
+    # The bucket prometheus_client's Histogram counts it in: the first bound >= seconds.
+    bucket = bisect.bisect_left(LATENCY_BUCKETS, seconds)
+    key = (backend_mode, reason)
+    with _lock:
+        counted = _health.get(key)
+        if counted is None:
+            _health[key] = [1, time.time()]
+        else:
+            counted[0] += 1
+        latency = _latency.get(backend_mode)
+        if latency is None:
+            latency = _latency[backend_mode] = [0.0] * (len(LATENCY_BUCKETS) + 2) + [time.time()]
+        latency[bucket] += 1
+        latency[-2] += seconds
+    if MULTIPROCESS:
+        children = _backend_children.get(key)
+        if children is None:
+            children = (_family("health").labels(*key), _family("latency").labels(backend_mode))
+            _backend_children[key] = children
+        children[0].inc()
+        children[1].observe(seconds)
 
 
 def outcome_counts() -> dict[tuple[str, str, str], int]:
     """(policy, decision, reason) -> count since this process started."""
-    with _counts_lock:
-        return dict(_counts)
+    counts: dict[tuple[str, str, str], int] = {}
+    with _lock:
+        for (policy, decision, reason, _, _), (count, _) in _outcomes.items():
+            key = (policy, decision, reason)
+            counts[key] = counts.get(key, 0) + int(count)
+    return counts
+
+
+class Collector:
+    """The three families from this process's counts (not in multiprocess mode), read at
+    scrape time by prometheus_client's registry: what its ``Counter`` and ``Histogram``
+    of the same names would expose (``_total`` and ``_created``; ``_bucket``, ``_count``,
+    ``_sum`` and ``_created``)."""
+
+    def collect(self) -> Iterator[Any]:
+        """Yield the families (prometheus_client ``Metric`` objects)."""
+        from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
+        from prometheus_client.utils import floatToGoString
+
+        created = os.environ.get("PROMETHEUS_DISABLE_CREATED_SERIES", "").lower() != "true"
+        with _lock:
+            outcomes = [(key, values[0], values[1]) for key, values in _outcomes.items()]
+            health = [(key, values[0], values[1]) for key, values in _health.items()]
+            latency = [(mode, list(values)) for mode, values in _latency.items()]
+        family = CounterMetricFamily(
+            "django_quota_outcomes", _HELP["outcomes"], labels=_LABELS["outcomes"]
+        )
+        for key, count, since in outcomes:
+            family.add_metric(key, count, created=since if created else None)
+        yield family
+        family = CounterMetricFamily(
+            "django_quota_backend_health", _HELP["health"], labels=_LABELS["health"]
+        )
+        for pair, count, since in health:
+            family.add_metric(pair, count, created=since if created else None)
+        yield family
+        histogram = HistogramMetricFamily(
+            "django_quota_backend_latency_seconds", _HELP["latency"], labels=_LABELS["latency"]
+        )
+        for mode, values in latency:
+            total, buckets = 0.0, []
+            for bound, count in zip(_bounds(floatToGoString), values, strict=False):
+                total += count
+                buckets.append((bound, total))
+            histogram.add_metric([mode], buckets, values[-2])
+            if created:
+                histogram.add_sample(
+                    "django_quota_backend_latency_seconds_created", {"backend_mode": mode},
+                    values[-1],
+                )
+        yield histogram
+
+
+def _bounds(to_text: Any) -> tuple[str, ...]:
+    """The histogram's ``le`` label values, as prometheus_client writes them."""
+    return tuple(to_text(bound) for bound in (*LATENCY_BUCKETS, float("inf")))
+
+
+_HELP = {
+    "outcomes": "Rate-limit decisions by policy, decision, reason, selector and backend mode.",
+    "health": "Backend calls by backend mode and result (ok or a failure reason).",
+    "latency": "Time of one backend call (one EVALSHA on Redis), in seconds.",
+}
+_LABELS = {
+    "outcomes": ["policy", "decision", "reason", "selector_dimensions", "backend_mode"],
+    "health": ["backend_mode", "reason"],
+    "latency": ["backend_mode"],
+}
+
+if prometheus_client is not None and not MULTIPROCESS:
+    prometheus_client.REGISTRY.register(Collector())

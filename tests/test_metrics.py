@@ -231,6 +231,58 @@ def test_the_view_answers_404_without_prometheus_client(
     )
 
 
+# -- the collector -------------------------------------------------------------------------------
+def _samples(registry: Any) -> set[tuple[str, tuple[tuple[str, str], ...], float | None]]:
+    """Every sample of ``registry``'s families: name, labels, value (None for the
+    ``_created`` timestamps, which differ by when each side first counted)."""
+    return {
+        (s.name, tuple(sorted(s.labels.items())), None if s.name.endswith("_created") else s.value)
+        for family in registry.collect()
+        for s in family.samples
+    }
+
+
+def test_the_collector_exposes_what_prometheus_client_s_own_metrics_would(
+    quota: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import types
+    from functools import partial
+
+    import prometheus_client
+    from prometheus_client import CollectorRegistry
+
+    theirs = CollectorRegistry()
+    shim = types.SimpleNamespace(**vars(prometheus_client))
+    for name in ("Counter", "Histogram"):
+        setattr(shim, name, partial(getattr(prometheus_client, name), registry=theirs))
+    monkeypatch.setattr(metrics, "prometheus_client", shim)
+    monkeypatch.setattr(metrics, "MULTIPROCESS", True)  # count both ways at once
+    for name in ("_families", "_outcome_children", "_backend_children", "_outcomes",
+                 "_health", "_latency"):
+        monkeypatch.setattr(metrics, name, {})
+    quota(POLICIES={
+        "col-a": {"windows": "2/m", "selector": ["user"]},
+        "col-b": {"windows": "9/m", "selector": ["user", "ip"], "enforcement": "shadow"},
+    })
+    group = [policies.get_policy("col-a"), policies.get_policy("col-b")]
+    for _ in range(3):  # the third is denied
+        limiter.evaluate_policies(group, {"user": "u1", "ip": "203.0.113.5"})
+    # latencies on and around the bucket bounds, and above the last one
+    for seconds in (0.0, 0.0005, 0.0006, 0.001, 0.3, 1.0, 2.5):
+        metrics.record_backend("redis", "ok", seconds)
+    metrics.record_backend("redis", "backend_timeout", 0.25)
+    ours = CollectorRegistry()
+    ours.register(metrics.Collector())
+    expected = _samples(theirs)
+    assert len(expected) > 40
+    assert _samples(ours) == expected
+    assert ("django_quota_backend_latency_seconds_bucket",
+            (("backend_mode", "redis"), ("le", "0.001")), 4.0) in expected
+    counts = metrics.outcome_counts()  # the status page's, from the same counts
+    assert counts[("col-a", "denied", "default_quota_exhausted")] == 1
+    assert counts[("col-b", "allowed", "group_denied")] == 1
+
+
 # -- multiprocess mode -------------------------------------------------------------------------
 WORKER = textwrap.dedent("""
     import sys

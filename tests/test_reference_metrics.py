@@ -1,9 +1,10 @@
 """``docs/metrics.md`` against ``django_quota.metrics``: the page's family table is what
-the module registers (names, types, label names, read from a registry the module filled
-through a real evaluation), its label-value table names the code's vocabulary, and its
-bucket list is the histogram's. Also what the page says of the circuit breaker: while it
-is open no backend call is made, so neither the health counter nor the latency histogram
-moves, and the outcomes carry ``backend_unavailable``."""
+the module exposes (names, types, label names, read from a registry after a real
+evaluation, through its collector and through its multiprocess-mode metrics), its
+label-value table names the code's vocabulary, and its bucket list is the histogram's.
+Also what the page says of the circuit breaker: while it is open no backend call is
+made, so neither the health counter nor the latency histogram moves, and the outcomes
+carry ``backend_unavailable``."""
 
 from __future__ import annotations
 
@@ -34,19 +35,26 @@ def codes(cell: str) -> list[str]:
     return ["" if code == '""' else code for code in spans]
 
 
-@pytest.fixture
-def registered(quota: Any, monkeypatch: pytest.MonkeyPatch) -> dict[str, tuple[str, set[str]]]:
-    """Exposition name -> (type, label names) of every family the module creates while
-    one evaluation runs, in a registry of its own (the default one is shared by the
-    whole test process)."""
+@pytest.fixture(params=["collector", "multiprocess"])
+def registered(
+    request: pytest.FixtureRequest, quota: Any, monkeypatch: pytest.MonkeyPatch
+) -> dict[str, tuple[str, set[str]]]:
+    """Exposition name -> (type, label names) of every family the module exposes once
+    one evaluation ran, in a registry of its own (the default one is shared by the whole
+    test process): through the module's collector (one process), or through the
+    prometheus_client metrics it creates in multiprocess mode."""
     registry = CollectorRegistry()
-    shim = types.SimpleNamespace(**vars(prometheus_client))
-    for name in _METRIC_CLASSES:
-        setattr(shim, name, partial(getattr(prometheus_client, name), registry=registry))
-    monkeypatch.setattr(metrics, "prometheus_client", shim)
-    monkeypatch.setattr(metrics, "_families", {})
-    monkeypatch.setattr(metrics, "_outcome_children", {})
-    monkeypatch.setattr(metrics, "_backend_children", {})
+    if request.param == "collector":
+        registry.register(metrics.Collector())
+    else:
+        shim = types.SimpleNamespace(**vars(prometheus_client))
+        for name in _METRIC_CLASSES:
+            setattr(shim, name, partial(getattr(prometheus_client, name), registry=registry))
+        monkeypatch.setattr(metrics, "prometheus_client", shim)
+        monkeypatch.setattr(metrics, "MULTIPROCESS", True)
+        monkeypatch.setattr(metrics, "_families", {})
+        monkeypatch.setattr(metrics, "_outcome_children", {})
+        monkeypatch.setattr(metrics, "_backend_children", {})
     quota(POLICIES={"ref-metrics": {"windows": "5/m", "selector": ["user", "ip"]}})
     django_quota.evaluate("ref-metrics", {"user": "7", "ip": "203.0.113.9"})
     found: dict[str, tuple[str, set[str]]] = {}
