@@ -138,11 +138,7 @@ def record_outcomes(
             outcome.backend_mode,
         )
         with _lock:
-            counted = _outcomes.get(key)
-            if counted is None:
-                _outcomes[key] = [1, time.time()]
-            else:
-                counted[0] += 1
+            _count(_outcomes, key)
         if MULTIPROCESS:
             child = _outcome_children.get(key)
             if child is None:
@@ -157,6 +153,16 @@ def record_outcomes(
                 reason,
                 outcome.backend_mode,
             )
+
+
+def _count(table: dict[Any, list[float]], key: Any) -> None:
+    """One more at ``key`` of ``table`` (its creation time noted the first time); the
+    caller holds ``_lock``."""
+    counted = table.get(key)
+    if counted is None:
+        table[key] = [1, time.time()]
+    else:
+        counted[0] += 1
 
 
 def _selector_label(evaluated: Sequence[Evaluated | Policy], policy_id: str) -> str:
@@ -174,11 +180,7 @@ def record_backend(backend_mode: str, reason: str, seconds: float) -> None:
     bucket = bisect.bisect_left(LATENCY_BUCKETS, seconds)
     key = (backend_mode, reason)
     with _lock:
-        counted = _health.get(key)
-        if counted is None:
-            _health[key] = [1, time.time()]
-        else:
-            counted[0] += 1
+        _count(_health, key)
         latency = _latency.get(backend_mode)
         if latency is None:
             latency = _latency[backend_mode] = [0.0] * (len(LATENCY_BUCKETS) + 2) + [time.time()]
