@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import bisect
 import logging
-import os
 import threading
 import time
 from collections.abc import Collection, Iterable, Iterator, Sequence
@@ -57,9 +56,11 @@ try:  # the optional extra
 except ImportError:  # pragma: no cover - exercised only without the extra
     prometheus_client = None
 
-#: prometheus_client's multiprocess mode (read when this module is imported, as
-#: prometheus_client reads it when it is).
-MULTIPROCESS = prometheus_client is not None and bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
+#: prometheus_client's multiprocess mode, as prometheus_client itself chose it when it was
+#: imported (``PROMETHEUS_MULTIPROC_DIR``, or its deprecated lowercase spelling, set).
+MULTIPROCESS = prometheus_client is not None and (
+    prometheus_client.values.ValueClass is not prometheus_client.values.MutexValue
+)
 
 _lock = threading.Lock()
 #: (policy, decision, reason, selector, backend_mode) -> [count, created (epoch s)]
@@ -213,10 +214,13 @@ class Collector:
 
     def collect(self) -> Iterator[Any]:
         """Yield the families (prometheus_client ``Metric`` objects)."""
+        assert prometheus_client is not None
         from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
         from prometheus_client.utils import floatToGoString
 
-        created = os.environ.get("PROMETHEUS_DISABLE_CREATED_SERIES", "").lower() != "true"
+        # prometheus_client's own switch: PROMETHEUS_DISABLE_CREATED_SERIES at its import,
+        # or disable_created_metrics() since.
+        created = bool(getattr(prometheus_client.metrics, "_use_created", True))
         with _lock:
             outcomes = [(key, values[0], values[1]) for key, values in _outcomes.items()]
             health = [(key, values[0], values[1]) for key, values in _health.items()]
@@ -267,4 +271,7 @@ _LABELS = {
 }
 
 if prometheus_client is not None and not MULTIPROCESS:
-    prometheus_client.REGISTRY.register(Collector())
+    try:
+        prometheus_client.REGISTRY.register(Collector())
+    except ValueError as exc:  # names taken in the default registry: never fail the import
+        logger.warning("django_quota metrics are not exported: %s", exc)

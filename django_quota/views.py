@@ -9,9 +9,9 @@ registered in prometheus_client's default registry.
 
 from __future__ import annotations
 
-import os
-
 from django.http import HttpRequest, HttpResponse
+
+from django_quota.metrics import MULTIPROCESS
 
 
 def metrics(request: HttpRequest) -> HttpResponse:
@@ -21,7 +21,7 @@ def metrics(request: HttpRequest) -> HttpResponse:
         from prometheus_client import multiprocess
     except ImportError:
         return HttpResponse("prometheus_client is not installed\n", status=404)
-    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+    if MULTIPROCESS:
         registry = prometheus_client.CollectorRegistry()
         multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
     else:

@@ -283,6 +283,48 @@ def test_the_collector_exposes_what_prometheus_client_s_own_metrics_would(
     assert counts[("col-b", "allowed", "group_denied")] == 1
 
 
+def test_the_created_samples_follow_prometheus_client_s_switch(
+    quota: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import prometheus_client
+    from prometheus_client import CollectorRegistry
+
+    quota(POLICIES={"col-created": {"windows": "5/m", "selector": ["user"]}})
+    django_quota.evaluate("col-created", {"user": "u1"})
+    ours = CollectorRegistry()
+    ours.register(metrics.Collector())
+    assert any(name.endswith("_created") for name, _, _ in _samples(ours))
+    # prometheus_client's switch (PROMETHEUS_DISABLE_CREATED_SERIES at its import, or
+    # disable_created_metrics() since), restored after the test
+    monkeypatch.setattr(prometheus_client.metrics, "_use_created", True)
+    if hasattr(prometheus_client, "disable_created_metrics"):
+        prometheus_client.disable_created_metrics()
+    else:  # versions before the function: only the environment variable sets it
+        prometheus_client.metrics._use_created = False
+    names = {name for name, _, _ in _samples(ours)}
+    assert names and not any(name.endswith("_created") for name in names)
+
+
+def _python(code: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=60, check=False)
+
+
+def test_a_name_already_registered_is_a_warning_not_a_failed_import() -> None:
+    code = textwrap.dedent("""
+        import prometheus_client
+        prometheus_client.Counter("django_quota_backend_health_total", "someone else's", ["a"])
+        import django_quota.metrics
+        print("imported")
+    """)
+    env = {k: v for k, v in os.environ.items() if k.lower() != "prometheus_multiproc_dir"}
+    done = _python(code, {**env, "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "imported\n"
+    assert "django_quota metrics are not exported" in done.stderr
+    assert "django_quota_backend_health" in done.stderr
+
+
 # -- multiprocess mode -------------------------------------------------------------------------
 WORKER = textwrap.dedent("""
     import sys
@@ -306,14 +348,18 @@ SCRAPER = textwrap.dedent("""
 """)
 
 
-def test_multiprocess_mode_aggregates_every_worker(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "variable",
+    ["PROMETHEUS_MULTIPROC_DIR", "prometheus_multiproc_dir"],  # the second is deprecated
+)
+def test_multiprocess_mode_aggregates_every_worker(tmp_path: Path, variable: str) -> None:
     directory = tmp_path / "prometheus"
     directory.mkdir()
     env = {
-        **os.environ,
+        **{k: v for k, v in os.environ.items() if k.lower() != "prometheus_multiproc_dir"},
         "DJANGO_SETTINGS_MODULE": "tests.settings",
         "PYTHONPATH": str(ROOT),
-        "PROMETHEUS_MULTIPROC_DIR": str(directory),
+        variable: str(directory),
     }
 
     def python(code: str, *args: str) -> str:

@@ -69,7 +69,7 @@ from django_quota.core.policy import (
     Window,
 )
 
-#: Policy statuses, as the script returns them.
+#: Policy statuses (the script replies them only when a group replays; parse_reply derives them).
 DENIED = 0
 ALLOWED = 1  # allowed and charged
 ALLOWED_UNCHARGED = 2  # allowed by its windows, charged nothing (peek, cost 0, group denied)

@@ -154,7 +154,7 @@ if not peek then
 end
 
 -- The sliding log's functions (model._log_view, _log_wait, _log_result, _charged_log),
--- made only for a group that has one (decided in the policies' loop).
+-- made only for a group that has one (its lists' keys follow the counters in KEYS).
 local log_view, log_result, log_charge
 if #KEYS > n then  -- the sliding logs' lists follow the counters
   local function decimal(x)  -- an integer as redis.call takes it, without "%.17g"
