@@ -78,10 +78,12 @@ Counter value (core/protocol.py decodes it; "u48" = 6 bytes big-endian):
 Sliding log (algorithm 4, docs/arithmetic.md): c<i> counts every unit window i ever
 recorded, modulo LOG_MODULUS; its list holds, newest event first, two integers an event:
 the now (ms) of an admission, then c<i> just before it. Admissions at one now share an
-event. Reads per window: LLEN, LINDEX of the newest time, of the oldest time and of the
-oldest inside's count; a binary search (LINDEX) only when some events have left, and
-one more (over the counts) only when the window denies. So O(log L) commands, and O(1)
-per charge whatever its cost.
+event. Reads per window: LINDEX of the newest time, then LRANGE of the oldest event (its
+time and the count before it); when every event is inside, nothing more (LLEN only when
+the window denies, for the binary search over the counts that finds its wait); when some
+have left, LLEN, a binary search (LINDEX) for the oldest inside and the LINDEX of its
+count. So O(log L) commands, and O(1) per charge whatever its cost; an allowed charge
+with nothing left is LINDEX, LRANGE, LPUSH and PEXPIRE.
 ]]
 
 local byte, char, sub, format = string.byte, string.char, string.sub, string.format
@@ -162,44 +164,49 @@ if #KEYS > n then  -- the sliding logs' lists follow the counters
   end
 
   -- The units inside (now - period, now], held by the `inside` newest events; the newest
-  -- time and the oldest inside's (0 when inside is 0); the events stored.
+  -- time and the oldest inside's (0 when inside is 0); the events stored. all: every
+  -- event is inside (then inside and events are not read: 0).
   log_view = function(key, count, at_now, period)
-    local size = redis.call('LLEN', key)
-    local events = floor(size / 2)
-    if events == 0 then return {used = 0, inside = 0, newest = 0, oldest = 0, events = 0} end
+    local newest = redis.call('LINDEX', key, '0')
+    if not newest then return {used = 0, inside = 0, newest = 0, oldest = 0, events = 0} end
+    newest = tonumber(newest)
     local edge = at_now - period  -- a unit recorded at or before it has left
-    local newest = tonumber(redis.call('LINDEX', key, '0'))
-    if newest <= edge then
-      return {used = 0, inside = 0, newest = 0, oldest = 0, events = events}
+    if newest <= edge then  -- events, none inside
+      return {used = 0, inside = 0, newest = 0, oldest = 0, events = 1}
     end
-    local inside = events
-    local oldest = tonumber(redis.call('LINDEX', key, decimal(2 * events - 2)))
-    if oldest <= edge then
-      local low, high = 1, events  -- low is inside, high is not
-      oldest = newest
-      while high - low > 1 do
-        local middle = floor((low + high) / 2)
-        local time = tonumber(redis.call('LINDEX', key, decimal(2 * middle - 2)))
-        if time > edge then
-          low = middle
-          oldest = time
-        else
-          high = middle
-        end
+    local pair = redis.call('LRANGE', key, '-2', '-1')  -- the oldest event: time, count before
+    local oldest = tonumber(pair[1])
+    if oldest > edge then
+      -- Every event is inside: how many is read only when a denial's wait needs it.
+      return {used = (count - tonumber(pair[2])) % LOG_MODULUS, all = true, inside = 0,
+        newest = newest, oldest = oldest, events = 0}
+    end
+    local events = floor(redis.call('LLEN', key) / 2)
+    local low, high = 1, events  -- low is inside, high is not
+    oldest = newest
+    while high - low > 1 do
+      local middle = floor((low + high) / 2)
+      local time = tonumber(redis.call('LINDEX', key, decimal(2 * middle - 2)))
+      if time > edge then
+        low = middle
+        oldest = time
+      else
+        high = middle
       end
-      inside = low
     end
-    local before = tonumber(redis.call('LINDEX', key, decimal(2 * inside - 1)))
-    return {used = (count - before) % LOG_MODULUS, inside = inside, newest = newest,
+    local before = tonumber(redis.call('LINDEX', key, decimal(2 * low - 1)))
+    return {used = (count - before) % LOG_MODULUS, inside = low, newest = newest,
       oldest = oldest, events = events}
   end
 
   -- ms until cost fits in a window it does not fit now: until the unit of rank
   -- limit - cost + 1 (newest first) leaves, at its time + period.
   local function log_wait(key, limit, period, lv, at_now, cost)
-    if lv.inside == 0 then return period end
+    local inside = lv.inside
+    if lv.all then inside = floor(redis.call('LLEN', key) / 2) end
+    if inside == 0 then return period end
     local rank = max(1, limit - cost + 1)
-    local low, high = 0, lv.inside  -- events 1..low hold fewer than rank units, 1..high enough
+    local low, high = 0, inside  -- events 1..low hold fewer than rank units, 1..high enough
     while high - low > 1 do
       local middle = floor((low + high) / 2)
       local before = tonumber(redis.call('LINDEX', key, decimal(2 * middle - 1)))
@@ -219,12 +226,12 @@ if #KEYS > n then  -- the sliding logs' lists follow the counters
       counted = lv.used + cost
       reset_after = period
       replenish = period
-      if lv.inside > 0 then replenish = lv.oldest + period - at_now end
+      if lv.all or lv.inside > 0 then replenish = lv.oldest + period - at_now end
     else
       counted = lv.used
       reset_after = 0
       replenish = 0
-      if lv.inside > 0 then
+      if lv.all or lv.inside > 0 then
         reset_after = lv.newest + period - at_now
         replenish = lv.oldest + period - at_now
       end
@@ -246,7 +253,9 @@ if #KEYS > n then  -- the sliding logs' lists follow the counters
   -- Records a charge at now: a new newest event (time, count before it) unless the
   -- newest is at now; drops the events that left.
   log_charge = function(key, period, lv, at_now)
-    if lv.inside > 0 and lv.newest == at_now then
+    if lv.all then  -- nothing has left: nothing to trim
+      if lv.newest ~= at_now then redis.call('LPUSH', key, decimal(lv.count), decimal(at_now)) end
+    elseif lv.inside > 0 and lv.newest == at_now then
       if lv.inside < lv.events then
         redis.call('LTRIM', key, '0', decimal(2 * lv.inside - 1))
       end
