@@ -110,8 +110,7 @@ def _create(name: str) -> Any:
             _LABELS[name],
             buckets=LATENCY_BUCKETS,
         )
-    full = "django_quota_outcomes" if name == "outcomes" else "django_quota_backend_health"
-    return prometheus_client.Counter(f"{full}_total", _HELP[name], _LABELS[name])
+    return prometheus_client.Counter(f"{_FAMILIES[name]}_total", _HELP[name], _LABELS[name])
 
 
 def record_outcomes(
@@ -177,6 +176,8 @@ def _selector_label(evaluated: Sequence[Evaluated | Policy], policy_id: str) -> 
 def record_backend(backend_mode: str, reason: str, seconds: float) -> None:
     """Count one evaluation's backend result (``reason`` ``ok`` or a failure reason) and
     its latency (seconds, the whole evaluation with its retry)."""
+    if prometheus_client is None:  # only Prometheus shows these (the status page does not)
+        return
     # The bucket prometheus_client's Histogram counts it in: the first bound >= seconds.
     bucket = bisect.bisect_left(LATENCY_BUCKETS, seconds)
     key = (backend_mode, reason)
@@ -222,21 +223,16 @@ class Collector:
         # or disable_created_metrics() since.
         created = bool(getattr(prometheus_client.metrics, "_use_created", True))
         with _lock:
-            outcomes = [(key, values[0], values[1]) for key, values in _outcomes.items()]
-            health = [(key, values[0], values[1]) for key, values in _health.items()]
+            counters = [
+                (name, [(key, values[0], values[1]) for key, values in table.items()])
+                for name, table in (("outcomes", _outcomes), ("health", _health))
+            ]
             latency = [(mode, list(values)) for mode, values in _latency.items()]
-        family = CounterMetricFamily(
-            "django_quota_outcomes", _HELP["outcomes"], labels=_LABELS["outcomes"]
-        )
-        for key, count, since in outcomes:
-            family.add_metric(key, count, created=since if created else None)
-        yield family
-        family = CounterMetricFamily(
-            "django_quota_backend_health", _HELP["health"], labels=_LABELS["health"]
-        )
-        for pair, count, since in health:
-            family.add_metric(pair, count, created=since if created else None)
-        yield family
+        for name, samples in counters:
+            family = CounterMetricFamily(_FAMILIES[name], _HELP[name], labels=_LABELS[name])
+            for labels, count, since in samples:
+                family.add_metric(labels, count, created=since if created else None)
+            yield family
         histogram = HistogramMetricFamily(
             "django_quota_backend_latency_seconds", _HELP["latency"], labels=_LABELS["latency"]
         )
@@ -259,6 +255,8 @@ def _bounds(to_text: Any) -> tuple[str, ...]:
     return tuple(to_text(bound) for bound in (*LATENCY_BUCKETS, float("inf")))
 
 
+#: The counter families' names (prometheus_client's Counter adds ``_total``).
+_FAMILIES = {"outcomes": "django_quota_outcomes", "health": "django_quota_backend_health"}
 _HELP = {
     "outcomes": "Rate-limit decisions by policy, decision, reason, selector and backend mode.",
     "health": "Backend calls by backend mode and result (ok or a failure reason).",
