@@ -15,6 +15,7 @@ import django_quota
 from django_quota import limiter
 from django_quota.backends.redis import RedisBackend
 from django_quota.core.outcome import Outcome, WindowState
+from tests import clock
 
 BACKENDS = ["memory", "fakeredis", "redis"]
 
@@ -90,8 +91,14 @@ def test_outcome_fields_for_an_allowed_then_denied_fixed_window(configure: Any) 
     assert len(denied.evaluation_id) == 22
 
 
-def test_reported_window_and_reason_follow_the_documented_rules(configure: Any) -> None:
+def test_reported_window_and_reason_follow_the_documented_rules(
+    configure: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # 16:00 UTC: the hour ends before the day (in the day's last hour both end at
+    # midnight, their reset_after ties and declaration order reports the burst window).
+    monkeypatch.setattr(clock, "current", 1_764_000_000.0)
     configure(
+        CLOCK="tests.clock.now",
         POLICIES={
             "tie": {"selector": ["user"], "windows": {"burst": "3/h", "sustained": "3/d"}},
             "burst": {"selector": ["user"], "windows": {"burst": "2/h", "sustained": "5/d"}},
