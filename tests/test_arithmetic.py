@@ -581,3 +581,70 @@ def test_sliding_log_retry_after_and_replenish_are_exact_against_brute_force(
         assert empty.windows[0].remaining == windows[index].limit
         not_yet, _ = slog(single, projected, now + window.reset_after_ms - 1, peek=True)
         assert not_yet.windows[0].remaining < windows[index].limit
+
+
+# -- the one-policy path ---------------------------------------------------------------------
+@settings(max_examples=400, deadline=None)
+@given(
+    algorithm=st.sampled_from(["sliding_window", "token_bucket", "fixed_window"]),
+    limits=st.lists(st.integers(1, 9), min_size=1, max_size=3),
+    periods=st.lists(st.sampled_from([1_000, 2_000, 7_000]), min_size=3, max_size=3),
+    capacity_extra=st.integers(0, 3),
+    enforce=st.booleans(),
+    steps=st.lists(
+        st.tuples(
+            st.integers(-1_500, 3_000),  # a step back is a client clock running backwards
+            st.integers(0, 4),
+            st.booleans(),  # peek
+            st.sampled_from([-1, 0, 1_000]),  # max clock regression
+            st.booleans(),  # server clock
+        ),
+        min_size=1,
+        max_size=30,
+    ),
+    fingerprints=st.lists(st.binary(min_size=5, max_size=5), min_size=1, max_size=3),
+)
+def test_one_policy_decides_as_the_general_path_does(
+    algorithm: str,
+    limits: list[int],
+    periods: list[int],
+    capacity_extra: int,
+    enforce: bool,
+    steps: Any,
+    fingerprints: list[bytes],
+) -> None:
+    """evaluate_group takes a shorter path for one policy that is not a sliding log and
+    does not repeat an id: its results and writes are the general path's, step by step
+    (peeks, cost 0, denials, clamped and unsafe clocks, a full ledger, kept expiries)."""
+    from django_quota.core import model
+
+    windows = tuple(
+        W(f"w{i}", limit, period, limit + capacity_extra)
+        for i, (limit, period) in enumerate(zip(limits, periods, strict=False))
+    )
+    state: State | None = None
+    records = b""
+    now = T0 + 321
+    for number, (step, cost, peek, regression, server_clock) in enumerate(steps):
+        now += step
+        call = PolicyCall(algorithm, windows, cost, enforce)
+        fingerprint = fingerprints[number % len(fingerprints)]
+        arguments = (now, peek, regression, 1_000, (records,), fingerprint, False, 5_000)
+        short = evaluate_group(
+            [call],
+            [state],
+            now,
+            peek=peek,
+            max_regression_ms=regression,
+            cleanup_grace_ms=1_000,
+            records=[records],
+            fingerprint=fingerprint,
+            dedup_ttl_ms=5_000,
+            server_clock=server_clock,
+        )
+        general = model._evaluate_general(
+            [call], [state], *arguments, None, server_clock
+        )
+        assert short == general
+        if short.writes:
+            state, records = short.writes[0].state, short.writes[0].records

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from django_quota.core.errors import BackendError
 from django_quota.core.model import COUNT_FIELDS, EXTRA_FIELDS, Log, State, evaluate_group
@@ -35,6 +35,12 @@ class _Entry:
         self.records = records
         self.expires_at = expires_at
         self.logs = logs
+
+
+#: The stored state, ledger and logs of one counter that does not exist.
+_NO_STATE: tuple[State | None] = (None,)
+_NO_RECORDS = (b"",)
+_NO_LOGS: tuple[tuple[Log, ...]] = ((),)
 
 
 class MemoryBackend:
@@ -84,25 +90,24 @@ class MemoryBackend:
         clock_now = self._clock_ms()
         now_ms = clock_now if request.now_ms is None else request.now_ms
         counters = self._counters
+        keys = request.counters
         with self._lock:
             entries: list[_Entry | None] = []
-            states: list[State | None] = []
-            records: list[bytes] = []
-            logs: list[tuple[Log, ...]] = []
-            for key in request.counters:
+            for key in keys:
                 entry = counters.get(key)
                 if entry is not None and entry.expires_at <= clock_now:
                     del counters[key]
                     entry = None
                 entries.append(entry)
-                if entry is None:
-                    states.append(None)
-                    records.append(b"")
-                    logs.append(())
-                else:
-                    states.append(entry.state)
-                    records.append(entry.records)
-                    logs.append(entry.logs)
+            if len(entries) == 1:  # the common call, without three more lists
+                only = entries[0]
+                states: Sequence[State | None] = _NO_STATE if only is None else (only.state,)
+                records: Sequence[bytes] = _NO_RECORDS if only is None else (only.records,)
+                logs: Sequence[tuple[Log, ...]] = _NO_LOGS if only is None else (only.logs,)
+            else:
+                states = [None if entry is None else entry.state for entry in entries]
+                records = [b"" if entry is None else entry.records for entry in entries]
+                logs = [() if entry is None else entry.logs for entry in entries]
             group = evaluate_group(
                 request.calls,
                 states,
@@ -117,25 +122,28 @@ class MemoryBackend:
                 logs=logs,
                 server_clock=request.now_ms is None,
             )
-            if group.writes:
+            writes = group.writes
+            if writes:
                 new_keys = 0
-                for write in group.writes:
+                for write in writes:
                     if entries[write.index] is None:
                         new_keys += 1
                 if new_keys:
                     self._make_room(new_keys, clock_now)
-                for write in group.writes:
+                for write in writes:
                     # Expiry follows the wall clock, like a Redis TTL, whatever `now` was
                     # used; a write that keeps its expiry keeps the entry's (KEEPTTL).
                     old = entries[write.index]
-                    expires_at = (
-                        old.expires_at
-                        if write.keep_ttl and old is not None
-                        else clock_now + write.ttl_ms
-                    )
-                    self._counters[request.counters[write.index]] = _Entry(
-                        write.state, write.records, expires_at, write.logs
-                    )
+                    if old is None:
+                        counters[keys[write.index]] = _Entry(
+                            write.state, write.records, clock_now + write.ttl_ms, write.logs
+                        )
+                        continue
+                    old.state = write.state
+                    old.records = write.records
+                    old.logs = write.logs
+                    if not write.keep_ttl:
+                        old.expires_at = clock_now + write.ttl_ms
         return GroupReply(group.status, group.results)
 
     async def aevaluate(self, request: GroupRequest) -> GroupReply:
