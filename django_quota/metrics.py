@@ -137,8 +137,12 @@ def record_outcomes(
             _selector_label(evaluated, outcome.policy),
             outcome.backend_mode,
         )
-        with _lock:
-            _count(_outcomes, key)
+        with _lock:  # one more, its creation time noted the first time
+            counted = _outcomes.get(key)
+            if counted is None:
+                _outcomes[key] = [1, time.time()]
+            else:
+                counted[0] += 1
         if MULTIPROCESS:
             child = _outcome_children.get(key)
             if child is None:
@@ -153,16 +157,6 @@ def record_outcomes(
                 reason,
                 outcome.backend_mode,
             )
-
-
-def _count(table: dict[Any, list[float]], key: Any) -> None:
-    """One more at ``key`` of ``table`` (its creation time noted the first time); the
-    caller holds ``_lock``."""
-    counted = table.get(key)
-    if counted is None:
-        table[key] = [1, time.time()]
-    else:
-        counted[0] += 1
 
 
 def _selector_label(evaluated: Sequence[Evaluated | Policy], policy_id: str) -> str:
@@ -182,7 +176,11 @@ def record_backend(backend_mode: str, reason: str, seconds: float) -> None:
     bucket = bisect.bisect_left(LATENCY_BUCKETS, seconds)
     key = (backend_mode, reason)
     with _lock:
-        _count(_health, key)
+        health = _health.get(key)
+        if health is None:
+            _health[key] = [1, time.time()]
+        else:
+            health[0] += 1
         latency = _latency.get(backend_mode)
         if latency is None:
             latency = _latency[backend_mode] = [0.0] * (len(LATENCY_BUCKETS) + 2) + [time.time()]

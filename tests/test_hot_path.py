@@ -144,3 +144,26 @@ def test_a_now_outside_the_packable_range_is_refused_not_sent_as_the_server_cloc
     request = GroupRequest(("k",), (CALL,), -1, False, 2000, 5000, 1000, b"abcde", False)
     with pytest.raises(ValueError, match=r"outside 0\.\.2\*\*48"):
         request.args()
+
+
+def test_the_hot_path_builders_make_ordinary_frozen_instances() -> None:
+    import copy
+    import pickle
+
+    from django_quota.core.outcome import build_outcome, build_window_state
+
+    window_fields = ("burst", 5, 1.0, 4, 0.5, None, 0.25)
+    window = build_window_state(*window_fields)
+    fields = ("p", "allowed", None, "burst", 5, 4, 0.5, None, (window,), "exact", "redis", "id")
+    built = build_outcome(*fields)
+    assert type(built) is Outcome and type(window) is WindowState
+    assert built == Outcome(*fields) and hash(built) == hash(Outcome(*fields))
+    assert window == WindowState(*window_fields)
+    assert [getattr(built, item.name) for item in dataclasses.fields(Outcome)] == list(fields)
+    assert pickle.loads(pickle.dumps(built)) == built
+    assert copy.deepcopy(built) == built
+    assert dataclasses.replace(built, remaining=3).remaining == 3
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        built.remaining = 0  # type: ignore[misc]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        window.remaining = 0  # type: ignore[misc]
