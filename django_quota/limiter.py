@@ -106,8 +106,8 @@ _BASE64URL = bytes.maketrans(b"+/", b"-_")
 
 def new_evaluation_id() -> str:
     """A fresh 128-bit random evaluation id from ``os.urandom``: 22 base64url characters
-    (RFC 4648, section 5, unpadded), as ``secrets.token_urlsafe(16)`` gives, in one call
-    fewer."""
+    (RFC 4648, section 5, unpadded), as ``secrets.token_urlsafe(16)`` gives, in fewer
+    calls."""
     return b2a_base64(urandom(16), newline=False)[:22].translate(_BASE64URL).decode()
 
 
@@ -481,7 +481,7 @@ class Limiter:
         if uncharged and not (prepared.peek or status == GROUP_REPLAYED):
             prepared.group_denied = tuple(uncharged)
         if len(outcomes) == len(prepared.sent):  # every policy decided by the backend
-            return cast("list[Outcome]", outcomes)
+            return cast("list[Outcome]", outcomes.copy())
         return [outcome for outcome in outcomes if outcome is not None]
 
     def failed(self, prepared: Prepared, reason: str, backend_mode: str) -> list[Outcome]:

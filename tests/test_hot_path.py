@@ -167,3 +167,21 @@ def test_the_hot_path_builders_make_ordinary_frozen_instances() -> None:
         built.remaining = 0  # type: ignore[misc]
     with pytest.raises(dataclasses.FrozenInstanceError):
         window.remaining = 0  # type: ignore[misc]
+
+
+def test_the_builders_typed_signatures_are_the_fields_in_order() -> None:
+    import ast
+    from pathlib import Path
+
+    from django_quota.core import outcome
+
+    tree = ast.parse(Path(outcome.__file__).read_text())
+    typed = {
+        node.name: [argument.arg for argument in node.args.posonlyargs]
+        for node in ast.walk(tree)
+        if isinstance(node, ast.FunctionDef) and node.name.startswith("build_")
+    }
+    assert typed == {
+        "build_outcome": [item.name for item in dataclasses.fields(Outcome)],
+        "build_window_state": [item.name for item in dataclasses.fields(WindowState)],
+    }

