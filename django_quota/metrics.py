@@ -137,12 +137,8 @@ def record_outcomes(
             _selector_label(evaluated, outcome.policy),
             outcome.backend_mode,
         )
-        with _lock:  # one more, its creation time noted the first time
-            counted = _outcomes.get(key)
-            if counted is None:
-                _outcomes[key] = [1, time.time()]
-            else:
-                counted[0] += 1
+        with _lock:
+            _count(_outcomes, key)
         if MULTIPROCESS:
             child = _outcome_children.get(key)
             if child is None:
@@ -157,6 +153,16 @@ def record_outcomes(
                 reason,
                 outcome.backend_mode,
             )
+
+
+def _count(table: dict[Any, list[float]], key: Any) -> None:
+    """One more at ``key`` of ``table`` (its creation time noted the first time); the
+    caller holds ``_lock``."""
+    counted = table.get(key)
+    if counted is None:
+        table[key] = [1, time.time()]
+    else:
+        counted[0] += 1
 
 
 def _selector_label(evaluated: Sequence[Evaluated | Policy], policy_id: str) -> str:
@@ -176,11 +182,7 @@ def record_backend(backend_mode: str, reason: str, seconds: float) -> None:
     bucket = bisect.bisect_left(LATENCY_BUCKETS, seconds)
     key = (backend_mode, reason)
     with _lock:
-        health = _health.get(key)
-        if health is None:
-            _health[key] = [1, time.time()]
-        else:
-            health[0] += 1
+        _count(_health, key)
         latency = _latency.get(backend_mode)
         if latency is None:
             latency = _latency[backend_mode] = [0.0] * (len(LATENCY_BUCKETS) + 2) + [time.time()]

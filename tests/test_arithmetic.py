@@ -613,7 +613,7 @@ def test_one_policy_decides_as_the_general_path_does(
     steps: Any,
     fingerprints: list[bytes],
 ) -> None:
-    """evaluate_group takes a shorter path for one policy that is not a sliding log and
+    """evaluate_group takes a shorter path for one policy of one window, not a sliding log, that
     does not repeat an id: its results and writes are the general path's, step by step
     (peeks, cost 0, denials, clamped and unsafe clocks, a full ledger, kept expiries)."""
     from django_quota.core import model

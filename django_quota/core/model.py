@@ -595,9 +595,9 @@ def _evaluate_one(
     dedup_ttl_ms: int,
     server_clock: bool,
 ) -> GroupResult:
-    """:func:`evaluate_group` of one policy that is not a sliding log, for an evaluation
-    that does not repeat an earlier one: the same result in fewer steps (the memory
-    backend's and the fallback's common call; a test holds the two paths equal)."""
+    """:func:`evaluate_group` of one policy of one window, not a sliding log, for an
+    evaluation that does not repeat an earlier one: the same result in fewer steps (the
+    memory backend's and the fallback's common call; a test holds the two paths equal)."""
     state = _EMPTY if stored is None else stored
     now = now_ms
     last = state.get("t")
@@ -607,38 +607,17 @@ def _evaluate_one(
         now = last
     algorithm = call.algorithm
     cost = 1 if peek else call.cost
-    windows = call.windows
-    if len(windows) == 1:
-        window = windows[0]
-        used, prev = _view(algorithm, window, 1, state, now)
-        views: Sequence[tuple[int, int]] = ((used, prev),)
-        fits = allows(algorithm, window, used, prev, now, cost)
-        charged = fits and not peek and call.cost > 0
-        result, ttl = window_result(algorithm, window, used, prev, now, cost, charged)
-        results: tuple[WindowResult, ...] = (result,)
-    else:
-        views = [
-            _view(algorithm, window, position, state, now)
-            for position, window in enumerate(windows, 1)
-        ]
-        fits = all(
-            allows(algorithm, window, used, prev, now, cost)
-            for window, (used, prev) in zip(windows, views, strict=True)
-        )
-        charged = fits and not peek and call.cost > 0
-        ttl = 0
-        numbers = []
-        for window, (used, prev) in zip(windows, views, strict=True):
-            result, window_ttl = window_result(algorithm, window, used, prev, now, cost, charged)
-            numbers.append(result)
-            if window_ttl > ttl:
-                ttl = window_ttl
-        results = tuple(numbers)
+    window = call.windows[0]
+    used, prev = _view(algorithm, window, 1, state, now)
+    fits = allows(algorithm, window, used, prev, now, cost)
+    charged = fits and not peek and call.cost > 0
+    result, ttl = window_result(algorithm, window, used, prev, now, cost, charged)
+    results = (result,)
     if charged:
         write = _charge(
             0,
             call,
-            views,
+            ((used, prev),),
             state,
             now,
             now_ms,
@@ -684,7 +663,12 @@ def evaluate_group(
     (:func:`keeps_expiry`; ``server_clock``: ``now_ms`` is on the clock expiries follow).
     """
     count = len(calls)
-    if count == 1 and not may_repeat and calls[0].algorithm != SLIDING_LOG:
+    if (
+        count == 1
+        and not may_repeat
+        and len(calls[0].windows) == 1
+        and calls[0].algorithm != SLIDING_LOG
+    ):
         return _evaluate_one(
             calls[0],
             states[0],
