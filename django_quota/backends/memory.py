@@ -11,7 +11,14 @@ import time
 from collections.abc import Callable, Sequence
 
 from django_quota.core.errors import BackendError
-from django_quota.core.model import COUNT_FIELDS, EXTRA_FIELDS, Log, State, evaluate_group
+from django_quota.core.model import (
+    COUNT_FIELDS,
+    EXTRA_FIELDS,
+    Log,
+    State,
+    evaluate_group,
+    new_tuple,
+)
 from django_quota.core.outcome import BACKEND_MODE_MEMORY, BACKEND_UNAVAILABLE
 from django_quota.core.protocol import GroupReply, GroupRequest, Probe
 
@@ -144,7 +151,7 @@ class MemoryBackend:
                     old.logs = write.logs
                     if not write.keep_ttl:
                         old.expires_at = clock_now + write.ttl_ms
-        return GroupReply(group.status, group.results)
+        return new_tuple(GroupReply, (group.status, group.results))
 
     async def aevaluate(self, request: GroupRequest) -> GroupReply:
         """Async twin: the model never blocks on I/O, so it runs inline."""

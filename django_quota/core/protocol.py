@@ -29,6 +29,7 @@ from django_quota.core.model import (
     PolicyResult,
     WindowResult,
     check_packable,
+    new_tuple,
     window_result,
 )
 from django_quota.core.policy import (
@@ -363,7 +364,7 @@ def parse_reply(reply: Sequence[int], calls: Sequence[PolicyCall], peek: bool) -
                     commit = False
             elif not commit or call.cost == 0:
                 policy_status = ALLOWED_UNCHARGED
-        results.append(PolicyResult(policy_status, now, tuple(windows)))
+        results.append(new_tuple(PolicyResult, (policy_status, now, tuple(windows))))
     if position != size:
         raise ValueError("script reply longer than its windows")
     if not replayed and not commit:
@@ -376,7 +377,7 @@ def parse_reply(reply: Sequence[int], calls: Sequence[PolicyCall], peek: bool) -
                     call = calls[index]
                     kept = tuple(_uncharged(call, views[index], decided.now_ms, call.cost))
                 results[index] = PolicyResult(ALLOWED_UNCHARGED, decided.now_ms, kept)
-    return GroupReply(status, tuple(results))
+    return new_tuple(GroupReply, (status, tuple(results)))
 
 
 def _uncharged(
