@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import os
 from typing import Any
 
 import pytest
@@ -185,3 +186,32 @@ def test_the_builders_typed_signatures_are_the_fields_in_order() -> None:
         "build_outcome": [item.name for item in dataclasses.fields(Outcome)],
         "build_window_state": [item.name for item in dataclasses.fields(WindowState)],
     }
+
+
+def test_evaluation_ids_from_one_batch_are_distinct_22_character_base64url() -> None:
+    from django_quota.limiter import EVALUATION_ID_BATCH, new_evaluation_id
+
+    made = [new_evaluation_id() for _ in range(3 * EVALUATION_ID_BATCH + 5)]
+    assert len(set(made)) == len(made)
+    alphabet = set("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_")
+    assert all(len(made_id) == 22 and set(made_id) <= alphabet for made_id in made)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_forked_child_never_hands_out_its_parents_ids() -> None:
+    from django_quota.limiter import new_evaluation_id
+
+    new_evaluation_id()  # the batch now holds ids the parent will hand out next
+    reader, writer = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: its first ids, then exit without running pytest's teardown
+        os.close(reader)
+        os.write(writer, " ".join(new_evaluation_id() for _ in range(8)).encode())
+        os._exit(0)
+    os.close(writer)
+    with os.fdopen(reader) as pipe:
+        child = set(pipe.read().split())
+    os.waitpid(pid, 0)
+    parent = {new_evaluation_id() for _ in range(8)}
+    assert len(child) == 8
+    assert not child & parent
