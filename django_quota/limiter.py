@@ -495,8 +495,19 @@ class Limiter:
         outcomes = prepared.outcomes
         compiled = prepared.compiled
         evaluation_id = prepared.evaluation_id
+        results = reply.results
+        if len(outcomes) == 1 and len(results) == 1:  # one policy, sent: the common call
+            result = results[0]
+            policy = compiled[0].policy
+            outcome = outcome_from_result(policy, result, backend_mode, evaluation_id)
+            outcomes[0] = outcome
+            if result.status == ALLOWED_UNCHARGED and not (
+                prepared.peek or status == GROUP_REPLAYED
+            ):
+                prepared.group_denied = (policy.id,)
+            return [outcome]
         uncharged: list[str] = []
-        for index, result in zip(prepared.sent, reply.results, strict=True):
+        for index, result in zip(prepared.sent, results, strict=True):
             policy = compiled[index].policy
             outcomes[index] = outcome_from_result(policy, result, backend_mode, evaluation_id)
             if result.status == ALLOWED_UNCHARGED:

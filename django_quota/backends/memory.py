@@ -115,43 +115,37 @@ class MemoryBackend:
                 states = [None if entry is None else entry.state for entry in entries]
                 records = [b"" if entry is None else entry.records for entry in entries]
                 logs = [() if entry is None else entry.logs for entry in entries]
-            group = evaluate_group(
+            status, results, writes = evaluate_group(  # positional: the hot path's call
                 request.calls,
                 states,
                 now_ms,
-                peek=request.peek,
-                max_regression_ms=request.max_regression_ms,
-                cleanup_grace_ms=request.cleanup_grace_ms,
-                records=records,
-                fingerprint=request.fingerprint,
-                may_repeat=request.may_repeat,
-                dedup_ttl_ms=request.dedup_ttl_ms,
-                logs=logs,
-                server_clock=request.now_ms is None,
+                request.peek,
+                request.max_regression_ms,
+                request.cleanup_grace_ms,
+                records,
+                request.fingerprint,
+                request.may_repeat,
+                request.dedup_ttl_ms,
+                logs,
+                request.now_ms is None,
             )
-            writes = group.writes
-            if writes:
-                new_keys = 0
-                for write in writes:
-                    if entries[write.index] is None:
-                        new_keys += 1
-                if new_keys:
-                    self._make_room(new_keys, clock_now)
-                for write in writes:
-                    # Expiry follows the wall clock, like a Redis TTL, whatever `now` was
-                    # used; a write that keeps its expiry keeps the entry's (KEEPTTL).
-                    old = entries[write.index]
-                    if old is None:
-                        counters[keys[write.index]] = _Entry(
-                            write.state, write.records, clock_now + write.ttl_ms, write.logs
-                        )
-                        continue
-                    old.state = write.state
-                    old.records = write.records
-                    old.logs = write.logs
-                    if not write.keep_ttl:
-                        old.expires_at = clock_now + write.ttl_ms
-        return new_tuple(GroupReply, (group.status, group.results))
+            if writes and None in entries:  # room for every new counter, before any write
+                self._make_room(sum(entries[write.index] is None for write in writes), clock_now)
+            for write in writes:
+                old = entries[write.index]
+                if old is None:
+                    counters[keys[write.index]] = _Entry(
+                        write.state, write.records, clock_now + write.ttl_ms, write.logs
+                    )
+                    continue
+                old.state = write.state
+                old.records = write.records
+                old.logs = write.logs
+                # Expiry follows the wall clock, like a Redis TTL, whatever `now` was used;
+                # a write that keeps its expiry keeps the entry's (KEEPTTL).
+                if not write.keep_ttl:
+                    old.expires_at = clock_now + write.ttl_ms
+        return new_tuple(GroupReply, (status, results))
 
     async def aevaluate(self, request: GroupRequest) -> GroupReply:
         """Async twin: the model never blocks on I/O, so it runs inline."""

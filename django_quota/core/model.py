@@ -647,7 +647,6 @@ def evaluate_group(
     calls: Sequence[PolicyCall],
     states: Sequence[Mapping[str, int] | None],
     now_ms: int,
-    *,
     peek: bool = False,
     max_regression_ms: int = -1,
     cleanup_grace_ms: int = 1000,
