@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-import socket
-import struct
+import signal
 import threading
 import time
 from typing import Any
@@ -19,7 +18,6 @@ import pytest
 
 import django_quota
 from django_quota import limiter
-from django_quota.backends.redis import KERNEL_TIMEOUTS
 
 SUBJECT = {"ip": "192.0.2.77"}
 
@@ -228,28 +226,13 @@ def test_peer_hung_up_sees_what_the_loop_has_not_read_yet(quota: Any) -> None:
         assert asyncio.run(run()) == [False, False, True, False, True]
 
 
-@pytest.mark.skipif(not KERNEL_TIMEOUTS, reason="kernel socket timeouts: 64-bit Linux only")
-def test_a_pooled_socket_is_bounded_by_the_kernel_not_by_a_poll_per_operation(
-    quota: Any, redis_url: str
-) -> None:
-    quota(REDIS_URL=redis_url, TIMEOUT=0.25, POLICIES={"p": {"windows": "1000/h"}})
-    assert django_quota.evaluate("p", SUBJECT).remaining == 999
-    (connection,) = limiter.get_backend().client.connection_pool._idle
-    sock = connection._sock
-    # Python polls before every send and receive of a socket with a timeout; a blocking
-    # socket with the kernel's timeouts does not, and waits no longer.
-    assert sock.gettimeout() is None
-    for option in (socket.SO_RCVTIMEO, socket.SO_SNDTIMEO):
-        seconds, micros = struct.unpack(
-            "@ll", sock.getsockopt(socket.SOL_SOCKET, option, struct.calcsize("@ll"))
-        )
-        # The kernel keeps it in clock ticks (4 ms at 250 Hz), rounded up.
-        assert (seconds, 250_000) <= (seconds, micros) < (0, 260_000)
-
-
-def test_a_server_that_stops_answering_is_indeterminate_after_timeout_not_a_hang(
+@pytest.mark.skipif(not hasattr(signal, "setitimer"), reason="needs signal.setitimer")
+def test_a_stalled_server_is_indeterminate_after_timeout_even_under_frequent_signals(
     quota: Any, redis_url: str, redis_client: Any
 ) -> None:
+    # A receive bounded by the kernel's SO_RCVTIMEO restarts in full after each signal
+    # (Python retries it): a timer signal every 50 ms would keep it waiting for the whole
+    # stall. Python's own socket timeout keeps one deadline across the retries.
     quota(
         REDIS_URL=redis_url,
         TIMEOUT=0.2,
@@ -257,14 +240,18 @@ def test_a_server_that_stops_answering_is_indeterminate_after_timeout_not_a_hang
         POLICIES={"p": {"windows": "1000/h"}},
     )
     assert django_quota.evaluate("p", SUBJECT).remaining == 999  # a pooled connection
-    redis_client.client_pause(1500, all=False)  # WRITE pauses only writing commands
-    started = time.monotonic()
-    outcome = django_quota.evaluate("p", SUBJECT)
-    waited = time.monotonic() - started
+    previous = signal.signal(signal.SIGALRM, lambda number, frame: None)
+    signal.setitimer(signal.ITIMER_REAL, 0.05, 0.05)
+    try:
+        redis_client.client_pause(2000, all=False)  # WRITE: pauses the EVALSHA
+        started = time.monotonic()
+        outcome = django_quota.evaluate("p", SUBJECT)
+        waited = time.monotonic() - started
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
     assert (outcome.decision, outcome.reason) == ("failed_closed", "indeterminate")
-    assert 0.2 <= waited < 1.2, waited  # TIMEOUT, not the pause's 1.5 s
-    time.sleep(1.5)
-    # The paused EVALSHA's connection was closed: whether Redis ran it is not knowable
-    # from here, but nothing ran twice, and the next call decides.
+    assert waited < 1.0, waited  # TIMEOUT (0.2 s), never the stall's 2 s
+    time.sleep(2.0)
+    # Whether the paused EVALSHA ran is not knowable from here; nothing ran twice.
     assert django_quota.peek("p", SUBJECT).remaining in (998, 999)
-    assert django_quota.evaluate("p", SUBJECT).decision == "allowed"

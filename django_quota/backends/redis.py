@@ -9,8 +9,6 @@ import contextlib
 import os
 import select
 import socket
-import struct
-import sys
 import threading
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
@@ -149,39 +147,6 @@ class _AsyncMarkConnectFailures:
         return connection
 
 
-#: Whether a socket's timeouts can be the kernel's (``SO_RCVTIMEO``/``SO_SNDTIMEO`` with a
-#: ``struct timeval`` of two C longs): 64-bit Linux.
-KERNEL_TIMEOUTS = sys.platform == "linux" and struct.calcsize("P") == 8
-
-
-def bound_by_kernel(connection: Any) -> None:
-    """Bound each send and receive of a connected sync connection by the kernel instead of
-    by Python: the socket becomes blocking, with ``SO_SNDTIMEO`` and ``SO_RCVTIMEO`` set to
-    the connection's ``socket_timeout``.
-
-    Python bounds a socket's operations by polling before each one (its ``settimeout``):
-    two system calls more per command, a ``poll`` before the send and one before the
-    receive, where the kernel's timeouts cost none (docs/benchmarks.md). The bound is
-    the same: an operation that waits longer fails, a receive with ``EAGAIN``, which
-    redis-py raises as a ``ConnectionError`` and :func:`classify` takes, as a timeout
-    after a command was written, for ``indeterminate``. Only a plain TCP or Unix socket
-    on 64-bit Linux is changed (TLS sockets and other systems keep Python's timeouts),
-    and a socket once: the connect and its handshake ran under Python's.
-    """
-    sock = getattr(connection, "_sock", None)
-    if type(sock) is not socket.socket or getattr(connection, "_quota_bound", None) is sock:
-        return
-    seconds = connection.socket_timeout
-    if KERNEL_TIMEOUTS and seconds is not None and seconds > 0:
-        # A zero timeval means no timeout at all: never less than a microsecond.
-        whole, micros = divmod(max(1, round(seconds * 1_000_000)), 1_000_000)
-        timeval = struct.pack("@ll", whole, micros)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, timeval)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, timeval)
-        sock.settimeout(None)
-    connection._quota_bound = sock
-
-
 class _IdleStack:
     """Pool mixin: connections given back wait in a last-in first-out stack of the pool's
     own, and are taken from it again with the checks redis-py's ``get_connection`` makes
@@ -220,9 +185,7 @@ class _IdleStack:
             # Back to redis-py, which connects it again (once, its failure marked).
             super().release(connection)  # type: ignore[misc]
             break
-        connection = super().get_connection(*args, **kwargs)  # type: ignore[misc]
-        bound_by_kernel(connection)
-        return connection
+        return super().get_connection(*args, **kwargs)  # type: ignore[misc]
 
     def release(self, connection: Any) -> None:
         # A parent's connection given back in a forked child is skipped when taken.
