@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 import threading
 import time
 from binascii import b2a_base64
@@ -104,31 +103,13 @@ class Refused(BackendError):
 
 #: Standard base64's two last symbols to base64url's (RFC 4648, section 5).
 _BASE64URL = bytes.maketrans(b"+/", b"-_")
-#: Evaluation ids made per ``os.urandom`` call: one system call per batch, not per id.
-EVALUATION_ID_BATCH = 64
-#: Ids made and not yet handed out (a list: ``pop`` and ``extend`` are atomic). Emptied in
-#: a forked child, so that two processes never hand out the same ids.
-_evaluation_ids: list[str] = []
-os.register_at_fork(after_in_child=_evaluation_ids.clear)
 
 
 def new_evaluation_id() -> str:
     """A fresh 128-bit random evaluation id from ``os.urandom``: 22 base64url characters
-    (RFC 4648, section 5, unpadded), as ``secrets.token_urlsafe(16)`` gives. The random
-    bytes are read :data:`EVALUATION_ID_BATCH` ids at a time."""
-    if _evaluation_ids:
-        try:
-            return _evaluation_ids.pop()
-        except IndexError:  # another thread took the last one
-            pass
-    raw = urandom(16 * EVALUATION_ID_BATCH)
-    made = [
-        b2a_base64(raw[start : start + 16], newline=False)[:22].translate(_BASE64URL).decode()
-        for start in range(0, len(raw), 16)
-    ]
-    evaluation_id = made.pop()
-    _evaluation_ids.extend(made)
-    return evaluation_id
+    (RFC 4648, section 5, unpadded), as ``secrets.token_urlsafe(16)`` gives, in fewer
+    calls."""
+    return b2a_base64(urandom(16), newline=False)[:22].translate(_BASE64URL).decode()
 
 
 def _validate_cost(cost: object) -> int:
