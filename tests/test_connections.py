@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import socket
 import threading
 import time
 from typing import Any
@@ -255,3 +256,42 @@ def test_a_stalled_server_is_indeterminate_after_timeout_even_under_frequent_sig
     time.sleep(2.0)
     # Whether the paused EVALSHA ran is not knowable from here; nothing ran twice.
     assert django_quota.peek("p", SUBJECT).remaining in (998, 999)
+
+
+def test_a_command_goes_out_in_one_write_of_the_descriptor(
+    on_redis: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert django_quota.evaluate("p", SUBJECT).remaining == 999  # a pooled connection
+    (connection,) = on_redis._idle
+    descriptor = connection._sock.fileno()
+    writes: list[int] = []
+    real_write = os.write
+
+    def recording_write(fd: int, data: Any) -> int:
+        if fd == descriptor:
+            writes.append(len(data))
+        return real_write(fd, data)
+
+    def polled_send(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("sent through redis-py's sendall, which polls first")
+
+    monkeypatch.setattr(os, "write", recording_write)
+    monkeypatch.setattr(connection, "send_packed_command", polled_send)
+    assert django_quota.evaluate("p", SUBJECT).remaining == 998
+    assert len(writes) == 1 and writes[0] > 100  # the whole EVALSHA, at once
+
+
+def test_what_one_write_cannot_take_is_sent_under_the_socket_timeout(
+    quota: Any, redis_url: str
+) -> None:
+    from django_quota.backends.redis import send
+
+    quota(REDIS_URL=redis_url, TIMEOUT=2.0, DEADLINE=4.0, POLICIES={"p": {"windows": "9/h"}})
+    django_quota.evaluate("p", SUBJECT)
+    pool = limiter.get_backend().client.connection_pool
+    (connection,) = pool._idle
+    connection._sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+    payload = bytes(range(256)) * 1024  # 256 KiB: more than one write of the buffer takes
+    assert send(pool, ("ECHO", payload)) == payload
+    assert pool._idle == [connection]  # still connected, given back
+    assert django_quota.evaluate("p", SUBJECT).remaining == 7

@@ -511,6 +511,37 @@ else:
     pack_command = _hiredis_pack_command
 
 
+def write(connection: Any, packed: bytes) -> None:
+    """Write the packed command ``packed`` on a connected sync ``connection``.
+
+    A socket with a timeout is polled by Python before every send, a system call that a
+    command into an empty send buffer never needs: the connection's last reply was read,
+    so everything it sent before has been acknowledged. So the bytes go out with one
+    ``write`` of the socket's descriptor, which a socket with a timeout keeps
+    non-blocking: it never waits. What it could not write (a command larger than the
+    buffer, a full buffer) goes through redis-py's ``send_packed_command``, under the
+    socket's timeout as ever. Only a plain TCP or Unix socket with a timeout is written
+    this way (a TLS socket must encrypt; a socket without a timeout would block). A
+    failed write disconnects the connection and raises redis-py's ``ConnectionError``,
+    as redis-py does: the command may have been written in part (``indeterminate``).
+    """
+    sock = getattr(connection, "_sock", None)
+    if type(sock) is socket.socket and sock.gettimeout():
+        try:
+            written = os.write(sock.fileno(), packed)
+        except BlockingIOError:
+            written = 0
+        except OSError as exc:
+            connection.disconnect()
+            raise redis_exceptions.ConnectionError(
+                f"Error {exc.errno} while writing to socket. {exc.strerror}."
+            ) from exc
+        if written == len(packed):
+            return
+        packed = packed[written:]
+    connection.send_packed_command([packed])
+
+
 def send(pool: Any, command: tuple[Any, ...]) -> Any:
     """Send one command on a connection of ``pool`` and read its raw reply.
 
@@ -524,10 +555,10 @@ def send(pool: Any, command: tuple[Any, ...]) -> Any:
     """
     connection = pool.get_connection()
     try:
-        if pack_command is not None:  # redis-py's sync connection sends a list of chunks
-            connection.send_packed_command([pack_command(command)])
-        else:
+        if pack_command is None:
             connection.send_command(*command)
+        else:
+            write(connection, pack_command(command))
         return connection.read_response()
     except _BROKEN:
         connection.disconnect()
