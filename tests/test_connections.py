@@ -295,3 +295,23 @@ def test_what_one_write_cannot_take_is_sent_under_the_socket_timeout(
     assert send(pool, ("ECHO", payload)) == payload
     assert pool._idle == [connection]  # still connected, given back
     assert django_quota.evaluate("p", SUBJECT).remaining == 7
+
+
+def test_a_health_check_due_is_made_before_the_command_never_inside_it(redis_url: str) -> None:
+    from django_quota.backends.redis import MarkingConnectionPool, send
+
+    pool = MarkingConnectionPool.from_url(
+        f"{redis_url}?health_check_interval=1", socket_timeout=1.0
+    )
+    try:
+        assert send(pool, ("PING",)) == b"PONG"
+        (connection,) = pool._idle
+        connection._sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+        connection.next_health_check = 0  # due: redis-py would PING before the next command
+        payload = bytes(range(256)) * 1024  # 256 KiB: the first write takes only part
+        # A PING written into the middle of the command would wait for a PONG that never
+        # comes (the server still reads the command): a TimeoutError after 1 s.
+        assert send(pool, ("ECHO", payload)) == payload
+        assert connection.next_health_check > 0  # the check was made
+    finally:
+        pool.disconnect()

@@ -524,9 +524,13 @@ def write(connection: Any, packed: bytes) -> None:
     this way (a TLS socket must encrypt; a socket without a timeout would block). A
     failed write disconnects the connection and raises redis-py's ``ConnectionError``,
     as redis-py does: the command may have been written in part (``indeterminate``).
+    redis-py's health check, when due, runs first, as in ``send_packed_command``.
     """
     sock = getattr(connection, "_sock", None)
     if type(sock) is socket.socket and sock.gettimeout():
+        # redis-py's health check (a PING, when the URL sets health_check_interval) is
+        # made before the command, as send_packed_command makes it, never inside it.
+        connection.check_health()
         try:
             written = os.write(sock.fileno(), packed)
         except BlockingIOError:
@@ -538,7 +542,8 @@ def write(connection: Any, packed: bytes) -> None:
             ) from exc
         if written == len(packed):
             return
-        packed = packed[written:]
+        connection.send_packed_command([packed[written:]], check_health=False)
+        return
     connection.send_packed_command([packed])
 
 
