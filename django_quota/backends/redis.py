@@ -512,7 +512,8 @@ else:
 
 
 def write(connection: Any, packed: bytes) -> None:
-    """Write the packed command ``packed`` on a connected sync ``connection``.
+    """Write the packed command ``packed`` on a connected sync ``connection`` (commands
+    packed by hiredis; without it, redis-py packs and sends them itself).
 
     A socket with a timeout is polled by Python before every send, a system call that a
     command into an empty send buffer never needs: the connection's last reply was read,
