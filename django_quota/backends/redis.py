@@ -529,9 +529,7 @@ def write(connection: Any, packed: bytes) -> None:
     """
     sock = getattr(connection, "_sock", None)
     if type(sock) is socket.socket and sock.gettimeout():
-        # redis-py's health check (a PING, when the URL sets health_check_interval) is
-        # made before the command, as send_packed_command makes it, never inside it.
-        connection.check_health()
+        connection.check_health()  # a PING when the URL sets health_check_interval
         try:
             written = os.write(sock.fileno(), packed)
         except BlockingIOError:
