@@ -6,12 +6,12 @@ exceptions become the failure reasons of ``docs/failures.md``."""
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Generator, Sequence
-from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 from redis import exceptions as redis_exceptions
 
 from django_quota.core.errors import BackendError
+from django_quota.core.model import new_tuple
 from django_quota.core.outcome import (
     BACKEND_ERROR,
     BACKEND_TIMEOUT,
@@ -78,9 +78,9 @@ def classify(exc: BaseException) -> BackendError:
     return BackendError(reason, f"{type(exc).__name__}: {exc}")
 
 
-@dataclass(frozen=True, slots=True)
-class Call:
-    """One script run of a plan: the script's name, its KEYS and its ARGV."""
+class Call(NamedTuple):
+    """One script run of a plan: the script's name, its KEYS and its ARGV. A named tuple:
+    one is made per decision, and a tuple is the cheapest record to make."""
 
     script: str
     keys: Sequence[str]
@@ -89,7 +89,7 @@ class Call:
 
 def evaluate_call(request: GroupRequest) -> Call:
     """The ``evaluate.lua`` call deciding ``request``."""
-    return Call("evaluate", request.keys(), request.args())
+    return new_tuple(Call, ("evaluate", request.keys(), request.args()))
 
 
 def parse(reply: Any, request: GroupRequest) -> GroupReply:

@@ -213,9 +213,12 @@ class GroupRequest(NamedTuple):
             return MODE_PEEK
         return MODE_MAY_REPEAT if self.may_repeat else MODE_FRESH
 
-    def keys(self) -> list[str]:
+    def keys(self) -> Sequence[str]:
         """KEYS for ``evaluate.lua``: one counter per policy, then the sliding-log
         lists (:func:`log_key`) of each sliding_log policy's windows, in call order."""
+        calls = self.calls
+        if len(calls) == 1 and calls[0].algorithm != SLIDING_LOG:  # the common group
+            return self.counters
         keys = list(self.counters)
         for counter, call in zip(self.counters, self.calls, strict=True):
             if call.algorithm == SLIDING_LOG:
