@@ -28,7 +28,10 @@ class Slots:
         self.size = size
         self._used = 0
         self._waiting = 0  # threads inside acquire's wait: release notifies only then
-        self._condition = threading.Condition(threading.Lock())
+        # The fast paths take the lock itself (a C-level context manager); the
+        # condition's own __enter__ and __exit__ are Python calls around the same lock.
+        self._lock = threading.Lock()
+        self._condition = threading.Condition(self._lock)
 
     @property
     def in_use(self) -> int:
@@ -37,7 +40,7 @@ class Slots:
 
     def try_acquire(self) -> bool:
         """Take a slot if one is free now."""
-        with self._condition:
+        with self._lock:
             if self._used >= self.size:
                 return False
             self._used += 1
@@ -45,7 +48,7 @@ class Slots:
 
     def acquire(self, timeout: float) -> bool:
         """Take a slot, waiting at most ``timeout`` seconds; False when none freed up."""
-        with self._condition:
+        with self._lock:
             if self._used < self.size:
                 self._used += 1
                 return True
@@ -78,7 +81,7 @@ class Slots:
 
     def release(self) -> None:
         """Give a slot back."""
-        with self._condition:
+        with self._lock:
             self._used -= 1
             if self._waiting:
                 self._condition.notify()
