@@ -5,7 +5,7 @@ and the rules that turn a script's per-window numbers into one :class:`Outcome`
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -226,23 +226,51 @@ def outcome_from_result(
     if len(policy.windows) == 1 and len(result.windows) == 1:  # the common shape, unrolled
         reported = _window_state(policy.windows[0], result.windows[0], token_bucket)
         return _outcome(policy, result.status, reported, (reported,), backend_mode, evaluation_id)
-    states = [
-        _window_state(window, numbers, token_bucket)
-        for window, numbers in zip(policy.windows, result.windows, strict=True)
-    ]
-    if result.status == DENIED:
-        chosen = min(
-            (i for i, numbers in enumerate(result.windows) if numbers.retry_after_ms >= 0),
-            key=lambda i: (-result.windows[i].retry_after_ms, -policy.windows[i].period_ms, i),
-        )
-    else:
-        chosen = min(
-            range(len(states)),
-            key=lambda i: (result.windows[i].remaining, -result.windows[i].reset_after_ms, i),
-        )
-    return _outcome(
-        policy, result.status, states[chosen], tuple(states), backend_mode, evaluation_id
+    windows = policy.windows
+    numbers = result.windows
+    states = tuple(
+        _window_state(window, found, token_bucket)
+        for window, found in zip(windows, numbers, strict=True)
     )
+    return _outcome(
+        policy,
+        result.status,
+        states[reported_index(windows, numbers, result.status == DENIED)],
+        states,
+        backend_mode,
+        evaluation_id,
+    )
+
+
+def reported_index(windows: Sequence[Window], numbers: Sequence[WindowResult], denied: bool) -> int:
+    """The index of the window an outcome reports, among a policy's ``windows`` and
+    their ``numbers``. Denied: the denying window (``retry_after_ms`` >= 0) with the
+    largest ``retry_after_ms``, ties to the longer period, then the first declared.
+    Allowed: the smallest ``remaining``, ties to the larger ``reset_after_ms``, then the
+    first declared. One pass, no key tuples: this runs on every multi-window decision."""
+    chosen = -1
+    if denied:
+        best_retry = best_period = 0
+        for index, found in enumerate(numbers):
+            retry = found.retry_after_ms
+            if retry < 0:
+                continue
+            period = windows[index].period_ms
+            if chosen < 0 or retry > best_retry or (retry == best_retry and period > best_period):
+                chosen, best_retry, best_period = index, retry, period
+        if chosen < 0:
+            raise ValueError("a denied policy without a denying window")
+        return chosen
+    best_remaining = best_reset = 0
+    for index, found in enumerate(numbers):
+        remaining = found.remaining
+        if (
+            chosen < 0
+            or remaining < best_remaining
+            or (remaining == best_remaining and found.reset_after_ms > best_reset)
+        ):
+            chosen, best_remaining, best_reset = index, remaining, found.reset_after_ms
+    return chosen
 
 
 def _window_state(window: Window, numbers: WindowResult, token_bucket: bool) -> WindowState:
