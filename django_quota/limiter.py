@@ -194,6 +194,9 @@ class Limiter:
         self.backend = backend
         self.backend_mode = backend.mode
         self.local = isinstance(backend, MemoryBackend)
+        # The backend as the script-running kind: only those reach execute and steps
+        # (the memory backend is decided locally), so this view is typed once, here.
+        self.scripts = cast(ScriptBackend, backend)
         self.fallback = (
             MemoryBackend(settings.local_fallback_max_entries, mode=BACKEND_MODE_FALLBACK)
             if settings.local_fallback_enabled
@@ -259,17 +262,13 @@ class Limiter:
         if state is not None:
             logger.warning("quota circuit breaker %s for node %s", state, guard.name)
 
-    def _scripts(self) -> ScriptBackend:
-        # Every backend but the memory one runs scripts; only those reach here.
-        return cast(ScriptBackend, self.backend)
-
     def _remaining(self, started: float) -> float:
         return self.settings.deadline - (time.monotonic() - started)
 
     def execute(self, call: Any, started: float) -> Any:
         """Run one backend call on its node, inside that node's in-flight bound and
         breaker (raises :class:`BackendError`)."""
-        backend = self._scripts()
+        backend = self.scripts
         guard = self.guard(backend.node_of(call))
         self._admit(guard, guard.slots.acquire(self._remaining(started)))
         try:
@@ -284,7 +283,7 @@ class Limiter:
 
     async def aexecute(self, call: Any, started: float) -> Any:
         """Async twin of :meth:`execute`."""
-        backend = self._scripts()
+        backend = self.scripts
         guard = self.guard(backend.node_of(call))
         self._admit(guard, await guard.slots.aacquire(self._remaining(started)))
         try:
@@ -554,7 +553,7 @@ class Limiter:
         """
         request = prepared.request
         assert request is not None
-        backend = self._scripts()
+        backend = self.scripts
         attempt = 0
         while True:
             try:
