@@ -71,3 +71,8 @@ def test_the_choice_is_the_first_minimum_of_the_documented_order(
     else:
         expected = min(indexes, key=lambda i: (numbers[i].remaining, -numbers[i].reset_after_ms, i))
     assert reported_index(windows, numbers, denied) == expected
+
+
+def test_a_result_without_windows_is_a_value_error() -> None:
+    with pytest.raises(ValueError, match="without windows"):
+        reported_index([], [], denied=False)

@@ -270,6 +270,8 @@ def reported_index(windows: Sequence[Window], numbers: Sequence[WindowResult], d
             or (remaining == best_remaining and found.reset_after_ms > best_reset)
         ):
             chosen, best_remaining, best_reset = index, remaining, found.reset_after_ms
+    if chosen < 0:
+        raise ValueError("a policy result without windows")
     return chosen
 
 

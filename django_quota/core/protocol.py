@@ -217,8 +217,9 @@ class GroupRequest(NamedTuple):
         """KEYS for ``evaluate.lua``: one counter per policy, then the sliding-log
         lists (:func:`log_key`) of each sliding_log policy's windows, in call order."""
         calls = self.calls
-        if len(calls) == 1 and calls[0].algorithm != SLIDING_LOG:  # the common group
-            return self.counters
+        counters = self.counters
+        if len(calls) == 1 == len(counters) and calls[0].algorithm != SLIDING_LOG:
+            return counters  # the common group: one counter, no list after it
         keys = list(self.counters)
         for counter, call in zip(self.counters, self.calls, strict=True):
             if call.algorithm == SLIDING_LOG:
@@ -394,13 +395,13 @@ def _one_window(reply: Sequence[int], call: PolicyCall, peek: bool) -> GroupRepl
     algorithm = call.algorithm
     width = _WIDTHS[algorithm]
     size = len(reply)
-    if size != 2 + width:
-        raise ValueError(
-            f"script reply {'shorter' if size < 2 + width else 'longer'} than its windows"
-        )
+    if size < 2 + width:
+        raise ValueError("script reply shorter than its windows")
     now = int(reply[1])
     used = int(reply[2])
     prev = int(reply[3]) if width == 2 else 0
+    if size > 2 + width:  # checked after the numbers, as the group loop checks it
+        raise ValueError("script reply longer than its windows")
     window = call.windows[0]
     cost = 1 if peek else call.cost
     charge = not peek and call.cost > 0
