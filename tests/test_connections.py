@@ -319,3 +319,63 @@ def test_a_health_check_due_is_made_before_the_command_never_inside_it(redis_url
         assert connection.next_health_check > 0  # the check was made
     finally:
         pool.disconnect()
+
+
+#: A script that keeps the server busy for about 200 ms, then replies "first".
+_SLOW_FIRST = (
+    "local s = redis.call('TIME') local n repeat n = redis.call('TIME') until "
+    "(n[1] - s[1]) * 1000000 + (n[2] - s[2]) > 200000 return 'first'"
+)
+
+
+class _Interrupted(BaseException):
+    """What a signal handler may raise between a command's write and its read."""
+
+
+def test_a_command_interrupted_before_its_reply_leaves_nothing_for_the_next(
+    redis_url: str,
+) -> None:
+    from django_quota.backends.redis import MarkingConnectionPool, send
+
+    pool = MarkingConnectionPool.from_url(redis_url, socket_timeout=2.0)
+    try:
+        assert send(pool, ("PING",)) == b"PONG"
+        (connection,) = pool._idle
+
+        def interrupted(*args: Any, **kwargs: Any) -> Any:
+            raise _Interrupted
+
+        connection.read_response = interrupted  # the write goes out; the read never starts
+        with pytest.raises(_Interrupted):
+            send(pool, ("EVAL", _SLOW_FIRST, 0))
+        del connection.read_response
+        # The script's reply is still on its way when the next command is sent: on the
+        # same connection, it would be read as the next command's.
+        assert send(pool, ("ECHO", "second")) == b"second"
+    finally:
+        pool.disconnect()
+
+
+def test_async_a_command_interrupted_before_its_reply_leaves_nothing_for_the_next(
+    redis_url: str,
+) -> None:
+    from django_quota.backends.redis import AsyncMarkingConnectionPool, asend
+
+    async def scenario() -> None:
+        pool = AsyncMarkingConnectionPool.from_url(redis_url)
+        try:
+            assert await asend(pool, ("PING",), 2.0) == b"PONG"
+            (connection,) = pool._idle
+
+            async def interrupted(*args: Any, **kwargs: Any) -> Any:
+                raise _Interrupted
+
+            connection.read_response = interrupted
+            with pytest.raises(_Interrupted):
+                await asend(pool, ("EVAL", _SLOW_FIRST, 0), 2.0)
+            del connection.read_response
+            assert await asend(pool, ("ECHO", "second"), 2.0) == b"second"
+        finally:
+            await pool.disconnect()
+
+    asyncio.run(scenario())

@@ -499,8 +499,6 @@ def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-_BROKEN = (redis_exceptions.ConnectionError, redis_exceptions.TimeoutError, OSError)
-
 #: hiredis's RESP packer (the ``hiredis`` extra), else None.
 pack_command: Callable[[tuple[Any, ...]], bytes] | None
 try:
@@ -551,8 +549,11 @@ def send(pool: Any, command: tuple[Any, ...]) -> Any:
 
     What ``Redis.execute_command`` does for us, without its per-command bookkeeping
     (retries, which are off; response callbacks, which the scripts' integer replies do
-    not need; observability hooks): a connection that failed mid-command is
-    disconnected before it returns to the pool, so the next command starts afresh. The
+    not need; observability hooks): a connection whose command did not end with a
+    whole reply (it failed, timed out, or was interrupted between the write and the
+    read) is disconnected before it returns to the pool, so that the next command
+    starts afresh and never reads this one's late reply; an error reply leaves it in
+    step. The
     command is packed by hiredis when it is installed: redis-py's own packer wraps the
     same call in about 2 µs of argument checks (it splits a command name given as text
     on spaces, copies each argument) that our commands never need.
@@ -564,7 +565,12 @@ def send(pool: Any, command: tuple[Any, ...]) -> Any:
         else:
             write(connection, pack_command(command))
         return connection.read_response()
-    except _BROKEN:
+    except redis_exceptions.ResponseError:
+        raise  # an error reply, read whole: the connection is in step
+    except BaseException:
+        # Broken, timed out, or interrupted between the write and the read (an exception
+        # from a signal handler, Ctrl-C): the reply may still come, and must never be
+        # read as the next command's.
         connection.disconnect()
         raise
     finally:
@@ -598,7 +604,9 @@ async def asend(pool: Any, command: tuple[Any, ...], timeout: float) -> Any:
     except TimeoutError as exc:
         await connection.disconnect(nowait=True)
         raise TimeoutError(f"no reply within TIMEOUT ({timeout} s): {command[0]}") from exc
-    except (*_BROKEN, asyncio.CancelledError):
+    except redis_exceptions.ResponseError:
+        raise  # an error reply, read whole: the connection is in step
+    except BaseException:  # broken, cancelled or interrupted: as in send()
         await connection.disconnect(nowait=True)
         raise
     finally:
