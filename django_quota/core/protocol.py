@@ -309,11 +309,6 @@ def parse_reply(reply: Sequence[int], calls: Sequence[PolicyCall], peek: bool) -
         raise ValueError(f"unknown script status {status}")
     replayed = status == GROUP_REPLAYED
     size = len(reply)
-    if not replayed and len(calls) == 1:
-        call = calls[0]
-        algorithm = call.algorithm
-        if algorithm != SLIDING_LOG and len(call.windows) == 1:
-            return _one_window(reply, call, peek)
     position = 1
     results: list[PolicyResult] = []
     # The views of the policies computed as charged, kept to compute them again as not
@@ -387,33 +382,6 @@ def parse_reply(reply: Sequence[int], calls: Sequence[PolicyCall], peek: bool) -
                     kept = tuple(_uncharged(call, views[index], decided.now_ms, call.cost))
                 results[index] = PolicyResult(ALLOWED_UNCHARGED, decided.now_ms, kept)
     return new_tuple(GroupReply, (status, tuple(results)))
-
-
-def _one_window(reply: Sequence[int], call: PolicyCall, peek: bool) -> GroupReply:
-    """:func:`parse_reply` of a decided group of one policy with one window that is not a
-    sliding log (the common call), with the same rules unrolled."""
-    algorithm = call.algorithm
-    width = _WIDTHS[algorithm]
-    size = len(reply)
-    if size < 2 + width:
-        raise ValueError("script reply shorter than its windows")
-    now = int(reply[1])
-    used = int(reply[2])
-    prev = int(reply[3]) if width == 2 else 0
-    if size > 2 + width:  # checked after the numbers, as the group loop checks it
-        raise ValueError("script reply longer than its windows")
-    window = call.windows[0]
-    cost = 1 if peek else call.cost
-    charge = not peek and call.cost > 0
-    result = window_result(algorithm, window, used, prev, now, cost, charge)[0]
-    if result.retry_after_ms != -1:  # retry_after does not depend on the charge
-        status = DENIED
-        if charge:  # a denied policy charges nothing
-            result = window_result(algorithm, window, used, prev, now, cost, False)[0]
-    else:
-        status = ALLOWED if charge else ALLOWED_UNCHARGED
-    decided = new_tuple(PolicyResult, (status, now, (result,)))
-    return new_tuple(GroupReply, (GROUP_DECIDED, (decided,)))
 
 
 def _uncharged(
