@@ -1,5 +1,5 @@
 """The built wheel carries every non-Python file the app needs at run time (the editable
-install the other tests use would hide a missing one)."""
+install the other tests use would hide a missing one), and works once installed."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ NOT_SOURCE = (
 )
 
 
-def test_wheel_contains_templates_scripts_and_migrations(tmp_path: Path) -> None:
+def _build_wheel(tmp_path: Path) -> Path:
     # Build from a clean copy: a stale build/ directory would hide a missing file.
     source = tmp_path / "source"
     shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(*NOT_SOURCE))
@@ -47,7 +47,11 @@ def test_wheel_contains_templates_scripts_and_migrations(tmp_path: Path) -> None
         timeout=300,
     )
     assert result.returncode == 0, result.stderr[-2000:]
-    wheel = next(tmp_path.glob("django_quota-*.whl"))
+    return next(tmp_path.glob("django_quota-*.whl"))
+
+
+def test_wheel_contains_templates_scripts_and_migrations(tmp_path: Path) -> None:
+    wheel = _build_wheel(tmp_path)
     names = set(zipfile.ZipFile(wheel).namelist())
     needed = [
         path.relative_to(ROOT).as_posix()
@@ -64,3 +68,49 @@ def test_wheel_contains_templates_scripts_and_migrations(tmp_path: Path) -> None
     license_text = zipfile.ZipFile(wheel).read(licenses[0]).decode()
     assert license_text.startswith("BSD 3-Clause License\n")
     assert "Copyright (c) 2026 The django-quota developers" in license_text
+
+
+#: Run by the venv the wheel is installed in, from a folder without the source tree: the
+#: scripts load from the installed package and a decision runs on the memory backend.
+_INSTALLED_SMOKE = """
+import django
+from django.conf import settings
+
+settings.configure(
+    SECRET_KEY="packaging-test-secret-key-of-some-length",
+    INSTALLED_APPS=["django.contrib.contenttypes", "django.contrib.auth", "django_quota"],
+    DATABASES={"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"}},
+    QUOTA={"HMAC_KEY": "packaging-test-hmac-key", "POLICIES": {"p": {"windows": "2/m"}}},
+)
+django.setup()
+import django_quota
+from django_quota import scripts
+
+assert "site-packages" in django_quota.__file__, django_quota.__file__
+assert all("redis.call" in script.source for script in scripts.all_scripts())
+first, second, third = (django_quota.evaluate("p", {"ip": "192.0.2.1"}) for _ in range(3))
+print(first.remaining, second.remaining, third.decision)
+"""
+
+
+def test_the_wheel_installs_and_decides(tmp_path: Path) -> None:
+    wheel = _build_wheel(tmp_path)
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    python = venv / "bin" / "python"
+    install = subprocess.run(
+        [str(python), "-m", "pip", "install", "-q", str(wheel)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert install.returncode == 0, install.stderr[-2000:]
+    smoke = subprocess.run(
+        [str(python), "-c", _INSTALLED_SMOKE],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
+    assert smoke.returncode == 0, smoke.stderr[-2000:]
+    assert smoke.stdout.split() == ["1", "0", "denied"]
