@@ -63,7 +63,9 @@ MULTIPROCESS = prometheus_client is not None and (
 )
 
 _lock = threading.Lock()
-#: (policy, decision, reason, selector, backend_mode) -> [count, created (epoch s)]
+#: (policy, decision, reason, selector, backend_mode) -> [count, created (epoch s)], then,
+#: once a denial or failure of that series was logged, [count at that line, its time]
+#: (:func:`_line_due`)
 _outcomes: dict[tuple[str, str, str, str, str], list[float]] = {}
 #: (backend_mode, reason) -> [count, created]
 _health: dict[tuple[str, str], list[float]] = {}
@@ -77,6 +79,9 @@ _families_lock = threading.Lock()
 _outcome_children: dict[tuple[str, str, str, str, str], Any] = {}
 _backend_children: dict[tuple[str, str], tuple[Any, Any]] = {}
 _LOGGED = frozenset({DENIED_DECISION, SHADOW_DENIED, FAILED_CLOSED, FAILED_OPEN})
+#: Seconds between two INFO lines of one outcome series (docs/metrics.md#logs): a client
+#: hammering its limit writes one line a minute with a count, not one per refusal.
+LOG_INTERVAL = 60.0
 
 
 class Evaluated(Protocol):
@@ -119,7 +124,8 @@ def record_outcomes(
     group_denied: Collection[str] = (),
 ) -> None:
     """Count decided outcomes (never peeks) of one evaluation; log denials, shadow
-    denials and failures (never an identity). ``evaluated`` holds the group's policies
+    denials and failures (never an identity; at INFO one line per series and
+    :data:`LOG_INTERVAL`, with a count, at DEBUG every one). ``evaluated`` holds the group's policies
     (or objects naming them), in any order. An allowed outcome of a policy in
     ``group_denied`` (its windows allowed, another policy of its group refused, nothing
     charged) is counted with reason :data:`GROUP_DENIED`, not as admitting."""
@@ -138,15 +144,25 @@ def record_outcomes(
             outcome.backend_mode,
         )
         with _lock:
-            _count(_outcomes, key)
+            counted = _count(_outcomes, key)
+            standing_for = _line_due(counted) if decision in _LOGGED else 0
         if MULTIPROCESS:
             child = _outcome_children.get(key)
             if child is None:
                 child = _family("outcomes").labels(*key)
                 _outcome_children[key] = child
             child.inc()
-        if decision in _LOGGED and logger.isEnabledFor(logging.INFO):
+        if standing_for:
             logger.info(
+                "quota %s: policy=%s reason=%s backend_mode=%s count=%d",
+                decision,
+                outcome.policy,
+                reason,
+                outcome.backend_mode,
+                standing_for,
+            )
+        elif decision in _LOGGED and logger.isEnabledFor(logging.DEBUG):
+            logger.debug(
                 "quota %s: policy=%s reason=%s backend_mode=%s",
                 decision,
                 outcome.policy,
@@ -155,14 +171,30 @@ def record_outcomes(
             )
 
 
-def _count(table: dict[Any, list[float]], key: Any) -> None:
-    """One more at ``key`` of ``table`` (its creation time noted the first time); the
-    caller holds ``_lock``."""
+def _line_due(counted: list[float]) -> int:
+    """How many outcomes of a series an INFO line stands for now (those since its last
+    line, this one included), or 0 while its last line is under :data:`LOG_INTERVAL` old;
+    the caller holds ``_lock``. The series' entry keeps the count at its last line and
+    that line's time after its count and creation time."""
+    now = time.time()
+    if len(counted) == 2:  # never logged
+        counted += (0, now - LOG_INTERVAL)
+    if now - counted[3] < LOG_INTERVAL:
+        return 0
+    standing_for = int(counted[0] - counted[2])
+    counted[2], counted[3] = counted[0], now
+    return standing_for
+
+
+def _count(table: dict[Any, list[float]], key: Any) -> list[float]:
+    """One more at ``key`` of ``table`` (its creation time noted the first time), and
+    that entry; the caller holds ``_lock``."""
     counted = table.get(key)
     if counted is None:
-        table[key] = [1, time.time()]
+        counted = table[key] = [1, time.time()]
     else:
         counted[0] += 1
+    return counted
 
 
 def _selector_label(evaluated: Sequence[Evaluated | Policy], policy_id: str) -> str:
@@ -201,9 +233,9 @@ def outcome_counts() -> dict[tuple[str, str, str], int]:
     """(policy, decision, reason) -> count since this process started."""
     counts: dict[tuple[str, str, str], int] = {}
     with _lock:
-        for (policy, decision, reason, _, _), (count, _) in _outcomes.items():
+        for (policy, decision, reason, _, _), counted in _outcomes.items():
             key = (policy, decision, reason)
-            counts[key] = counts.get(key, 0) + int(count)
+            counts[key] = counts.get(key, 0) + int(counted[0])
     return counts
 
 

@@ -108,6 +108,35 @@ def test_a_policy_id_back_with_another_selector_is_counted_under_that_selector(
     assert outcome_count("m-reselected", "allowed", "", "user", "memory") == by_user == 1
 
 
+def test_denials_log_one_info_line_per_series_and_interval_with_a_count(
+    quota: Any, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A scraper at 10x its limit must not write a line per refusal: one INFO line per
+    # (policy, decision, reason) per interval, counting what it stands for; DEBUG has all.
+    quota(CLOCK=CLOCK, POLICIES={"m-flood": {"windows": "1/m", "selector": ["ip"]}})
+    wall = [1_000.0]
+    monkeypatch.setattr(metrics.time, "time", lambda: wall[0])
+    with caplog.at_level(logging.INFO, logger="django_quota"):
+        for _ in range(101):  # 1 allowed, 100 denied
+            django_quota.evaluate("m-flood", SUBJECT)
+        wall[0] += metrics.LOG_INTERVAL
+        django_quota.evaluate("m-flood", SUBJECT)
+    lines = [r.getMessage() for r in caplog.records if r.name == "django_quota"]
+    assert [r.levelno for r in caplog.records if r.name == "django_quota"] == [logging.INFO] * 2
+    assert lines == [
+        "quota denied: policy=m-flood reason=default_quota_exhausted backend_mode=memory"
+        " count=1",
+        "quota denied: policy=m-flood reason=default_quota_exhausted backend_mode=memory"
+        " count=100",
+    ]
+    caplog.clear()
+    with caplog.at_level(logging.DEBUG, logger="django_quota"):
+        for _ in range(3):
+            django_quota.evaluate("m-flood", SUBJECT)
+    debug = [r for r in caplog.records if r.levelno == logging.DEBUG]
+    assert len(debug) == 3
+
+
 def test_failures_and_fallback_are_never_folded_together(
     quota: Any, quota_logs: pytest.LogCaptureFixture
 ) -> None:
