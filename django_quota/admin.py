@@ -5,6 +5,7 @@ enable, disable and reset counters for a subject (change permission), a status p
 from __future__ import annotations
 
 from collections.abc import Callable
+from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import unquote_plus
 
@@ -288,7 +289,10 @@ class QuotaPolicyAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
             "breaker_state": worst,
             "breaker_nodes": nodes,
             "degraded": worst != CLOSED,
-            "recent_errors": list(reversed(current.recent_errors)),
+            "recent_errors": [
+                {"at": _utc(error.at), "reason": error.reason, "detail": error.detail}
+                for error in reversed(current.recent_errors)
+            ],
             "counts": [
                 {"policy": key[0], "decision": key[1], "reason": key[2], "count": value}
                 for key, value in counts
@@ -296,6 +300,11 @@ class QuotaPolicyAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
             "started_at": metrics.started_at,
         }
         return TemplateResponse(request, "django_quota/admin/status.html", context)
+
+
+def _utc(epoch_seconds: float) -> str:
+    """An error's time as the status page shows it: UTC, to the millisecond."""
+    return f"{datetime.fromtimestamp(epoch_seconds, UTC):%Y-%m-%d %H:%M:%S.%f}"[:-3] + " UTC"
 
 
 def _add_references(response: HttpResponse, names: set[str]) -> None:

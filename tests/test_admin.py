@@ -8,6 +8,7 @@ from __future__ import annotations
 import html
 import re
 import socket
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -423,6 +424,11 @@ def test_status_page_shows_recent_backend_errors_and_the_open_breaker(
     assert '<td id="quota-degraded">yes</td>' in page
     errors = cells(response, "quota-errors")
     assert len(errors) == limiter.BREAKER_THRESHOLD
+    # When, as a reader reads it (UTC with milliseconds), not as epoch seconds.
+    newest = limiter.get_limiter().recent_errors[-1].at
+    assert errors[0][0] == f"{datetime.fromtimestamp(newest, UTC):%Y-%m-%d %H:%M:%S.%f}"[
+        :-3
+    ] + " UTC"
     assert {row[1] for row in errors} == {"backend_unavailable"}
     assert str(port) in errors[0][2]
     assert IP not in page
