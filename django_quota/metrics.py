@@ -125,8 +125,8 @@ def record_outcomes(
 ) -> None:
     """Count decided outcomes (never peeks) of one evaluation; log denials, shadow
     denials and failures (never an identity; at INFO one line per series and
-    :data:`LOG_INTERVAL`, with a count, at DEBUG every one). ``evaluated`` holds the group's policies
-    (or objects naming them), in any order. An allowed outcome of a policy in
+    :data:`LOG_INTERVAL`, with a count, at DEBUG every one). ``evaluated`` holds the
+    group's policies (or objects naming them), in any order. An allowed outcome of a policy in
     ``group_denied`` (its windows allowed, another policy of its group refused, nothing
     charged) is counted with reason :data:`GROUP_DENIED`, not as admitting."""
     for outcome in outcomes:
