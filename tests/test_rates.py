@@ -12,6 +12,8 @@ from django_quota.core.rates import (
     MIN_PERIOD_MS,
     Rate,
     check_rate_bounds,
+    format_period,
+    format_rate,
     parse_rate,
 )
 
@@ -251,3 +253,28 @@ def test_product_of_exactly_two_to_the_52_is_accepted_and_one_more_unit_is_not()
     check_rate_bounds(2**27, 2**25, "k")  # 2**27 * 2**25 == 2**52
     with pytest.raises(ConfigurationError, match=r"2\*\*52"):
         check_rate_bounds(2**27 + 1, 2**25, "k")
+
+
+@pytest.mark.parametrize(
+    ("period_ms", "written"),
+    [
+        (1_000, "s"),
+        (60_000, "m"),
+        (90_000, "90s"),
+        (3_600_000, "h"),
+        (7_200_000, "2h"),
+        (86_400_000, "d"),
+        (30 * 86_400_000, "30d"),
+        (366 * 86_400_000, "366d"),
+        (1_500, "1500ms"),
+    ],
+)
+def test_a_period_is_written_in_its_largest_whole_unit(period_ms: int, written: str) -> None:
+    assert format_period(period_ms) == written
+    if not written.endswith("ms"):  # what the grammar reads back
+        assert parse_rate(f"5/{written}").period_ms == period_ms
+
+
+def test_a_rate_is_written_as_the_grammar_reads_it() -> None:
+    assert format_rate(10_000, 30 * 86_400_000) == "10000/30d"
+    assert format_rate(5, 60_000) == "5/m"

@@ -35,6 +35,8 @@ UNIT_MS = {
     "day": _DAY,
     "days": _DAY,
 }
+#: The units a period is written back in, largest first (:func:`format_period`).
+_WRITTEN_UNITS = (("d", _DAY), ("h", _HOUR), ("m", _MINUTE), ("s", _SECOND))
 #: How error messages and hints spell the grammar.
 GRAMMAR = (
     "'N/P' with P one of s, m, h, d (or sec, second(s), min, minute(s), hour(s), day(s)) "
@@ -108,3 +110,18 @@ def check_rate_bounds(limit: int, period_ms: int, key: str) -> None:
         raise ConfigurationError(
             key, "limit x period in milliseconds exceeds 2**52; lower the limit or the period"
         )
+
+
+def format_period(period_ms: int) -> str:
+    """Write a period as the rate grammar reads it, in its largest whole unit: ``"d"``
+    for one day, ``"30d"``, ``"90s"``, ``"1500ms"`` for what is no whole second."""
+    for unit, unit_ms in _WRITTEN_UNITS:
+        if period_ms % unit_ms == 0:
+            count = period_ms // unit_ms
+            return unit if count == 1 else f"{count}{unit}"
+    return f"{period_ms}ms"
+
+
+def format_rate(limit: int, period_ms: int) -> str:
+    """Write a rate as the grammar reads it: ``"5/m"``, ``"10000/30d"``."""
+    return f"{limit}/{format_period(period_ms)}"
