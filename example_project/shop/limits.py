@@ -1,6 +1,6 @@
 """Limits written in the shop's code rather than in ``settings.QUOTA``.
 
-Plain data, imported by the views and by the demo (``example_project/demo.py``), which
+Plain data, imported by the views and by the demo (``example_project/demo/``), which
 replays them without loading Django.
 """
 
