@@ -14,8 +14,13 @@ class DjangoQuotaConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from django_quota import checks, conf, policies  # noqa: F401 - checks and receivers
+        from django.core import checks as django_checks
+
+        from django_quota import checks, conf, policies  # noqa: F401 - receivers at import
         from django_quota.models import QuotaPolicy, QuotaWindow, window_changed
+
+        django_checks.register(checks.check_settings)
+        django_checks.register(checks.check_drf_rates)
 
         post_save.connect(window_changed, sender=QuotaWindow, dispatch_uid="quota-window-save")
         post_delete.connect(

@@ -20,6 +20,14 @@ from django.dispatch import receiver
 from django_quota.core.errors import ConfigurationError
 from django_quota.core.identity import IPNetwork, derive_hmac_key
 from django_quota.core.policy import ALGORITHMS, FAILURE_MODES, Policy, parse_policy
+from django_quota.messages import (
+    E_BACKEND,
+    E_DOTTED_PATH,
+    E_INVALID_POLICY,
+    E_INVALID_VALUE,
+    E_NOT_A_DICT,
+    E_UNKNOWN_KEY,
+)
 
 DEFAULTS: dict[str, Any] = {
     "ENABLED": True,
@@ -69,15 +77,6 @@ MAX_SECONDS = 1e9
 MAX_FAILURE_RETRY_AFTER = 86400
 #: Settings whose change drops every cached configuration, connection and counter.
 WATCHED_SETTINGS = frozenset({"QUOTA", "SECRET_KEY", "REST_FRAMEWORK", "CACHES", "DEBUG"})
-
-E_NOT_A_DICT = "django_quota.E001"
-E_UNKNOWN_KEY = "django_quota.E002"
-E_INVALID_VALUE = "django_quota.E003"
-E_INVALID_POLICY = "django_quota.E004"
-E_BACKEND = "django_quota.E005"
-E_CACHE_ALIAS = "django_quota.E006"
-E_DUPLICATE_POLICY = "django_quota.E007"
-E_DOTTED_PATH = "django_quota.E008"
 
 
 @dataclass(frozen=True, slots=True)

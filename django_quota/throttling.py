@@ -26,7 +26,6 @@ from rest_framework.settings import api_settings
 from rest_framework.throttling import BaseThrottle
 
 from django_quota import conf, http, limiter, policies
-from django_quota.checks import E_DRF_RATE
 from django_quota.core.errors import ConfigurationError
 from django_quota.core.identity import IdentityError
 from django_quota.core.outcome import DENIED_DECISION, FAILED_CLOSED, Outcome
@@ -39,6 +38,7 @@ from django_quota.core.policy import (
     settings_revision,
 )
 from django_quota.core.rates import check_rate_bounds, parse_rate
+from django_quota.messages import E_DRF_RATE
 from django_quota.signals import quota_denied
 
 __all__ = [
