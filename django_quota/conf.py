@@ -14,8 +14,6 @@ from typing import Any
 
 from django.conf import settings as django_settings
 from django.core.exceptions import ImproperlyConfigured
-from django.core.signals import setting_changed
-from django.dispatch import receiver
 
 from django_quota.core.errors import ConfigurationError
 from django_quota.core.identity import IPNetwork, derive_hmac_key
@@ -559,8 +557,10 @@ def cached_settings() -> QuotaSettings | None:
 
 
 def on_change(listener: Callable[[], None]) -> None:
-    """Call ``listener`` whenever cached settings are dropped (backends, registries)."""
-    _listeners.append(listener)
+    """Call ``listener`` whenever cached settings are dropped (backends, registries);
+    once, however often it is given."""
+    if listener not in _listeners:
+        _listeners.append(listener)
 
 
 def clear() -> None:
@@ -572,7 +572,7 @@ def clear() -> None:
         listener()
 
 
-@receiver(setting_changed)
-def _setting_changed(*, setting: str, **kwargs: Any) -> None:
+def reset_on_setting_change(*, setting: str, **kwargs: Any) -> None:
+    """Receive Django's ``setting_changed``: :func:`clear` when a watched setting changed."""
     if setting in WATCHED_SETTINGS:
         clear()

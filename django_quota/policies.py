@@ -282,6 +282,3 @@ def database_changed(sender: Any, **kwargs: Any) -> None:
     """A policy or window was saved or deleted in this process, or ``migrate`` ran:
     rebuild at next use."""
     clear()
-
-
-conf.on_change(settings_changed)
