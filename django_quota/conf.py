@@ -5,7 +5,6 @@ and pytest-django's ``settings`` fixture take effect at once)."""
 from __future__ import annotations
 
 import ipaddress
-import math
 import re
 import threading
 from collections.abc import Callable, Mapping, Sequence
@@ -20,31 +19,35 @@ from django_quota import messages
 from django_quota.core.errors import ConfigurationError
 from django_quota.core.identity import IPNetwork, derive_hmac_key
 from django_quota.core.policy import ALGORITHMS, FAILURE_MODES, Policy, parse_policy
-from django_quota.messages import E_INVALID_POLICY, Message
+from django_quota.fields import (
+    Field,
+    Invalid,
+    Reader,
+    SettingsProblem,
+    boolean,
+    choice,
+    dotted_path,
+    integer,
+    is_int,
+    key_of,
+    number,
+    one_of,
+    optional,
+    optional_string,
+    string_list,
+)
+from django_quota.messages import E_INVALID_POLICY
 
 HEADER_STYLES = ("ietf", "legacy", "both", "none")
 BACKENDS = ("redis", "memory")
 POLICY_SOURCE_NAMES = ("settings", "database")
 CLOCKS = ("redis", "client")
-#: The largest number of seconds a setting takes (about 31.7 years): times travel to the
-#: Redis scripts as milliseconds below 2**48.
-MAX_SECONDS = 1e9
 #: The largest FAILURE_RETRY_AFTER, one day: it is both the 503's Retry-After and the
 #: breaker's cool-down, during which no call reaches Redis, so a larger value is far more
 #: likely a mistake (milliseconds, say) than a wish.
 MAX_FAILURE_RETRY_AFTER = 86400
 #: Settings whose change drops every cached configuration, connection and counter.
 WATCHED_SETTINGS = frozenset({"QUOTA", "SECRET_KEY", "REST_FRAMEWORK", "CACHES", "DEBUG"})
-
-
-@dataclass(frozen=True, slots=True)
-class SettingsProblem:
-    """One invalid setting: the check id, the key as written, what is wrong, the fix."""
-
-    id: str
-    key: str
-    message: str
-    hint: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,213 +118,17 @@ class QuotaSettings:
         return policy.failure_mode or self.failure_mode
 
 
-# -- reading one key ----------------------------------------------------------------------
-class _Invalid(Exception):
-    """Raised by a parser: the value is reported, and the key takes its default instead."""
-
-    def __init__(self, message: Message, **values: object) -> None:
-        super().__init__(message.text)
-        self.message = message
-        self.values = values
-
-
-class _Reader:
-    """What one :func:`parse_settings` call knows: the key being read, the options it was
-    given and every problem found so far."""
-
-    def __init__(self, *, secret_key: str | bytes, with_policies: bool) -> None:
-        self.secret_key = secret_key
-        self.with_policies = with_policies
-        self.problems: list[SettingsProblem] = []
-        self.field: Field | None = None
-        self.key = "QUOTA"
-
-    def report(self, message: Message, key: str | None = None, /, **values: object) -> None:
-        """Add a problem of ``key`` (the key being read when not given)."""
-        text, hint = message.render(**values)
-        self.problems.append(SettingsProblem(message.id, key or self.key, text, hint))
-
-    def read(self, field: Field, value: Any) -> Any:
-        """``value`` parsed by ``field``, or its default parsed when it is invalid."""
-        self.field, self.key = field, _key(field.key)
-        try:
-            return field.parse(value, self)
-        except _Invalid as invalid:
-            self.report(invalid.message, **invalid.values)
-            return field.parse(field.default, self)
-
-    @property
-    def default(self) -> Any:
-        """The default of the key being read."""
-        assert self.field is not None
-        return self.field.default
-
-
-#: Parses one value: returns what the settings hold, raises :class:`_Invalid`, or
-#: reports a problem that keeps the value.
-Parse = Callable[[Any, _Reader], Any]
-
-
-@dataclass(frozen=True, slots=True)
-class Field:
-    """One key of ``settings.QUOTA``: its default and how it is parsed into the
-    :class:`QuotaSettings` attribute of the same name in lower case."""
-
-    key: str
-    default: Any
-    parse: Parse
-
-    @property
-    def attribute(self) -> str:
-        """The :class:`QuotaSettings` attribute this key fills."""
-        return self.key.lower()
-
-
-def _key(name: str) -> str:
-    return f"QUOTA[{name!r}]"
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-# -- the parsers ---------------------------------------------------------------------------
-def boolean(value: Any, reader: _Reader) -> bool:
-    """``True`` or ``False``."""
-    if not isinstance(value, bool):
-        raise _Invalid(messages.EXPECTED_BOOLEAN, value=value)
-    return value
-
-
-def number(minimum: float, *, allow_zero: bool = False) -> Parse:
-    """A number of seconds from ``minimum`` to :data:`MAX_SECONDS`, as a float."""
-
-    def parse(value: Any, reader: _Reader) -> float:
-        # NaN compares false with everything, so it would pass the bound checks.
-        if (
-            isinstance(value, bool)
-            or not isinstance(value, int | float)
-            or not math.isfinite(value)
-            or not minimum <= value <= MAX_SECONDS
-            or (value == 0 and not allow_zero)
-        ):
-            raise _Invalid(
-                messages.EXPECTED_SECONDS, minimum=minimum, maximum=MAX_SECONDS, value=value
-            )
-        return float(value)
-
-    return parse
-
-
-def integer(minimum: int, maximum: int | None = None) -> Parse:
-    """An integer from ``minimum`` (to ``maximum``, when given)."""
-    message = messages.EXPECTED_INTEGER_AT_LEAST
-    if maximum is not None:
-        message = messages.EXPECTED_INTEGER_BETWEEN
-
-    def parse(value: Any, reader: _Reader) -> int:
-        if not _is_int(value) or value < minimum or (maximum is not None and value > maximum):
-            raise _Invalid(message, minimum=minimum, maximum=maximum, value=value)
-        return value  # type: ignore[no-any-return]
-
-    return parse
-
-
-def choice(choices: Sequence[str]) -> Parse:
-    """One of ``choices``."""
-
-    def parse(value: Any, reader: _Reader) -> str:
-        if value not in choices:
-            raise _Invalid(messages.NOT_A_CHOICE, value=value, choices=", ".join(choices))
-        return str(value)
-
-    return parse
-
-
-def optional(parse: Parse, message: Message | None = None) -> Parse:
-    """None, or what ``parse`` takes; ``message`` (which says that None is allowed too)
-    reports what neither is, with the values ``parse`` reported."""
-
-    def parse_optional(value: Any, reader: _Reader) -> Any:
-        if value is None:
-            return None
-        try:
-            return parse(value, reader)
-        except _Invalid as invalid:
-            if message is None:
-                raise
-            raise _Invalid(message, **invalid.values) from invalid
-
-    return parse_optional
-
-
-def _string(value: Any, reader: _Reader) -> str:
-    if not isinstance(value, str) or not value:
-        raise _Invalid(messages.EXPECTED_OPTIONAL_STRING, value=value)
-    return value
-
-
-optional_string = optional(_string)
-
-
-def _callable_path(value: Any, reader: _Reader) -> str:
-    from django.utils.module_loading import import_string
-
-    path = _string(value, reader)
-    try:
-        target = import_string(path)
-    except ImportError as exc:
-        raise _Invalid(messages.CANNOT_IMPORT, value=path, error=exc) from exc
-    if not callable(target):
-        raise _Invalid(messages.NOT_CALLABLE, value=path)
-    return path
-
-
-#: None, or the dotted path of a callable (imported once, to check it).
-dotted_path = optional(_callable_path)
-
-
-def string_list(item: Callable[[str, _Reader], Any] | None = None) -> Parse:
-    """A list of non-empty strings, as a tuple; each passed through ``item`` when given,
-    which reports what is wrong with one and returns what to keep (None: nothing)."""
-
-    def parse(value: Any, reader: _Reader) -> tuple[Any, ...]:
-        if (
-            isinstance(value, str)
-            or not isinstance(value, Sequence)
-            or not all(isinstance(entry, str) and entry for entry in value)
-        ):
-            raise _Invalid(messages.EXPECTED_STRING_LIST, value=value)
-        if item is None:
-            return tuple(value)
-        kept = (item(entry, reader) for entry in value)
-        return tuple(entry for entry in kept if entry is not None)
-
-    return parse
-
-
-def one_of(choices: Sequence[str]) -> Callable[[str, _Reader], str]:
-    """A list item that is one of ``choices`` (reported, and kept, when not)."""
-
-    def check(entry: str, reader: _Reader) -> str:
-        if entry not in choices:
-            reader.report(messages.NOT_A_CHOICE, value=entry, choices=", ".join(choices))
-        return entry
-
-    return check
-
-
 # -- the parsers of one key each -----------------------------------------------------------
 _URL_SCHEME_RE = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*\Z")
 
 
-def _redis_url(value: Any, reader: _Reader) -> str | None:
+def _redis_url(value: Any, reader: Reader) -> str | None:
     """``REDIS_URL``, its problem reported without its value: a URL may carry the Redis
     password, and the message reaches ``manage.py check``, logs and error reports."""
     if value is None:
         return None
     if not isinstance(value, str) or not value:
-        raise _Invalid(messages.EXPECTED_REDIS_URL, type=type(value).__name__)
+        raise Invalid(messages.EXPECTED_REDIS_URL, type=type(value).__name__)
     if not value.startswith(("redis://", "rediss://", "unix://")):
         scheme, separator, _ = value.partition("://")
         if separator and _URL_SCHEME_RE.match(scheme):
@@ -339,11 +146,11 @@ def _is_address(address: object) -> bool:
         and not isinstance(address, str)
         and len(address) == 2
         and isinstance(address[0], str)
-        and _is_int(address[1])
+        and is_int(address[1])
     )
 
 
-def _sentinel(value: Any, reader: _Reader) -> Mapping[str, Any]:
+def _sentinel(value: Any, reader: Reader) -> Mapping[str, Any]:
     addresses = value.get("SENTINELS") if isinstance(value, Mapping) else None
     if not (
         isinstance(value, Mapping)
@@ -354,46 +161,46 @@ def _sentinel(value: Any, reader: _Reader) -> Mapping[str, Any]:
         and len(addresses) > 0
         and all(_is_address(address) for address in addresses)
     ):
-        raise _Invalid(messages.EXPECTED_SENTINEL)
+        raise Invalid(messages.EXPECTED_SENTINEL)
     return value
 
 
-def _key_prefix(value: Any, reader: _Reader) -> str:
+def _key_prefix(value: Any, reader: Reader) -> str:
     if not isinstance(value, str) or not value or any(char in value for char in "{} \t\r\n"):
-        raise _Invalid(messages.EXPECTED_KEY_PREFIX, value=value)
+        raise Invalid(messages.EXPECTED_KEY_PREFIX, value=value)
     return value
 
 
-def _clock(value: Any, reader: _Reader) -> str:
+def _clock(value: Any, reader: Reader) -> str:
     """One of :data:`CLOCKS`, or the dotted path of a callable; None is the default."""
     if value in CLOCKS:
         return str(value)
     return dotted_path(value, reader) or str(reader.default)
 
 
-def _local_fallback(value: Any, reader: _Reader) -> LocalFallback:
+def _local_fallback(value: Any, reader: Reader) -> LocalFallback:
     """``{"ENABLED": bool, "MAX_ENTRIES": int}``; a missing or invalid entry takes the
     default's."""
     if not isinstance(value, Mapping) or set(value) - set(reader.default):
-        raise _Invalid(messages.EXPECTED_LOCAL_FALLBACK)
+        raise Invalid(messages.EXPECTED_LOCAL_FALLBACK)
     enabled = value.get("ENABLED", reader.default["ENABLED"])
     entries = value.get("MAX_ENTRIES", reader.default["MAX_ENTRIES"])
     if not isinstance(enabled, bool):
         reader.report(messages.EXPECTED_TRUE_OR_FALSE, f"{reader.key}['ENABLED']")
         enabled = reader.default["ENABLED"]
-    if not _is_int(entries) or entries < 1:
+    if not is_int(entries) or entries < 1:
         reader.report(messages.EXPECTED_POSITIVE_INTEGER, f"{reader.key}['MAX_ENTRIES']")
         entries = reader.default["MAX_ENTRIES"]
     return LocalFallback(enabled, entries)
 
 
-def _secret(value: Any, reader: _Reader) -> str | bytes:
+def _secret(value: Any, reader: Reader) -> str | bytes:
     if not isinstance(value, str | bytes) or len(value) < 16:
-        raise _Invalid(messages.EXPECTED_HMAC_KEY)
+        raise Invalid(messages.EXPECTED_HMAC_KEY)
     return value
 
 
-def _network(entry: str, reader: _Reader) -> IPNetwork | None:
+def _network(entry: str, reader: Reader) -> IPNetwork | None:
     try:
         return ipaddress.ip_network(entry, strict=False)
     except ValueError:
@@ -401,23 +208,23 @@ def _network(entry: str, reader: _Reader) -> IPNetwork | None:
         return None
 
 
-def _header_name(value: Any, reader: _Reader) -> str:
+def _header_name(value: Any, reader: Reader) -> str:
     if not isinstance(value, str) or not value.isascii() or not value.replace("-", "").isalnum():
-        raise _Invalid(messages.EXPECTED_HEADER_NAME, value=value)
+        raise Invalid(messages.EXPECTED_HEADER_NAME, value=value)
     return value
 
 
-def _path(entry: str, reader: _Reader) -> str:
+def _path(entry: str, reader: Reader) -> str:
     if not entry.startswith("/"):
         reader.report(messages.PATH_WITHOUT_SLASH, value=entry)
     return entry
 
 
-def _policies(value: Any, reader: _Reader) -> dict[str, Policy]:
+def _policies(value: Any, reader: Reader) -> dict[str, Policy]:
     """The policies by id, each invalid one reported under its own key (E004); none when
     ``parse_settings`` was asked ``with_policies=False``."""
     if not isinstance(value, Mapping):
-        raise _Invalid(messages.EXPECTED_POLICY_DICT)
+        raise Invalid(messages.EXPECTED_POLICY_DICT)
     found: dict[str, Policy] = {}
     if not reader.with_policies:
         return found
@@ -473,38 +280,38 @@ DEFAULTS: Mapping[str, Any] = MappingProxyType({field.key: field.default for fie
 
 
 # -- the rules across keys -----------------------------------------------------------------
-def _hmac_key(values: dict[str, Any], reader: _Reader) -> None:
+def _hmac_key(values: dict[str, Any], reader: Reader) -> None:
     """The HMAC key derived from ``HMAC_KEY``, or from ``SECRET_KEY`` when it is unset."""
     given = values["hmac_key"]
     values["hmac_key"] = derive_hmac_key(given, reader.secret_key)
     values["hmac_key_configured"] = given is not None
 
 
-def _backend(values: dict[str, Any], reader: _Reader) -> None:
+def _backend(values: dict[str, Any], reader: Reader) -> None:
     """``BACKEND`` implied by the server settings when None, and what contradicts it."""
     server = values["redis_url"] or values["cache_alias"] or values["sentinel"]
     if values["backend"] is None:
         values["backend"] = "redis" if server else "memory"
     if values["backend"] == "redis" and not server:
-        reader.report(messages.REDIS_WITHOUT_SERVER, _key("BACKEND"))
+        reader.report(messages.REDIS_WITHOUT_SERVER, key_of("BACKEND"))
     if values["cluster"] and values["sentinel"]:
-        reader.report(messages.CLUSTER_WITH_SENTINEL, _key("CLUSTER"))
+        reader.report(messages.CLUSTER_WITH_SENTINEL, key_of("CLUSTER"))
     if values["cluster"] and not (values["redis_url"] or values["cache_alias"]):
-        reader.report(messages.CLUSTER_WITHOUT_URL, _key("CLUSTER"))
+        reader.report(messages.CLUSTER_WITHOUT_URL, key_of("CLUSTER"))
 
 
-def _deadline(values: dict[str, Any], reader: _Reader) -> None:
+def _deadline(values: dict[str, Any], reader: Reader) -> None:
     if values["deadline"] < values["timeout"]:
         reader.report(
             messages.DEADLINE_BELOW_TIMEOUT,
-            _key("DEADLINE"),
+            key_of("DEADLINE"),
             deadline=values["deadline"],
             timeout=values["timeout"],
         )
 
 
 #: Run in order once every key is read, on the values by attribute name.
-RULES: tuple[Callable[[dict[str, Any], _Reader], None], ...] = (_hmac_key, _backend, _deadline)
+RULES: tuple[Callable[[dict[str, Any], Reader], None], ...] = (_hmac_key, _backend, _deadline)
 
 
 def parse_settings(
@@ -515,7 +322,7 @@ def parse_settings(
     The settings object is None only when ``raw`` is not a dict; otherwise invalid keys
     fall back to their defaults so that one mistake does not hide the next.
     """
-    reader = _Reader(secret_key=secret_key, with_policies=with_policies)
+    reader = Reader(secret_key=secret_key, with_policies=with_policies)
     if raw is None:
         raw = {}
     if not isinstance(raw, Mapping):
@@ -523,7 +330,7 @@ def parse_settings(
         return None, reader.problems
     known = ", ".join(sorted(DEFAULTS))
     for name in sorted(set(raw) - set(DEFAULTS), key=str):
-        reader.report(messages.UNKNOWN_KEY, _key(name), known=known)
+        reader.report(messages.UNKNOWN_KEY, key_of(name), known=known)
     values = {
         field.attribute: reader.read(field, raw.get(field.key, field.default)) for field in FIELDS
     }
