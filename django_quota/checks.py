@@ -11,10 +11,9 @@ from django.conf import settings as django_settings
 from django.core.checks import CheckMessage, Error, Warning
 from django.utils.module_loading import import_string
 
-from django_quota import messages
 from django_quota.conf import QuotaSettings, parse_settings
 from django_quota.core.policy import AUTO, Policy, generated_policy_id
-from django_quota.messages import Message
+from django_quota.messages import Checks, Message
 
 MIDDLEWARE_PATH = "django_quota.middleware.QuotaMiddleware"
 AUTHENTICATION_MIDDLEWARE_PATH = "django.contrib.auth.middleware.AuthenticationMiddleware"
@@ -88,10 +87,10 @@ def _index(middleware: list[str], base_path: str) -> int | None:
 
 def _user_effect(policy: Policy) -> str:
     if AUTO in policy.selector:
-        return messages.USER_COUNTED_PER_IP
+        return Checks.USER_COUNTED_PER_IP
     if policy.on_missing == "skip":
-        return messages.USER_NEVER_LIMITED
-    return messages.USER_ALWAYS_REFUSED
+        return Checks.USER_NEVER_LIMITED
+    return Checks.USER_ALWAYS_REFUSED
 
 
 def _middleware_order(parsed: QuotaSettings, effective: Iterable[Policy]) -> list[CheckMessage]:
@@ -111,13 +110,13 @@ def _middleware_order(parsed: QuotaSettings, effective: Iterable[Policy]) -> lis
     for policy in effective:
         if not (policy.routes and policy.enabled):
             continue  # not applied by the middleware
-        named = messages.NAMED_POLICY.format(
+        named = Checks.NAMED_POLICY.format(
             policy=_policy_key(policy), selector=", ".join(policy.selector)
         )
         if {"user", AUTO} & set(policy.selector):
             found.append(
                 _error(
-                    messages.MIDDLEWARE_BEFORE_AUTHENTICATION,
+                    Checks.MIDDLEWARE_BEFORE_AUTHENTICATION,
                     named=named,
                     effect=_user_effect(policy),
                     **places,
@@ -129,7 +128,7 @@ def _middleware_order(parsed: QuotaSettings, effective: Iterable[Policy]) -> lis
             if resolver is not None:
                 found.append(
                     _warning(
-                        messages.RESOLVER_BEFORE_AUTHENTICATION,
+                        Checks.RESOLVER_BEFORE_AUTHENTICATION,
                         setting=setting,
                         named=named,
                         **places,
@@ -140,8 +139,8 @@ def _middleware_order(parsed: QuotaSettings, effective: Iterable[Policy]) -> lis
 
 def _policy_key(policy: Policy) -> str:
     if policy.source == "settings":
-        return messages.SETTINGS_POLICY.format(id=policy.id)
-    return messages.OTHER_POLICY.format(id=policy.id, source=policy.source)
+        return Checks.SETTINGS_POLICY.format(id=policy.id)
+    return Checks.OTHER_POLICY.format(id=policy.id, source=policy.source)
 
 
 def _header_items(effective: Iterable[Policy]) -> list[CheckMessage]:
@@ -156,11 +155,10 @@ def _header_items(effective: Iterable[Policy]) -> list[CheckMessage]:
             owners.setdefault(name, []).append((policy.id, window.name))
     return [
         _error(
-            messages.DUPLICATE_HEADER_ITEM,
+            Checks.DUPLICATE_HEADER_ITEM,
             name=name,
             owners=" and ".join(
-                messages.HEADER_ITEM_OWNER.format(policy=pid, window=window)
-                for pid, window in found
+                Checks.HEADER_ITEM_OWNER.format(policy=pid, window=window) for pid, window in found
             ),
         )
         for name, found in owners.items()
@@ -184,10 +182,10 @@ def _folded_generated_ids() -> list[CheckMessage]:
     for policy_id, names in views.items():
         if len(names) > 1:
             listed = " and ".join(
-                messages.VIEW_AT.format(name=name, route=route)
+                Checks.VIEW_AT.format(name=name, route=route)
                 for name, route in sorted(names.items())
             )
-            reported.append(_error(messages.FOLDED_VIEW_IDS, listed=listed, policy=policy_id))
+            reported.append(_error(Checks.FOLDED_VIEW_IDS, listed=listed, policy=policy_id))
     rest_framework = getattr(django_settings, "REST_FRAMEWORK", {}) or {}
     rates = rest_framework.get("DEFAULT_THROTTLE_RATES") or {}
     scopes: dict[str, list[str]] = {}
@@ -196,7 +194,7 @@ def _folded_generated_ids() -> list[CheckMessage]:
     for policy_id, found in scopes.items():
         if len(found) > 1:
             listed = " and ".join(repr(scope) for scope in sorted(found))
-            reported.append(_error(messages.FOLDED_SCOPE_IDS, listed=listed, policy=policy_id))
+            reported.append(_error(Checks.FOLDED_SCOPE_IDS, listed=listed, policy=policy_id))
     return reported
 
 
@@ -211,7 +209,7 @@ def _view_policies() -> list[CheckMessage]:
     except Exception:  # URLconf or database not ready: other checks report it
         return []
     return [
-        _error(messages.UNKNOWN_VIEW_POLICY, route=reference.route, policy=reference.policy)
+        _error(Checks.UNKNOWN_VIEW_POLICY, route=reference.route, policy=reference.policy)
         for reference in named
         if reference.policy not in known and policies.known_policy(reference.policy) is None
     ]
@@ -232,7 +230,7 @@ def _database_conflicts(parsed: QuotaSettings) -> list[CheckMessage]:
         )
     except Exception:  # not migrated, unreachable, or access not allowed: skip quietly
         return []
-    return [_error(messages.DUPLICATE_POLICY, policy=name) for name in sorted(names)]
+    return [_error(Checks.DUPLICATE_POLICY, policy=name) for name in sorted(names)]
 
 
 def _cache_alias(parsed: QuotaSettings) -> list[CheckMessage]:
@@ -243,17 +241,17 @@ def _cache_alias(parsed: QuotaSettings) -> list[CheckMessage]:
         return []
     reported: list[CheckMessage] = []
     if parsed.redis_url is not None:
-        reported.append(_warning(messages.REDIS_URL_IGNORED, alias=alias))
+        reported.append(_warning(Checks.REDIS_URL_IGNORED, alias=alias))
     return reported + _cache_alias_target(alias)
 
 
 def _cache_alias_target(alias: str) -> list[CheckMessage]:
     caches = getattr(django_settings, "CACHES", {})
     if alias not in caches:
-        return [_error(messages.NO_SUCH_CACHE, alias=alias)]
+        return [_error(Checks.NO_SUCH_CACHE, alias=alias)]
     backend = caches[alias].get("BACKEND")
     if backend not in DJANGO_REDIS_BACKENDS:
-        return [_error(messages.CACHE_NOT_DJANGO_REDIS, alias=alias, backend=backend)]
+        return [_error(Checks.CACHE_NOT_DJANGO_REDIS, alias=alias, backend=backend)]
     return []
 
 
@@ -261,34 +259,34 @@ def _warnings(parsed: QuotaSettings) -> list[CheckMessage]:
     reported: list[CheckMessage] = []
     debug = bool(getattr(django_settings, "DEBUG", False))
     if parsed.backend == "memory" and not debug:
-        reported.append(_warning(messages.MEMORY_IN_PRODUCTION))
+        reported.append(_warning(Checks.MEMORY_IN_PRODUCTION))
     hmac_key_given = parsed.raw.get("HMAC_KEY") is not None  # invalid ones are an E003
     if not parsed.hmac_key_configured and not hmac_key_given and not debug:
-        reported.append(_warning(messages.HMAC_KEY_UNSET))
+        reported.append(_warning(Checks.HMAC_KEY_UNSET))
     rest_framework = getattr(django_settings, "REST_FRAMEWORK", {}) or {}
     if (
         rest_framework.get("NUM_PROXIES") is not None
         and not parsed.trusted_proxies
         and parsed.proxy_count is None
     ):
-        reported.append(_warning(messages.DRF_NUM_PROXIES))
+        reported.append(_warning(Checks.DRF_NUM_PROXIES))
     for policy in parsed.policies.values():
         risky = {"user", "api_key", "tenant"} & set(policy.selector)
         if policy.routes and risky and policy.on_missing == "deny":
             reported.append(
                 _warning(
-                    messages.MIDDLEWARE_DENIES_ANONYMOUS,
+                    Checks.MIDDLEWARE_DENIES_ANONYMOUS,
                     policy=policy.id,
                     dimensions=", ".join(sorted(risky)),
                 )
             )
     if parsed.clock != "redis":
-        reported.append(_warning(messages.CLIENT_CLOCK, clock=parsed.clock))
+        reported.append(_warning(Checks.CLIENT_CLOCK, clock=parsed.clock))
     middleware = getattr(django_settings, "MIDDLEWARE", None) or []
     if any(policy.routes for policy in parsed.policies.values()) and (
         MIDDLEWARE_PATH not in middleware
     ):
-        reported.append(_warning(messages.MIDDLEWARE_MISSING, middleware=MIDDLEWARE_PATH))
+        reported.append(_warning(Checks.MIDDLEWARE_MISSING, middleware=MIDDLEWARE_PATH))
     return reported
 
 
@@ -308,7 +306,7 @@ def check_drf_rates(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage
 
     rates = api_settings.DEFAULT_THROTTLE_RATES
     if not isinstance(rates, Mapping):
-        return [_error(messages.DRF_RATES_NOT_A_DICT, type=type(rates).__name__)]
+        return [_error(Checks.DRF_RATES_NOT_A_DICT, type=type(rates).__name__)]
     reported: list[CheckMessage] = []
     for scope, rate in rates.items():
         if rate is None:
@@ -317,6 +315,6 @@ def check_drf_rates(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage
             parse_drf_rate(rate)
         except ImproperlyConfigured as exc:
             reported.append(
-                _error(messages.DRF_RATE_UNUSABLE, scope=scope, error=exc, grammar=GRAMMAR)
+                _error(Checks.DRF_RATE_UNUSABLE, scope=scope, error=exc, grammar=GRAMMAR)
             )
     return reported

@@ -15,7 +15,6 @@ from typing import Any
 from django.conf import settings as django_settings
 from django.core.exceptions import ImproperlyConfigured
 
-from django_quota import messages
 from django_quota.core.errors import ConfigurationError
 from django_quota.core.identity import IPNetwork, derive_hmac_key
 from django_quota.core.policy import ALGORITHMS, FAILURE_MODES, Policy, parse_policy
@@ -36,7 +35,7 @@ from django_quota.fields import (
     optional_string,
     string_list,
 )
-from django_quota.messages import E_INVALID_POLICY
+from django_quota.messages import E_INVALID_POLICY, Problems
 
 HEADER_STYLES = ("ietf", "legacy", "both", "none")
 BACKENDS = ("redis", "memory")
@@ -128,14 +127,14 @@ def _redis_url(value: Any, reader: Reader) -> str | None:
     if value is None:
         return None
     if not isinstance(value, str) or not value:
-        raise Invalid(messages.EXPECTED_REDIS_URL, type=type(value).__name__)
+        raise Invalid(Problems.EXPECTED_REDIS_URL, type=type(value).__name__)
     if not value.startswith(("redis://", "rediss://", "unix://")):
         scheme, separator, _ = value.partition("://")
         if separator and _URL_SCHEME_RE.match(scheme):
-            found = messages.FOUND_URL_SCHEME.format(scheme=scheme)
+            found = Problems.FOUND_URL_SCHEME.format(scheme=scheme)
         else:
-            found = messages.FOUND_NO_SCHEME
-        reader.report(messages.EXPECTED_REDIS_SCHEME, found=found)
+            found = Problems.FOUND_NO_SCHEME
+        reader.report(Problems.EXPECTED_REDIS_SCHEME, found=found)
     return value
 
 
@@ -161,13 +160,13 @@ def _sentinel(value: Any, reader: Reader) -> Mapping[str, Any]:
         and len(addresses) > 0
         and all(_is_address(address) for address in addresses)
     ):
-        raise Invalid(messages.EXPECTED_SENTINEL)
+        raise Invalid(Problems.EXPECTED_SENTINEL)
     return value
 
 
 def _key_prefix(value: Any, reader: Reader) -> str:
     if not isinstance(value, str) or not value or any(char in value for char in "{} \t\r\n"):
-        raise Invalid(messages.EXPECTED_KEY_PREFIX, value=value)
+        raise Invalid(Problems.EXPECTED_KEY_PREFIX, value=value)
     return value
 
 
@@ -182,21 +181,21 @@ def _local_fallback(value: Any, reader: Reader) -> LocalFallback:
     """``{"ENABLED": bool, "MAX_ENTRIES": int}``; a missing or invalid entry takes the
     default's."""
     if not isinstance(value, Mapping) or set(value) - set(reader.default):
-        raise Invalid(messages.EXPECTED_LOCAL_FALLBACK)
+        raise Invalid(Problems.EXPECTED_LOCAL_FALLBACK)
     enabled = value.get("ENABLED", reader.default["ENABLED"])
     entries = value.get("MAX_ENTRIES", reader.default["MAX_ENTRIES"])
     if not isinstance(enabled, bool):
-        reader.report(messages.EXPECTED_TRUE_OR_FALSE, f"{reader.key}['ENABLED']")
+        reader.report(Problems.EXPECTED_TRUE_OR_FALSE, f"{reader.key}['ENABLED']")
         enabled = reader.default["ENABLED"]
     if not is_int(entries) or entries < 1:
-        reader.report(messages.EXPECTED_POSITIVE_INTEGER, f"{reader.key}['MAX_ENTRIES']")
+        reader.report(Problems.EXPECTED_POSITIVE_INTEGER, f"{reader.key}['MAX_ENTRIES']")
         entries = reader.default["MAX_ENTRIES"]
     return LocalFallback(enabled, entries)
 
 
 def _secret(value: Any, reader: Reader) -> str | bytes:
     if not isinstance(value, str | bytes) or len(value) < 16:
-        raise Invalid(messages.EXPECTED_HMAC_KEY)
+        raise Invalid(Problems.EXPECTED_HMAC_KEY)
     return value
 
 
@@ -204,19 +203,19 @@ def _network(entry: str, reader: Reader) -> IPNetwork | None:
     try:
         return ipaddress.ip_network(entry, strict=False)
     except ValueError:
-        reader.report(messages.NOT_A_CIDR, value=entry)
+        reader.report(Problems.NOT_A_CIDR, value=entry)
         return None
 
 
 def _header_name(value: Any, reader: Reader) -> str:
     if not isinstance(value, str) or not value.isascii() or not value.replace("-", "").isalnum():
-        raise Invalid(messages.EXPECTED_HEADER_NAME, value=value)
+        raise Invalid(Problems.EXPECTED_HEADER_NAME, value=value)
     return value
 
 
 def _path(entry: str, reader: Reader) -> str:
     if not entry.startswith("/"):
-        reader.report(messages.PATH_WITHOUT_SLASH, value=entry)
+        reader.report(Problems.PATH_WITHOUT_SLASH, value=entry)
     return entry
 
 
@@ -224,7 +223,7 @@ def _policies(value: Any, reader: Reader) -> dict[str, Policy]:
     """The policies by id, each invalid one reported under its own key (E004); none when
     ``parse_settings`` was asked ``with_policies=False``."""
     if not isinstance(value, Mapping):
-        raise Invalid(messages.EXPECTED_POLICY_DICT)
+        raise Invalid(Problems.EXPECTED_POLICY_DICT)
     found: dict[str, Policy] = {}
     if not reader.with_policies:
         return found
@@ -246,7 +245,7 @@ FIELDS = (
     Field("CLUSTER", False, boolean),
     Field("SENTINEL", None, optional(_sentinel)),
     # None: "redis" when a server is configured, else "memory" (see _backend)
-    Field("BACKEND", None, optional(choice(BACKENDS), messages.NOT_A_CHOICE_OR_NONE)),
+    Field("BACKEND", None, optional(choice(BACKENDS), Problems.NOT_A_CHOICE_OR_NONE)),
     Field("KEY_PREFIX", "quota", _key_prefix),
     Field("CLOCK", "redis", _clock),
     Field("MAX_CLOCK_REGRESSION", 1.0, number(0, allow_zero=True)),
@@ -262,7 +261,7 @@ FIELDS = (
     Field("HMAC_KEY", None, optional(_secret)),  # derived with SECRET_KEY (_hmac_key)
     Field("HMAC_KEY_VERSION", 1, integer(1)),
     Field("TRUSTED_PROXIES", [], string_list(_network)),
-    Field("PROXY_COUNT", None, optional(integer(0), messages.EXPECTED_PROXY_COUNT)),
+    Field("PROXY_COUNT", None, optional(integer(0), Problems.EXPECTED_PROXY_COUNT)),
     Field("IPV6_PREFIX", 64, integer(1, 128)),
     Field("API_KEY_HEADER", "X-Api-Key", _header_name),
     Field("API_KEY_RESOLVER", None, dotted_path),
@@ -293,17 +292,17 @@ def _backend(values: dict[str, Any], reader: Reader) -> None:
     if values["backend"] is None:
         values["backend"] = "redis" if server else "memory"
     if values["backend"] == "redis" and not server:
-        reader.report(messages.REDIS_WITHOUT_SERVER, key_of("BACKEND"))
+        reader.report(Problems.REDIS_WITHOUT_SERVER, key_of("BACKEND"))
     if values["cluster"] and values["sentinel"]:
-        reader.report(messages.CLUSTER_WITH_SENTINEL, key_of("CLUSTER"))
+        reader.report(Problems.CLUSTER_WITH_SENTINEL, key_of("CLUSTER"))
     if values["cluster"] and not (values["redis_url"] or values["cache_alias"]):
-        reader.report(messages.CLUSTER_WITHOUT_URL, key_of("CLUSTER"))
+        reader.report(Problems.CLUSTER_WITHOUT_URL, key_of("CLUSTER"))
 
 
 def _deadline(values: dict[str, Any], reader: Reader) -> None:
     if values["deadline"] < values["timeout"]:
         reader.report(
-            messages.DEADLINE_BELOW_TIMEOUT,
+            Problems.DEADLINE_BELOW_TIMEOUT,
             key_of("DEADLINE"),
             deadline=values["deadline"],
             timeout=values["timeout"],
@@ -326,11 +325,11 @@ def parse_settings(
     if raw is None:
         raw = {}
     if not isinstance(raw, Mapping):
-        reader.report(messages.NOT_A_DICT, type=type(raw).__name__)
+        reader.report(Problems.NOT_A_DICT, type=type(raw).__name__)
         return None, reader.problems
     known = ", ".join(sorted(DEFAULTS))
     for name in sorted(set(raw) - set(DEFAULTS), key=str):
-        reader.report(messages.UNKNOWN_KEY, key_of(name), known=known)
+        reader.report(Problems.UNKNOWN_KEY, key_of(name), known=known)
     values = {
         field.attribute: reader.read(field, raw.get(field.key, field.default)) for field in FIELDS
     }

@@ -10,8 +10,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from django_quota import messages
-from django_quota.messages import Message
+from django_quota.messages import Message, Problems
 
 #: The largest number of seconds a setting takes (about 31.7 years): times travel to the
 #: Redis scripts as milliseconds below 2**48.
@@ -103,7 +102,7 @@ def is_int(value: object) -> bool:
 def boolean(value: Any, reader: Reader) -> bool:
     """``True`` or ``False``."""
     if not isinstance(value, bool):
-        raise Invalid(messages.EXPECTED_BOOLEAN, value=value)
+        raise Invalid(Problems.EXPECTED_BOOLEAN, value=value)
     return value
 
 
@@ -120,7 +119,7 @@ def number(minimum: float, *, allow_zero: bool = False) -> Parse:
             or (value == 0 and not allow_zero)
         ):
             raise Invalid(
-                messages.EXPECTED_SECONDS, minimum=minimum, maximum=MAX_SECONDS, value=value
+                Problems.EXPECTED_SECONDS, minimum=minimum, maximum=MAX_SECONDS, value=value
             )
         return float(value)
 
@@ -129,9 +128,9 @@ def number(minimum: float, *, allow_zero: bool = False) -> Parse:
 
 def integer(minimum: int, maximum: int | None = None) -> Parse:
     """An integer from ``minimum`` (to ``maximum``, when given)."""
-    message = messages.EXPECTED_INTEGER_AT_LEAST
+    message = Problems.EXPECTED_INTEGER_AT_LEAST
     if maximum is not None:
-        message = messages.EXPECTED_INTEGER_BETWEEN
+        message = Problems.EXPECTED_INTEGER_BETWEEN
 
     def parse(value: Any, reader: Reader) -> int:
         if not is_int(value) or value < minimum or (maximum is not None and value > maximum):
@@ -146,7 +145,7 @@ def choice(choices: Sequence[str]) -> Parse:
 
     def parse(value: Any, reader: Reader) -> str:
         if value not in choices:
-            raise Invalid(messages.NOT_A_CHOICE, value=value, choices=", ".join(choices))
+            raise Invalid(Problems.NOT_A_CHOICE, value=value, choices=", ".join(choices))
         return str(value)
 
     return parse
@@ -171,7 +170,7 @@ def optional(parse: Parse, message: Message | None = None) -> Parse:
 
 def _string(value: Any, reader: Reader) -> str:
     if not isinstance(value, str) or not value:
-        raise Invalid(messages.EXPECTED_OPTIONAL_STRING, value=value)
+        raise Invalid(Problems.EXPECTED_OPTIONAL_STRING, value=value)
     return value
 
 
@@ -185,9 +184,9 @@ def _callable_path(value: Any, reader: Reader) -> str:
     try:
         target = import_string(path)
     except ImportError as exc:
-        raise Invalid(messages.CANNOT_IMPORT, value=path, error=exc) from exc
+        raise Invalid(Problems.CANNOT_IMPORT, value=path, error=exc) from exc
     if not callable(target):
-        raise Invalid(messages.NOT_CALLABLE, value=path)
+        raise Invalid(Problems.NOT_CALLABLE, value=path)
     return path
 
 
@@ -205,7 +204,7 @@ def string_list(item: Callable[[str, Reader], Any] | None = None) -> Parse:
             or not isinstance(value, Sequence)
             or not all(isinstance(entry, str) and entry for entry in value)
         ):
-            raise Invalid(messages.EXPECTED_STRING_LIST, value=value)
+            raise Invalid(Problems.EXPECTED_STRING_LIST, value=value)
         if item is None:
             return tuple(value)
         kept = (item(entry, reader) for entry in value)
@@ -219,7 +218,7 @@ def one_of(choices: Sequence[str]) -> Callable[[str, Reader], str]:
 
     def check(entry: str, reader: Reader) -> str:
         if entry not in choices:
-            reader.report(messages.NOT_A_CHOICE, value=entry, choices=", ".join(choices))
+            reader.report(Problems.NOT_A_CHOICE, value=entry, choices=", ".join(choices))
         return entry
 
     return check

@@ -19,9 +19,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from django_quota import conf, messages
+from django_quota import conf
 from django_quota.core.errors import ConfigurationError, QuotaError
 from django_quota.core.policy import Policy
+from django_quota.messages import Checks
 
 logger = logging.getLogger("django_quota")
 
@@ -138,7 +139,7 @@ def _build(previous: Registry | None) -> Registry:
         for policy in database:
             if policy.id in settings_ids:
                 conflicts.append(policy.id)
-                _report(messages.DUPLICATE_POLICY_LOGGED.logged(policy=policy.id))
+                _report(Checks.DUPLICATE_POLICY_LOGGED.logged(policy=policy.id))
                 continue
             policies[policy.id] = policy
     middleware = tuple(p for p in policies.values() if p.routes and p.enabled)

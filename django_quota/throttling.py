@@ -193,7 +193,7 @@ def _ip_value(request: Any) -> object:
         return None if exc.reason == "selector_identity_missing" else _INVALID_IP
 
 
-# -- generated policies ----------------------------------------------------------------------
+# -- generated policies --------------------------------------------------------------------
 def _rate_policy(
     policy_id: str, num_requests: int, duration: int, selector: tuple[str, ...]
 ) -> Policy:
