@@ -1,9 +1,10 @@
 """Every system check id, with the wording and the fix of each message reported under it.
 
-One table, so that an id is defined once and a message is worded once: the settings
-parser (:mod:`django_quota.conf`), the system checks (:mod:`django_quota.checks`) and the
-log lines that cite an id all read it, and ``docs/checks.md`` has a section per id. This
-module imports nothing of the package, so any layer may use it.
+One place, so that an id is defined once and a message is worded once: the ids, then
+the settings parser's messages (:class:`Problems`, read by :mod:`django_quota.fields` and
+:mod:`django_quota.conf`) and the system checks' (:class:`Checks`, read by
+:mod:`django_quota.checks` and the log lines that cite an id). ``docs/checks.md`` has a
+section per id. This module imports nothing of the package, so any layer may use it.
 
 A wording is a :meth:`str.format` template: ``{value!r}`` is filled in where it is
 reported, and a literal brace is written twice.
