@@ -300,6 +300,7 @@ def _backend(values: dict[str, Any], reader: Reader) -> None:
 
 
 def _deadline(values: dict[str, Any], reader: Reader) -> None:
+    """``DEADLINE`` bounds the whole call, so it is at least one attempt's ``TIMEOUT``."""
     if values["deadline"] < values["timeout"]:
         reader.report(
             Problems.DEADLINE_BELOW_TIMEOUT,
