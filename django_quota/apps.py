@@ -1,8 +1,9 @@
-"""App configuration: wiring only (checks, signal receivers), no I/O."""
+"""App configuration: wiring only (checks, signal receivers, settings listeners), no I/O."""
 
 from __future__ import annotations
 
 from django.apps import AppConfig
+from django.core.signals import setting_changed
 from django.db.models.signals import post_delete, post_migrate, post_save
 
 
@@ -14,13 +15,22 @@ class DjangoQuotaConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from django_quota import checks, conf, policies  # noqa: F401 - checks and receivers
+        from django.core import checks as django_checks
+
+        from django_quota import checks, conf, policies
         from django_quota.models import QuotaPolicy, QuotaWindow, window_changed
 
+        django_checks.register(checks.check_settings)
+        django_checks.register(checks.check_drf_rates)
+
+        setting_changed.connect(conf.reset_on_setting_change, dispatch_uid="quota-settings-changed")
+        # The registry and the generated policies are built from settings. (The limiter
+        # still registers its own two listeners, its backends and its unknown-policy log,
+        # at import.)
+        conf.on_change(policies.settings_changed)
+
         post_save.connect(window_changed, sender=QuotaWindow, dispatch_uid="quota-window-save")
-        post_delete.connect(
-            window_changed, sender=QuotaWindow, dispatch_uid="quota-window-delete"
-        )
+        post_delete.connect(window_changed, sender=QuotaWindow, dispatch_uid="quota-window-delete")
         # A registry built before the tables existed holds no database policy.
         post_migrate.connect(policies.database_changed, dispatch_uid="quota-registry-migrate")
         for model in (QuotaPolicy, QuotaWindow):

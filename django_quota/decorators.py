@@ -62,17 +62,6 @@ def middleware_installed() -> bool:
 
 
 # -- the policy of one decorated view ------------------------------------------------------
-_generation = 0
-
-
-def _next_generation() -> None:
-    global _generation
-    _generation += 1
-
-
-conf.on_change(_next_generation)
-
-
 class _Limit:
     """What one ``@quota`` applies: a named policy, or a policy generated from ``rate``
     (re-resolved whenever settings change, so that a configured policy with the same id
@@ -82,18 +71,13 @@ class _Limit:
         self.policy_id = policy_id
         self.generated = generated
         self.cost = cost
-        self._resolved: tuple[int, Policy] | None = None
 
     def policy(self) -> Policy:
         if self.generated is None:
             assert self.policy_id is not None
             return policies.get_policy(self.policy_id)
-        resolved = self._resolved
-        if resolved is None or resolved[0] != _generation:
-            generation = _generation
-            resolved = (generation, policies.register_generated(self.generated))
-            self._resolved = resolved
-        return resolved[1]
+        generated = self.generated
+        return policies.generated((generated.id, generated.revision), lambda: generated)
 
     def cost_of(self, request: Any) -> Any:
         return self.cost(request) if callable(self.cost) else self.cost

@@ -14,7 +14,7 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Hashable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -22,6 +22,7 @@ from typing import Any
 from django_quota import conf
 from django_quota.core.errors import ConfigurationError, QuotaError
 from django_quota.core.policy import Policy
+from django_quota.messages import Checks
 
 logger = logging.getLogger("django_quota")
 
@@ -51,7 +52,11 @@ class Registry:
 
 _lock = threading.Lock()
 _registry: Registry | None = None
+#: Generated policies by id, for the callers that name them (``evaluate``, the commands).
 _generated: dict[str, Policy] = {}
+#: Generated policies as they apply, by the key their generator gives (see
+#: :func:`generated`); dropped when settings change.
+_applied: dict[Hashable, Policy] = {}
 #: Policies declared by ``@quota(rate=...)`` when a view module is imported (no settings
 #: are read then); a generated or configured policy with the same id wins.
 _declared: dict[str, Policy] = {}
@@ -134,10 +139,7 @@ def _build(previous: Registry | None) -> Registry:
         for policy in database:
             if policy.id in settings_ids:
                 conflicts.append(policy.id)
-                _report(
-                    f"quota policy {policy.id!r} is defined in settings and in the database; "
-                    "the database row is ignored (django_quota.E007)"
-                )
+                _report(Checks.DUPLICATE_POLICY_LOGGED.logged(policy=policy.id))
                 continue
             policies[policy.id] = policy
     middleware = tuple(p for p in policies.values() if p.routes and p.enabled)
@@ -247,6 +249,21 @@ def register_generated(policy: Policy) -> Policy:
     return policy
 
 
+def generated(key: Hashable, build: Callable[[], Policy]) -> Policy:
+    """The policy a decorator or a DRF throttle generated, as it applies.
+
+    ``key`` names what the policy is generated from; ``build`` makes it on first use,
+    when it is registered (:func:`register_generated`: a configured policy with its id
+    wins). Cached until settings change: the configured policies and ``DRF_ALGORITHM``
+    are settings, and a new rate is a new key, so a new policy (a new revision, so fresh
+    counters).
+    """
+    found = _applied.get(key)
+    if found is None:
+        found = _applied.setdefault(key, register_generated(build()))
+    return found
+
+
 def clear() -> None:
     """Forget the cached registry (the next use rebuilds it)."""
     global _registry
@@ -255,10 +272,14 @@ def clear() -> None:
         _reported.clear()
 
 
+def settings_changed() -> None:
+    """Forget the registry and the generated policies as they applied: both are built
+    from settings."""
+    _applied.clear()
+    clear()
+
+
 def database_changed(sender: Any, **kwargs: Any) -> None:
     """A policy or window was saved or deleted in this process, or ``migrate`` ran:
     rebuild at next use."""
     clear()
-
-
-conf.on_change(clear)

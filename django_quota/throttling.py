@@ -13,7 +13,6 @@ from __future__ import annotations
 import functools
 import logging
 import re
-import threading
 import time
 import weakref
 from collections.abc import Callable, Mapping, Sequence
@@ -26,7 +25,6 @@ from rest_framework.settings import api_settings
 from rest_framework.throttling import BaseThrottle
 
 from django_quota import conf, http, limiter, policies
-from django_quota.checks import E_DRF_RATE
 from django_quota.core.errors import ConfigurationError
 from django_quota.core.identity import IdentityError
 from django_quota.core.outcome import DENIED_DECISION, FAILED_CLOSED, Outcome
@@ -39,6 +37,7 @@ from django_quota.core.policy import (
     settings_revision,
 )
 from django_quota.core.rates import check_rate_bounds, parse_rate
+from django_quota.messages import E_DRF_RATE
 from django_quota.signals import quota_denied
 
 __all__ = [
@@ -194,34 +193,17 @@ def _ip_value(request: Any) -> object:
         return None if exc.reason == "selector_identity_missing" else _INVALID_IP
 
 
-# -- generated policies, cached per settings generation ------------------------------------
-_policy_lock = threading.Lock()
-_policy_cache: dict[tuple[object, ...], Policy] = {}
-
-
-def _clear_policy_cache() -> None:
-    with _policy_lock:
-        _policy_cache.clear()
-
-
-conf.on_change(_clear_policy_cache)
-
-
+# -- generated policies --------------------------------------------------------------------
 def _rate_policy(
     policy_id: str, num_requests: int, duration: int, selector: tuple[str, ...]
 ) -> Policy:
-    """The generated policy of a drop-in throttle (a configured one with its id wins).
-
-    Cached until settings change: ``DRF_ALGORITHM`` and the configured policies are
-    settings, and the rate is part of the key, so a new rate builds a new policy (a new
-    revision, so fresh counters).
-    """
+    """The generated policy of a drop-in throttle (a configured one with its id wins),
+    cached by :func:`django_quota.policies.generated` until settings change."""
     algorithm = conf.get_settings().drf_algorithm
-    key = (policy_id, num_requests, duration, algorithm, selector)
-    found = _policy_cache.get(key)
-    if found is None:
+
+    def build() -> Policy:
         windows = (Window(DEFAULT_WINDOW, num_requests, duration * 1000, num_requests),)
-        built = Policy(
+        return Policy(
             id=policy_id,
             algorithm=algorithm,
             windows=windows,
@@ -229,9 +211,8 @@ def _rate_policy(
             revision=settings_revision(algorithm, selector, windows),
             source=GENERATED_SOURCE,
         )
-        with _policy_lock:
-            found = _policy_cache.setdefault(key, policies.register_generated(built))
-    return found
+
+    return policies.generated((policy_id, num_requests, duration, algorithm, selector), build)
 
 
 def scope_policy(scope: str) -> Policy | None:

@@ -22,7 +22,7 @@ from django.test import AsyncClient, Client
 import django_quota
 from django_quota import policies
 from django_quota.checks import check_settings
-from django_quota.conf import E_DUPLICATE_POLICY
+from django_quota.messages import E_DUPLICATE_POLICY
 from django_quota.models import QuotaPolicy, QuotaWindow, revision_batch
 
 pytestmark = pytest.mark.django_db
