@@ -32,7 +32,8 @@ from django.urls import path
 import django_quota
 from django_quota import engine, limiter, policies
 from django_quota.backends.cluster import slot_of
-from django_quota.backends.redis import MAX_ASYNC_CLIENTS, RedisBackend
+from django_quota.backends.redis import RedisBackend
+from django_quota.backends.scripting import MAX_ASYNC_CLIENTS
 from django_quota.core.protocol import decode_counter
 from django_quota.decorators import quota as quota_view
 from tests import clock
