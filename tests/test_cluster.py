@@ -74,7 +74,9 @@ def on_cluster(cluster: Cluster, quota: Any) -> Iterator[Any]:
 
 # -- helpers -----------------------------------------------------------------------------------
 def counter_of(policy_id: str, subject: dict[str, str]) -> str:
-    prepared = limiter.prepare([policies.get_policy(policy_id)], subject, 1, peek=True)
+    prepared = limiter.get_limiter().prepare(
+        [policies.get_policy(policy_id)], subject, 1, peek=True
+    )
     assert prepared.request is not None
     return prepared.request.counters[0]
 
@@ -337,7 +339,7 @@ def test_two_policies_on_one_subject_share_a_slot_and_one_evalsha(
             "b": {"algorithm": "token_bucket", "windows": "3/h", "selector": ["user"]},
         }
     )
-    limiter.preload()
+    limiter.get_backend().preload()
     subject = {"user": "7"}
     assert slot_of(counter_of("a", subject)) == slot_of(counter_of("b", subject))
     before = evalsha_calls(cluster)
@@ -358,7 +360,7 @@ def test_a_group_on_two_slots_charges_both_or_refunds_the_first(
             "b": {"algorithm": algorithm, "windows": "1/h", "selector": ["ip"]},
         }
     )
-    limiter.preload()
+    limiter.get_backend().preload()
     subject = split_subject(cluster, "a", "b")
     a_key = counter_of("a", {"user": subject["user"]})
     b_key = counter_of("b", {"ip": subject["ip"]})
@@ -682,7 +684,7 @@ def test_a_timeout_is_never_retried_behind_the_librarys_back(
     subject = subjects_on_distinct_nodes(cluster, "p", "ip")[0]
     key = counter_of("p", subject)
     port = cluster.node_of(key)
-    limiter.preload()
+    limiter.get_backend().preload()
     assert django_quota.evaluate("p", subject).remaining == 99  # a pooled connection
 
     def paused_evaluation(call: Any) -> tuple[Any, int]:
@@ -729,7 +731,7 @@ def test_a_timeout_in_a_later_slot_is_replayed_and_refunded_once(
             "b": {"windows": "1/h", "selector": ["ip"]},
         },
     )
-    limiter.preload()
+    limiter.get_backend().preload()
     subject = split_subject(cluster, "a", "b")
     a_key = counter_of("a", {"user": subject["user"]})
     b_key = counter_of("b", {"ip": subject["ip"]})
@@ -762,7 +764,7 @@ def _two_slot_request(quota: Any, order: str = "ab") -> Any:
     group = [policies.get_policy(policy_id) for policy_id in order]
     for number in range(100):
         subject = {"user": f"u{number}", "ip": f"10.2.0.{number + 1}"}
-        request = limiter.prepare(group, subject, 1).request
+        request = limiter.get_limiter().prepare(group, subject, 1).request
         if slot_of(request.counters[0]) != slot_of(request.counters[1]):
             return request
     raise AssertionError("no subject on two slots")

@@ -34,7 +34,9 @@ def on_redis(quota: Any, redis_url: str) -> Iterator[Any]:
 
 
 def counter_of(policy_id: str) -> str:
-    prepared = limiter.prepare([policies.get_policy(policy_id)], SUBJECT, 1, peek=True)
+    prepared = limiter.get_limiter().prepare(
+        [policies.get_policy(policy_id)], SUBJECT, 1, peek=True
+    )
     assert prepared.request is not None
     return prepared.request.counters[0]
 

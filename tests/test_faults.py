@@ -22,7 +22,7 @@ import redis
 from django.test import Client
 
 import django_quota
-from django_quota import limiter
+from django_quota import engine, limiter
 from django_quota.backends.redis import RedisBackend
 from django_quota.core.breaker import CLOSED, HALF_OPEN, OPEN, CircuitBreaker
 from django_quota.core.model import GROUP_REPLAYED
@@ -678,7 +678,7 @@ def test_breaker_stops_calling_the_network_until_the_cool_down_then_probes_once(
 ) -> None:
     configure(quota, env.proxy.url, fallback=fallback)
     env.proxy.blackhole()
-    for _ in range(limiter.BREAKER_THRESHOLD):
+    for _ in range(engine.BREAKER_THRESHOLD):
         limiter.get_backend().close()
         assert via_api().outcome.reason in (None, "backend_timeout")
     assert limiter.get_breaker().state == OPEN
@@ -733,7 +733,7 @@ def test_a_lost_probe_does_not_keep_the_breaker_half_open() -> None:
 def test_cancelled_async_probe_does_not_need_a_restart(env: Env, quota: Any) -> None:
     configure(quota, env.proxy.url)
     env.proxy.blackhole()
-    for _ in range(limiter.BREAKER_THRESHOLD):
+    for _ in range(engine.BREAKER_THRESHOLD):
         via_api()
     assert limiter.get_breaker().state == OPEN
     time.sleep(1.0)

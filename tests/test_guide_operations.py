@@ -79,7 +79,7 @@ def test_while_the_breaker_is_open_only_outcomes_keep_counting(quota: Any) -> No
     # The page: an evaluation the open breaker refuses makes no backend call, so the
     # health counter stops at the calls that failed (the probe aside), while the outcomes
     # counter keeps growing with backend_unavailable for as long as requests arrive.
-    from django_quota import limiter
+    from django_quota import engine, limiter
 
     quota(REDIS_URL=dead_redis_url(), FAILURE_MODE="open", POLICIES={"orders": POLICY})
 
@@ -102,10 +102,10 @@ def test_while_the_breaker_is_open_only_outcomes_keep_counting(quota: Any) -> No
     )
     health_before, refused_before = sample(*health), sample(*refused)
     states = []
-    for _ in range(limiter.BREAKER_THRESHOLD + 3):
+    for _ in range(engine.BREAKER_THRESHOLD + 3):
         outcome = django_quota.evaluate("orders", {"user": "ada"})
         assert (outcome.decision, outcome.reason) == ("failed_open", "backend_unavailable")
         states.append(limiter.get_breaker().state)
     assert states[-3:] == ["open"] * 3
-    assert sample(*health) - health_before == limiter.BREAKER_THRESHOLD
-    assert sample(*refused) - refused_before == limiter.BREAKER_THRESHOLD + 3
+    assert sample(*health) - health_before == engine.BREAKER_THRESHOLD
+    assert sample(*refused) - refused_before == engine.BREAKER_THRESHOLD + 3

@@ -30,9 +30,10 @@ from django.test import Client
 from django.urls import path
 
 import django_quota
-from django_quota import limiter, policies
+from django_quota import engine, limiter, policies
 from django_quota.backends.cluster import slot_of
-from django_quota.backends.redis import MAX_ASYNC_CLIENTS, RedisBackend
+from django_quota.backends.redis import RedisBackend
+from django_quota.backends.scripting import MAX_ASYNC_CLIENTS
 from django_quota.core.protocol import decode_counter
 from django_quota.decorators import quota as quota_view
 from tests import clock
@@ -349,7 +350,7 @@ def on_backend(
         values["REDIS_URL"] = request.getfixturevalue("redis_url")
     else:
         fake = fakeredis.FakeServer()
-        original = limiter._build_backend
+        original = limiter.backend_from_settings
 
         def build(settings: Any) -> Any:
             if settings.backend != "redis":
@@ -365,7 +366,7 @@ def on_backend(
                 ),
             )
 
-        monkeypatch.setattr(limiter, "_build_backend", build)
+        monkeypatch.setattr(limiter, "backend_from_settings", build)
         values["REDIS_URL"] = "redis://fakeredis.invalid:6379/0"
     clock.set_to(START)
 
@@ -443,7 +444,9 @@ def test_an_indeterminate_repeat_follows_the_failure_mode(on_backend: Any) -> No
 
 # -- 6. a dead cluster primary fails only its own slots --------------------------------------
 def counter_of(policy_id: str, subject: dict[str, str]) -> str:
-    prepared = limiter.prepare([policies.get_policy(policy_id)], subject, 1, peek=True)
+    prepared = limiter.get_limiter().prepare(
+        [policies.get_policy(policy_id)], subject, 1, peek=True
+    )
     assert prepared.request is not None
     return prepared.request.counters[0]
 
@@ -481,7 +484,7 @@ def test_a_killed_primary_opens_only_its_own_breaker(quota: Any, driver: str, vi
             FAILURE_RETRY_AFTER=60,  # the breaker's cool-down: longer than the test
             POLICIES={"p": fixed(1000)},
         )
-        subjects = subjects_by_node(cluster, "p", per_node=limiter.BREAKER_THRESHOLD + 3)
+        subjects = subjects_by_node(cluster, "p", per_node=engine.BREAKER_THRESHOLD + 3)
         for port in subjects:  # every primary answers, and the clients learn the slots
             assert decide(subjects[port][0]).remaining == 999
         dead = cluster.nodes[victim]

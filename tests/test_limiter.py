@@ -39,7 +39,7 @@ def configure(
         server = fakeredis.FakeServer()
         client = fakeredis.FakeRedis(server=server)
         url = "redis://fakeredis.invalid:6379/0"
-        original = limiter._build_backend
+        original = limiter.backend_from_settings
 
         def build(settings: Any) -> Any:
             if settings.backend == "redis":
@@ -53,7 +53,7 @@ def configure(
                 )
             return original(settings)
 
-        monkeypatch.setattr(limiter, "_build_backend", build)
+        monkeypatch.setattr(limiter, "backend_from_settings", build)
 
     def apply(**values: Any) -> Any:
         if url is not None:

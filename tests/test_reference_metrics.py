@@ -18,7 +18,7 @@ import pytest
 from prometheus_client import REGISTRY, CollectorRegistry
 
 import django_quota
-from django_quota import limiter, metrics
+from django_quota import engine, limiter, metrics
 from django_quota.core import outcome
 from tests.doc_tables import page, table
 from tests.test_middleware import dead_redis_url
@@ -145,18 +145,18 @@ def test_an_open_breaker_moves_neither_health_nor_latency(quota: Any) -> None:
         return REGISTRY.get_sample_value("django_quota_outcomes_total", labels) or 0.0
 
     health_before, latency_before, refused_before = health(), latency(), refused()
-    for _ in range(limiter.BREAKER_THRESHOLD):
+    for _ in range(engine.BREAKER_THRESHOLD):
         django_quota.evaluate("ref-breaker", {"ip": "203.0.113.9"})
     assert limiter.get_breaker().state == "open"
-    assert health() - health_before == limiter.BREAKER_THRESHOLD
-    assert latency() - latency_before == limiter.BREAKER_THRESHOLD
+    assert health() - health_before == engine.BREAKER_THRESHOLD
+    assert latency() - latency_before == engine.BREAKER_THRESHOLD
 
     for _ in range(3):
         found = django_quota.evaluate("ref-breaker", {"ip": "203.0.113.9"})
         assert (found.decision, found.reason) == ("failed_closed", "backend_unavailable")
-    assert health() - health_before == limiter.BREAKER_THRESHOLD
-    assert latency() - latency_before == limiter.BREAKER_THRESHOLD
-    assert refused() - refused_before == limiter.BREAKER_THRESHOLD + 3
+    assert health() - health_before == engine.BREAKER_THRESHOLD
+    assert latency() - latency_before == engine.BREAKER_THRESHOLD
+    assert refused() - refused_before == engine.BREAKER_THRESHOLD + 3
     # The status page's recent errors still show the limiter's refusals.
     details = [error.detail for error in limiter.recent_errors()]
     assert details[-3:] == ["circuit breaker open for default"] * 3

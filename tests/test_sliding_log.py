@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 import django_quota
-from django_quota import limiter, policies
+from django_quota import limiter, operations, policies
 from django_quota.backends.cluster import refund_call
 from django_quota.backends.scripting import Call
 from django_quota.core.model import PolicyCall, log_units
@@ -44,7 +44,9 @@ def on_redis(quota: Any, redis_url: str) -> Any:
 
 
 def counter_of(policy_id: str, subject: dict[str, str] = SUBJECT) -> str:
-    prepared = limiter.prepare([policies.get_policy(policy_id)], subject, 1, peek=True)
+    prepared = limiter.get_limiter().prepare(
+        [policies.get_policy(policy_id)], subject, 1, peek=True
+    )
     assert prepared.request is not None
     return prepared.request.counters[0]
 
@@ -149,7 +151,7 @@ def test_reset_and_inspect_cover_the_logs(on_redis: Any, redis_client: Any) -> N
     on_redis(p={"algorithm": "sliding_log", "windows": {"burst": "5/s", "sustained": "9/h"}})
     for _ in range(3):
         django_quota.evaluate("p", SUBJECT)
-    inspection = limiter.inspect("p", SUBJECT)
+    inspection = operations.inspect("p", SUBJECT)
     assert [(w["window"], w["count"], w["remaining"]) for w in inspection.windows] == [
         ("burst", 3, 2),
         ("sustained", 3, 6),

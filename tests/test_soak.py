@@ -225,7 +225,7 @@ def test_soak_under_cycling_faults_never_raises_nor_over_admits(
     seen_by_counter: Counter[tuple[str, int]] = Counter()
     for (policy_id, ip, window_end), count in admitted.items():
         policy = django_quota.policies.get_policy(policy_id)
-        key = counter_key("quota", policy, limiter.identity_of(policy, {"ip": ip}))
+        key = counter_key("quota", policy, limiter.get_limiter().identity(policy, {"ip": ip}))
         seen_by_counter[(key, window_end * PERIOD_MS - PERIOD_MS)] += count
     compared = 0
     for key, count in ledger.counts.items():

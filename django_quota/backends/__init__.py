@@ -1,9 +1,9 @@
 """Backends: where counters live. I/O only; the arithmetic is the core's (memory) or the
-Lua scripts' (redis)."""
+Lua scripts' (redis). :func:`backend_from_settings` builds the one the settings name."""
 
 from __future__ import annotations
 
-from collections.abc import Generator
+from collections.abc import Generator, Mapping
 from typing import Any, Protocol
 
 from django_quota.core.protocol import GroupReply, GroupRequest
@@ -73,3 +73,83 @@ class ScriptBackend(Backend, Protocol):
     async def arun(self, call: Any) -> Any:
         """Async twin of :meth:`run`."""
         ...
+
+
+class BackendSettings(Protocol):
+    """The settings a backend is built from (``django_quota.conf.QuotaSettings`` has them)."""
+
+    @property
+    def backend(self) -> str: ...
+    @property
+    def memory_max_entries(self) -> int: ...
+    @property
+    def redis_url(self) -> str | None: ...
+    @property
+    def cache_alias(self) -> str | None: ...
+    @property
+    def cluster(self) -> bool: ...
+    @property
+    def sentinel(self) -> Mapping[str, Any] | None: ...
+    @property
+    def timeout(self) -> float: ...
+    @property
+    def max_inflight(self) -> int: ...
+
+
+def backend_from_settings(settings: BackendSettings) -> Backend:
+    """The backend ``settings`` name: memory, Redis (standalone or Sentinel) or Redis
+    Cluster, its drivers imported only when it is built."""
+    if settings.backend == "memory":
+        from django_quota.backends.memory import MemoryBackend
+
+        return MemoryBackend(settings.memory_max_entries)
+    from django_quota.backends.redis import RedisBackend
+
+    url, url_options = _connection(settings)
+    if settings.cluster and url is not None:
+        from django_quota.backends.cluster import RedisClusterBackend
+
+        return RedisClusterBackend(
+            url=url,
+            timeout=settings.timeout,
+            max_inflight=settings.max_inflight,
+            url_options=url_options,
+        )
+    return RedisBackend(
+        url=url,
+        timeout=settings.timeout,
+        max_inflight=settings.max_inflight,
+        sentinel=settings.sentinel,
+        url_options=url_options,
+    )
+
+
+def connection_url(settings: BackendSettings) -> str | None:
+    """The Redis URL counters live at, as :func:`backend_from_settings` picks it (with its
+    password: redact it before showing it); None for the memory backend."""
+    if settings.backend == "memory":
+        return None
+    return _connection(settings)[0]
+
+
+def _connection(settings: BackendSettings) -> tuple[str | None, dict[str, object]]:
+    """The URL the Redis backend opens its pool with, and the options it adds: those of
+    the ``CACHE_ALIAS`` cache when one is set (``REDIS_URL`` is then ignored), else
+    ``REDIS_URL`` (None with ``SENTINEL`` alone)."""
+    if settings.cache_alias is not None:
+        return _cache_connection(settings.cache_alias)
+    return settings.redis_url, {}
+
+
+def _cache_connection(alias: str) -> tuple[str, dict[str, object]]:
+    """URL and credentials of a django-redis cache (our own pool is opened with them)."""
+    from django.conf import settings as django_settings
+
+    cache = django_settings.CACHES[alias]
+    location = cache["LOCATION"]
+    url = location[0] if isinstance(location, list | tuple) else str(location).split(",")[0]
+    options = cache.get("OPTIONS", {})
+    extra: dict[str, object] = {}
+    if options.get("PASSWORD"):
+        extra["password"] = options["PASSWORD"]
+    return url, extra

@@ -35,12 +35,7 @@ while it handles a command's error, the command's own error decides.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
-import statistics
-import threading
-import time
 from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -55,26 +50,20 @@ from redis.backoff import NoBackoff
 from redis.cluster import RedisCluster
 from redis.crc import key_slot
 
-from django_quota.backends.probe import run_probe
-from django_quota.backends.redis import (
-    MAX_ASYNC_CLIENTS,
-    MarkingConnectionPool,
-    abandon,
-    client_options,
-    peer_hung_up,
-)
+from django_quota.backends.redis import MarkingConnectionPool, peer_hung_up
 from django_quota.backends.scripting import (
+    CONNECT_ERRORS,
+    BaseRedisBackend,
     Call,
     ConnectFailed,
     Plan,
-    ScriptedBackend,
     arun_script,
     classify,
     evaluate_call,
-    is_connect_failure,
+    mark_connect_failure,
     parse,
     run_script,
-    sources,
+    text,
 )
 from django_quota.core.errors import BackendError
 from django_quota.core.model import (
@@ -90,17 +79,15 @@ from django_quota.core.model import (
 )
 from django_quota.core.outcome import (
     BACKEND_ERROR,
-    BACKEND_MODE_REDIS,
     BACKEND_TIMEOUT,
     BACKEND_UNAVAILABLE,
     INDETERMINATE,
 )
 from django_quota.core.policy import FIXED_WINDOW, SLIDING_LOG, TOKEN_BUCKET, Window
-from django_quota.core.protocol import GroupReply, GroupRequest, Probe, log_key
+from django_quota.core.protocol import GroupReply, GroupRequest, log_key
 
 logger = logging.getLogger("django_quota")
 
-_CONNECT_ERRORS = (redis_exceptions.ConnectionError, redis_exceptions.TimeoutError, OSError)
 _TIMEOUTS = (redis_exceptions.TimeoutError, TimeoutError)
 
 #: Refusals of the cluster itself: the command did not run.
@@ -145,7 +132,7 @@ def classify_cluster(exc: BaseException) -> BackendError:
         if isinstance(context, Exception) and context is not exc.__cause__:
             return classify_cluster(context)
         cause = exc.__cause__
-        if isinstance(cause, _CONNECT_ERRORS):
+        if isinstance(cause, CONNECT_ERRORS):
             if isinstance(cause, ConnectFailed):
                 timed_out = cause.timed_out
             else:
@@ -155,7 +142,7 @@ def classify_cluster(exc: BaseException) -> BackendError:
     return classify(exc)
 
 
-class _AsyncMarkConnectFailures:
+class _MarkConnectFailuresBeforeWrite:
     """asyncio connection mixin: what :class:`MarkingConnectionPool` does in
     ``get_connection``, done right before a command is written (docs/failures.md)."""
 
@@ -168,8 +155,7 @@ class _AsyncMarkConnectFailures:
         try:
             await super().connect_check_health(*args, **kwargs)  # type: ignore[misc]
         except Exception as exc:
-            if is_connect_failure(exc) and not isinstance(exc, ConnectFailed):
-                raise ConnectFailed(exc) from exc
+            mark_connect_failure(exc)
             raise
         finally:
             self._quota_connecting = False
@@ -180,18 +166,20 @@ class _AsyncMarkConnectFailures:
             # out of step): drop it, so super() connects afresh, marked.
             try:
                 stale = await self.can_read() or peer_hung_up(self)  # type: ignore[attr-defined]
-            except _CONNECT_ERRORS:
+            except CONNECT_ERRORS:
                 stale = True
             if stale:
                 await self.disconnect()  # type: ignore[attr-defined]
         await super().send_packed_command(command, check_health)  # type: ignore[misc]
 
 
-class AsyncMarkingClusterConnection(_AsyncMarkConnectFailures, async_connection.Connection):
+class AsyncMarkingClusterConnection(_MarkConnectFailuresBeforeWrite, async_connection.Connection):
     """redis-py's asyncio connection, telling connect failures apart (cluster nodes)."""
 
 
-class AsyncMarkingClusterSSLConnection(_AsyncMarkConnectFailures, async_connection.SSLConnection):
+class AsyncMarkingClusterSSLConnection(
+    _MarkConnectFailuresBeforeWrite, async_connection.SSLConnection
+):
     """The TLS twin of :class:`AsyncMarkingClusterConnection`."""
 
 
@@ -394,17 +382,19 @@ def slot_of(key: str) -> int:
 
 
 # -- the backend ------------------------------------------------------------------------------
-class RedisClusterBackend(ScriptedBackend):
+class RedisClusterBackend(BaseRedisBackend):
     """Counters in a Redis Cluster (``QUOTA["CLUSTER"]``), same interface as
     :class:`~django_quota.backends.redis.RedisBackend`.
 
     ``url`` names any node (``redis://`` or ``rediss://``; the client discovers the
-    others). Clients are created lazily and shared per process; the sync client connects
-    when created, so a cluster that cannot be reached is a failure of that call, and the
-    next call tries again. The async client is kept per event loop.
+    others). Clients are kept as
+    :class:`~django_quota.backends.scripting.BaseRedisBackend` says; the sync client
+    connects when created, so a cluster that cannot be reached is a failure of that call,
+    and the next call tries again.
     """
 
-    mode = BACKEND_MODE_REDIS
+    clustered = True
+    classify = staticmethod(classify_cluster)
 
     def __init__(
         self,
@@ -414,67 +404,53 @@ class RedisClusterBackend(ScriptedBackend):
         max_inflight: int,
         url_options: Mapping[str, Any] | None = None,
     ) -> None:
+        super().__init__(timeout=timeout, max_inflight=max_inflight, url_options=url_options)
         self.url = pinned_url(url)
-        self.timeout = timeout
-        self.max_inflight = max_inflight
-        self.url_options = dict(url_options or {})
-        self._lock = threading.Lock()
-        self._client: Any = None
-        self._async_clients: dict[asyncio.AbstractEventLoop, Any] = {}
-        self._sources = sources()
 
     # -- clients -----------------------------------------------------------------------
-    def _options(self) -> dict[str, Any]:
-        return {**client_options(self.timeout, self.max_inflight), **self.url_options}
-
-    @property
-    def client(self) -> Any:
-        """The shared ``redis.cluster.RedisCluster`` (created, and connected, on first use)."""
-        client = self._client
-        if client is None:
-            with self._lock:
-                if self._client is None:
-                    self._client = RedisCluster.from_url(
-                        self.url, connection_pool_class=MarkingConnectionPool, **self._options()
-                    )
-                client = self._client
-        return client
-
-    def _async(self) -> Any:
-        loop = asyncio.get_running_loop()
-        client = self._async_clients.get(loop)
-        if client is None:
-            with self._lock:
-                known = self._known_nodes()
-                for closed in [item for item in self._async_clients if item.is_closed()]:
-                    abandon(cluster_connections(self._async_clients.pop(closed)))
-                while len(self._async_clients) >= MAX_ASYNC_CLIENTS:  # as the standalone's
-                    self._async_clients.pop(next(iter(self._async_clients)))
-                options = {**self._options(), "retry": AsyncRetry(NoBackoff(), 0)}
-                client = async_cluster.RedisCluster.from_url(self.url, **options)
-                client.commands_parser = LazyCommandsParser()
-                # Every node the other clients know is a startup node too, so that a new
-                # loop's client still starts when the URL's node is the one that is down.
-                manager = client.nodes_manager
-                for host, port in known:
-                    name = f"{host}:{port}"
-                    if name not in manager.startup_nodes:
-                        manager.startup_nodes[name] = async_cluster.ClusterNode(
-                            host, port, **manager.connection_kwargs
-                        )
-                marking = (
-                    AsyncMarkingClusterSSLConnection
-                    if issubclass(
-                        client.connection_kwargs["connection_class"],
-                        async_connection.SSLConnection,
-                    )
-                    else AsyncMarkingClusterConnection
+    def _build(self, asynchronous: bool) -> Any:
+        if not asynchronous:
+            return RedisCluster.from_url(
+                self.url, connection_pool_class=MarkingConnectionPool, **self._options()
+            )
+        known = self._known_nodes()
+        options = {**self._options(), "retry": AsyncRetry(NoBackoff(), 0)}
+        client = async_cluster.RedisCluster.from_url(self.url, **options)
+        client.commands_parser = LazyCommandsParser()
+        # Every node the other clients know is a startup node too, so that a new
+        # loop's client still starts when the URL's node is the one that is down.
+        manager = client.nodes_manager
+        for host, port in known:
+            name = f"{host}:{port}"
+            if name not in manager.startup_nodes:
+                manager.startup_nodes[name] = async_cluster.ClusterNode(
+                    host, port, **manager.connection_kwargs
                 )
-                client.connection_kwargs["connection_class"] = marking
-                for node in client.nodes_manager.startup_nodes.values():
-                    node.connection_class = marking
-                self._async_clients[loop] = client
+        marking = (
+            AsyncMarkingClusterSSLConnection
+            if issubclass(
+                client.connection_kwargs["connection_class"],
+                async_connection.SSLConnection,
+            )
+            else AsyncMarkingClusterConnection
+        )
+        client.connection_kwargs["connection_class"] = marking
+        for node in client.nodes_manager.startup_nodes.values():
+            node.connection_class = marking
         return client
+
+    def _async_connections(self, client: Any) -> list[Any]:
+        """Every connection an asyncio cluster client holds: its nodes' and its startup
+        nodes'. redis-py keeps the startup node it asked ``CLUSTER SLOTS`` as an object of
+        its own, with its own connection, beside the node of the same address in its node
+        cache: closing only the cache's would leave one connection per finished event loop
+        open until garbage collection."""
+        manager = client.nodes_manager
+        nodes = {
+            id(node): node
+            for node in (*manager.nodes_cache.values(), *manager.startup_nodes.values())
+        }  # by identity: ClusterNode compares equal by name
+        return [connection for node in nodes.values() for connection in node._connections]
 
     def _known_nodes(self) -> list[tuple[str, int]]:
         """(host, port) of every node the clients have learnt, in no particular order."""
@@ -484,11 +460,6 @@ class RedisClusterBackend(ScriptedBackend):
                 for node in list(client.nodes_manager.nodes_cache.values()):
                     known[node.name] = (node.host, int(node.port))
         return list(known.values())
-
-    @property
-    def async_client_count(self) -> int:
-        """Async clients held now (one per live event loop that used this backend)."""
-        return len(self._async_clients)
 
     # -- script calls ------------------------------------------------------------------
     def node_of(self, call: Call) -> str:
@@ -550,13 +521,6 @@ class RedisClusterBackend(ScriptedBackend):
         except Exception as exc:
             raise classify_cluster(exc) from exc
 
-    def ttl_ms(self, counter: str) -> int:
-        """``PTTL`` of ``counter`` (-2: no such key). Not on the hot path."""
-        try:
-            return int(self.client.pttl(counter))
-        except Exception as exc:
-            raise classify_cluster(exc) from exc
-
     def preload(self) -> list[tuple[str, str]]:
         """``SCRIPT LOAD`` every script on every primary; return (name, SHA1) pairs."""
         loaded = []
@@ -566,9 +530,9 @@ class RedisClusterBackend(ScriptedBackend):
             for source in self._sources.values():
                 for node in primaries:
                     sha = client.execute_command("SCRIPT LOAD", source.source, target_nodes=node)
-                    if _text(sha) != source.sha1:
+                    if text(sha) != source.sha1:
                         raise BackendError(
-                            BACKEND_ERROR, f"{node.name} loaded {source.name} as {_text(sha)}"
+                            BACKEND_ERROR, f"{node.name} loaded {source.name} as {text(sha)}"
                         )
                 loaded.append((source.name, source.sha1))
         except BackendError:
@@ -577,91 +541,11 @@ class RedisClusterBackend(ScriptedBackend):
             raise classify_cluster(exc) from exc
         return loaded
 
-    def diagnose(self, probe: Probe) -> list[tuple[str, str, str]]:
-        """(check, status, detail) rows for ``quota check``, over every primary:
-        connectivity, latency, script load, the evaluation ``probe`` (on its counter's
-        primary, :func:`~django_quota.backends.probe.run_probe`), clock offset (the
-        worst) and ``maxmemory-policy`` (any that can evict)."""
-        rows: list[tuple[str, str, str]] = []
-        try:
-            client = self.client
-            primaries = client.get_primaries()
-            for node in primaries:
-                client.execute_command("PING", target_nodes=node)
-        except Exception as exc:
-            return [("connectivity", "error", str(classify_cluster(exc)))]
-        rows.append(("connectivity", "ok", f"PING answered by {len(primaries)} primaries"))
-        samples = []
-        for _ in range(5):
-            started = time.perf_counter()
-            client.execute_command("PING", target_nodes=primaries[0])
-            samples.append((time.perf_counter() - started) * 1000)
-        rows.append(("latency", "ok", f"{statistics.median(samples):.2f} ms median of 5 PINGs"))
-        try:
-            loaded = self.preload()
-            detail = ", ".join(f"{name} {sha}" for name, sha in loaded)
-            rows.append(("scripts", "ok", f"{detail} (on {len(primaries)} primaries)"))
-        except BackendError as exc:
-            rows.append(("scripts", "error", str(exc)))
-        rows.append(run_probe(self, probe, client.delete))
-        try:
-            offsets = []
-            for node in primaries:
-                seconds, micros = client.execute_command("TIME", target_nodes=node)
-                offsets.append((int(seconds) + int(micros) / 1e6 - time.time()) * 1000)
-            worst = max(offsets, key=abs)
-            status = "ok" if abs(worst) < 1000 else "warning"
-            rows.append(("clock offset", status, f"{worst:+.1f} ms (worst primary - this host)"))
-        except Exception as exc:
-            rows.append(("clock offset", "warning", f"TIME failed: {exc}"))
-        try:
-            evicting = []
-            for node in primaries:
-                config = client.execute_command("CONFIG GET", "maxmemory*", target_nodes=node)
-                policy = _text(config.get("maxmemory-policy", "unknown"))
-                limit = int(_text(config.get("maxmemory", "0")))
-                if policy != "noeviction" and limit != 0:
-                    evicting.append(f"{node.name}: {policy} with maxmemory {limit}")
-            if evicting:
-                rows.append(
-                    (
-                        "maxmemory-policy",
-                        "warning",
-                        "; ".join(evicting) + " can evict live counters, which resets limits; "
-                        "use noeviction for the rate-limit database",
-                    )
-                )
-            else:
-                rows.append(("maxmemory-policy", "ok", "no primary can evict counters"))
-        except Exception as exc:
-            rows.append(("maxmemory-policy", "warning", f"CONFIG GET not allowed: {exc}"))
-        return rows
+    # -- quota check -------------------------------------------------------------------
+    def primaries(self) -> list[Any]:
+        """Every primary of the cluster (``quota check`` asks each)."""
+        return list(self.client.get_primaries())
 
-    def close(self) -> None:
-        """Disconnect the synchronous client; async clients die with their loops."""
-        client, self._client = self._client, None
-        if client is not None:
-            with contextlib.suppress(Exception):  # closing never raises into setting_changed
-                client.close()
-        with self._lock:
-            clients, self._async_clients = self._async_clients, {}
-        for async_client in clients.values():
-            abandon(cluster_connections(async_client))
-
-
-def cluster_connections(client: Any) -> list[Any]:
-    """Every connection an asyncio cluster client holds: its nodes' and its startup
-    nodes'. redis-py keeps the startup node it asked ``CLUSTER SLOTS`` as an object of
-    its own, with its own connection, beside the node of the same address in its node
-    cache: closing only the cache's would leave one connection per finished event loop
-    open until garbage collection."""
-    manager = client.nodes_manager
-    nodes = {
-        id(node): node
-        for node in (*manager.nodes_cache.values(), *manager.startup_nodes.values())
-    }  # by identity: ClusterNode compares equal by name
-    return [connection for node in nodes.values() for connection in node._connections]
-
-
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
+    def command(self, node: Any, *command: Any) -> Any:
+        """Send ``command`` to the primary ``node``; its parsed reply."""
+        return self.client.execute_command(*command, target_nodes=node)

@@ -9,8 +9,7 @@ import contextlib
 import os
 import select
 import socket
-import threading
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import redis
@@ -19,24 +18,20 @@ from redis import exceptions as redis_exceptions
 from redis.asyncio.retry import Retry as AsyncRetry
 from redis.asyncio.sentinel import SentinelConnectionPool as AsyncSentinelConnectionPool
 from redis.backoff import NoBackoff
-from redis.retry import Retry
 from redis.sentinel import SentinelConnectionPool
 
-from django_quota.backends.probe import run_probe
 from django_quota.backends.scripting import (
     NOSCRIPT_ATTEMPTS,
+    BaseRedisBackend,
     Call,
     ConnectFailed,
-    ScriptedBackend,
     arun_script,
     classify,
+    client_options,
     is_connect_failure,
+    mark_connect_failure,
     run_script,
-    sources,
 )
-from django_quota.core.errors import BackendError
-from django_quota.core.outcome import BACKEND_MODE_REDIS
-from django_quota.core.protocol import Probe
 
 __all__ = [
     "NOSCRIPT_ATTEMPTS",
@@ -48,9 +43,6 @@ __all__ = [
     "peer_hung_up",
 ]
 
-#: Async clients kept at once (one per live event loop); clients of closed loops are
-#: closed and forgotten whenever a new loop needs one.
-MAX_ASYNC_CLIENTS = 64
 
 class _MarkConnectFailures:
     """Pool mixin: failures inside ``get_connection`` (connect, pool exhausted) happen
@@ -61,8 +53,7 @@ class _MarkConnectFailures:
         try:
             return super().get_connection(*args, **kwargs)  # type: ignore[misc]
         except Exception as exc:
-            if is_connect_failure(exc) and not isinstance(exc, ConnectFailed):
-                raise ConnectFailed(exc) from exc
+            mark_connect_failure(exc)
             raise
 
 
@@ -132,8 +123,7 @@ class _AsyncMarkConnectFailures:
         try:
             connection = await super().get_connection(*args, **kwargs)  # type: ignore[misc]
         except Exception as exc:
-            if is_connect_failure(exc) and not isinstance(exc, ConnectFailed):
-                raise ConnectFailed(exc) from exc
+            mark_connect_failure(exc)
             raise
         if peer_hung_up(connection):
             try:
@@ -258,38 +248,13 @@ class AsyncMarkingSentinelConnectionPool(_AsyncMarkConnectFailures, AsyncSentine
 PINNED_OPTIONS = ("retry", "socket_timeout", "socket_connect_timeout")
 
 
-def client_options(timeout: float, max_inflight: int) -> dict[str, Any]:
-    """Keyword arguments every pool gets: no hidden retry, timeouts, pool size (docs/settings.md).
-
-    RESP2 is pinned (a ``protocol`` in the URL still wins): redis-py 8 defaults to RESP3,
-    which turns on its "maintenance notifications", and with them its pools skip the
-    check that finds a pooled connection already closed by the server, so the asyncio
-    client writes ``EVALSHA`` into a dead socket and a refused Redis reads as
-    ``indeterminate``; they may also relax socket timeouts beyond ``TIMEOUT``. RESP2 also
-    spares each new connection the ``HELLO`` and ``CLIENT MAINT_NOTIFICATIONS`` round
-    trips.
-    """
-    return {
-        "retry": Retry(NoBackoff(), 0),
-        "socket_timeout": timeout,
-        "socket_connect_timeout": timeout,
-        "max_connections": max_inflight,
-        "protocol": 2,
-    }
-
-
-class RedisBackend(ScriptedBackend):
+class RedisBackend(BaseRedisBackend):
     """Counters in Redis (standalone or Sentinel-managed primary).
 
     ``url`` is a ``redis://``, ``rediss://`` or ``unix://`` URL; ``sentinel`` a dict with
-    ``SENTINELS`` and ``SENTINEL``'s ``SERVICE``. Clients are created lazily and shared
-    per process; an async client is kept per running event loop (pools belong to one
-    loop), and those of loops that have closed are closed and forgotten, so connections
-    stay bounded whatever the number of loops (async views under WSGI each run in a new
-    one).
+    ``SENTINELS`` and ``SENTINEL``'s ``SERVICE``. Clients are kept as
+    :class:`~django_quota.backends.scripting.BaseRedisBackend` says.
     """
-
-    mode = BACKEND_MODE_REDIS
 
     def __init__(
         self,
@@ -301,23 +266,17 @@ class RedisBackend(ScriptedBackend):
         url_options: Mapping[str, Any] | None = None,
         client_factory: Callable[[bool], Any] | None = None,
     ) -> None:
+        super().__init__(timeout=timeout, max_inflight=max_inflight, url_options=url_options)
         self.url = url
-        self.timeout = timeout
-        self.max_inflight = max_inflight
         self.sentinel = sentinel
-        self.url_options = dict(url_options or {})
         #: Builds a client (argument: asynchronous?) instead of the URL; tests pass fakeredis.
         self.client_factory = client_factory
-        self._lock = threading.Lock()
-        self._client: Any = None
-        self._async_clients: dict[asyncio.AbstractEventLoop, Any] = {}
-        self._sources = sources()
 
     # -- clients -----------------------------------------------------------------------
     def _build(self, asynchronous: bool) -> Any:
         if self.client_factory is not None:
             return self.client_factory(asynchronous)
-        options = {**client_options(self.timeout, self.max_inflight), **self.url_options}
+        options = self._options()
         if asynchronous:
             options["retry"] = AsyncRetry(NoBackoff(), 0)
         if self.sentinel is not None:
@@ -346,40 +305,17 @@ class RedisBackend(ScriptedBackend):
         client_class = redis_asyncio.Redis if asynchronous else redis.Redis
         return client_class(connection_pool=pool)
 
-    @property
-    def client(self) -> Any:
-        """The shared synchronous client (created on first use)."""
-        client = self._client
-        if client is None:
-            with self._lock:
-                if self._client is None:
-                    self._client = self._build(asynchronous=False)
-                client = self._client
-        return client
-
-    def _async(self) -> Any:
-        loop = asyncio.get_running_loop()
-        client = self._async_clients.get(loop)
-        if client is None:
-            with self._lock:
-                self._forget_closed_loops()
-                client = self._build(asynchronous=True)
-                self._async_clients[loop] = client
-        return client
-
-    def _forget_closed_loops(self) -> None:
-        """Close the connections of async clients whose loop has closed, and forget them;
-        past :data:`MAX_ASYNC_CLIENTS` live ones, forget the oldest too (their
-        connections close with their loop's transports)."""
-        for loop in [loop for loop in self._async_clients if loop.is_closed()]:
-            abandon(async_connections(self._async_clients.pop(loop)))
-        while len(self._async_clients) >= MAX_ASYNC_CLIENTS:
-            self._async_clients.pop(next(iter(self._async_clients)))
-
-    @property
-    def async_client_count(self) -> int:
-        """Async clients held now (one per live event loop that used this backend)."""
-        return len(self._async_clients)
+    def _async_connections(self, client: Any) -> list[Any]:
+        """Every connection an asyncio client holds (a ``redis.asyncio.Redis`` pool's, or
+        each node's of a ``redis.asyncio.cluster.RedisCluster``)."""
+        pool = getattr(client, "connection_pool", None)
+        if pool is not None:
+            return [
+                *getattr(pool, "_available_connections", ()),
+                *getattr(pool, "_in_use_connections", ()),
+            ]
+        nodes = getattr(getattr(client, "nodes_manager", None), "nodes_cache", {})
+        return [connection for node in nodes.values() for connection in node._connections]
 
     # -- script calls ------------------------------------------------------------------
     def node_of(self, call: Call) -> str:
@@ -414,13 +350,6 @@ class RedisBackend(ScriptedBackend):
         except Exception as exc:
             raise classify(exc) from exc
 
-    def ttl_ms(self, counter: str) -> int:
-        """``PTTL`` of ``counter`` (-2: no such key). Not on the hot path."""
-        try:
-            return int(self.client.pttl(counter))
-        except Exception as exc:
-            raise classify(exc) from exc
-
     def preload(self) -> list[tuple[str, str]]:
         """``SCRIPT LOAD`` every script; return (name, SHA1) pairs."""
         client = self.client
@@ -431,72 +360,6 @@ class RedisBackend(ScriptedBackend):
         except Exception as exc:
             raise classify(exc) from exc
         return loaded
-
-    def diagnose(self, probe: Probe) -> list[tuple[str, str, str]]:
-        """(check, status, detail) rows for ``quota check``: connectivity, latency, script
-        load, the evaluation ``probe`` (:func:`~django_quota.backends.probe.run_probe`),
-        clock offset and ``maxmemory-policy``. ``status`` is ``ok``, ``warning`` or
-        ``error``."""
-        import statistics
-        import time
-
-        client = self.client
-        rows: list[tuple[str, str, str]] = []
-        try:
-            client.ping()
-        except Exception as exc:
-            return [("connectivity", "error", str(classify(exc)))]
-        rows.append(("connectivity", "ok", "PING answered"))
-        samples = []
-        for _ in range(5):
-            started = time.perf_counter()
-            client.ping()
-            samples.append((time.perf_counter() - started) * 1000)
-        rows.append(("latency", "ok", f"{statistics.median(samples):.2f} ms median of 5 PINGs"))
-        try:
-            loaded = self.preload()
-            rows.append(("scripts", "ok", ", ".join(f"{name} {sha}" for name, sha in loaded)))
-        except BackendError as exc:
-            rows.append(("scripts", "error", str(exc)))
-        rows.append(run_probe(self, probe, client.delete))
-        try:
-            seconds, micros = client.time()
-            offset = (seconds + micros / 1e6 - time.time()) * 1000
-            status = "ok" if abs(offset) < 1000 else "warning"
-            rows.append(("clock offset", status, f"{offset:+.1f} ms (Redis TIME - this host)"))
-        except Exception as exc:
-            rows.append(("clock offset", "warning", f"TIME failed: {exc}"))
-        try:
-            config = client.config_get("maxmemory*")
-            policy = str(_text(config.get("maxmemory-policy", "unknown")))
-            limit = int(_text(config.get("maxmemory", "0")))
-            if policy == "noeviction" or limit == 0:
-                rows.append(("maxmemory-policy", "ok", f"{policy} (maxmemory {limit})"))
-            else:
-                rows.append((
-                    "maxmemory-policy",
-                    "warning",
-                    f"{policy} with maxmemory {limit} can evict live counters, which resets "
-                    "limits; use noeviction for the rate-limit database",
-                ))
-        except Exception as exc:
-            rows.append(("maxmemory-policy", "warning", f"CONFIG GET not allowed: {exc}"))
-        return rows
-
-    def close(self) -> None:
-        """Disconnect the synchronous pool; async pools die with their loops."""
-        client, self._client = self._client, None
-        if client is not None:
-            with contextlib.suppress(Exception):  # closing never raises into setting_changed
-                client.close()
-        with self._lock:
-            clients, self._async_clients = self._async_clients, {}
-        for async_client in clients.values():
-            abandon(async_connections(async_client))
-
-
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 #: hiredis's RESP packer (the ``hiredis`` extra), else None.
@@ -612,30 +475,3 @@ async def asend(pool: Any, command: tuple[Any, ...], timeout: float) -> Any:
     finally:
         connection.socket_timeout = socket_timeout
         await pool.release(connection)
-
-
-def async_connections(client: Any) -> list[Any]:
-    """Every connection an asyncio client holds (a ``redis.asyncio.Redis`` pool's, or each
-    node's of a ``redis.asyncio.cluster.RedisCluster``)."""
-    pool = getattr(client, "connection_pool", None)
-    if pool is not None:
-        return [
-            *getattr(pool, "_available_connections", ()),
-            *getattr(pool, "_in_use_connections", ()),
-        ]
-    nodes = getattr(getattr(client, "nodes_manager", None), "nodes_cache", {})
-    return [connection for node in nodes.values() for connection in node._connections]
-
-
-def abandon(connections: Iterable[Any]) -> None:
-    """Close the sockets of asyncio connections whose event loop has closed: their
-    ``disconnect()`` needs that loop, so the socket under the transport is closed
-    directly (else it stays open until garbage collection, one per finished loop)."""
-    for connection in connections:
-        writer = getattr(connection, "_writer", None)
-        if writer is None:
-            continue
-        wrapped = writer.get_extra_info("socket")
-        raw = getattr(wrapped, "_sock", wrapped)
-        with contextlib.suppress(Exception):
-            raw.close()

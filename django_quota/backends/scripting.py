@@ -1,30 +1,42 @@
 """What the Redis and Redis Cluster backends share: the script calls a plan is made of,
 the one loop that runs a script with ``EVALSHA`` and recovers ``NOSCRIPT``, the drivers
-that run a plan synchronously or under asyncio, and the one place where redis-py's
-exceptions become the failure reasons of ``docs/failures.md``."""
+that run a plan synchronously or under asyncio, the one place where redis-py's
+exceptions become the failure reasons of ``docs/failures.md``, and the bookkeeping of
+their clients (:class:`BaseRedisBackend`: one sync client, one async client per live
+event loop, ``close`` and ``quota check``'s rows)."""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Generator, Sequence
+import asyncio
+import contextlib
+import statistics
+import threading
+import time
+from collections.abc import Awaitable, Callable, Generator, Iterable, Mapping, Sequence
 from typing import Any, NamedTuple, TypeVar
 
 from redis import exceptions as redis_exceptions
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
+from django_quota.backends.probe import Row, run_probe
 from django_quota.core.errors import BackendError
 from django_quota.core.model import new_tuple
 from django_quota.core.outcome import (
     BACKEND_ERROR,
+    BACKEND_MODE_REDIS,
     BACKEND_TIMEOUT,
     BACKEND_UNAVAILABLE,
     INDETERMINATE,
 )
-from django_quota.core.protocol import GroupReply, GroupRequest, parse_reply, reset_keys
+from django_quota.core.protocol import GroupReply, GroupRequest, Probe, parse_reply, reset_keys
 from django_quota.scripts import ScriptSource, load
 
 #: EVALSHA attempts when SCRIPT FLUSH keeps racing the reload (each one ran nothing).
 NOSCRIPT_ATTEMPTS = 8
 
-_CONNECT_ERRORS = (redis_exceptions.ConnectionError, redis_exceptions.TimeoutError, OSError)
+#: What redis-py raises when a connection fails (the built-in TimeoutError is an OSError).
+CONNECT_ERRORS = (redis_exceptions.ConnectionError, redis_exceptions.TimeoutError, OSError)
 #: Replies that say the server refuses this client, whatever it sends: never the fallback.
 _REFUSALS = (
     redis_exceptions.AuthenticationError,
@@ -49,7 +61,15 @@ def is_connect_failure(exc: BaseException) -> bool:
     """Whether ``exc``, raised while a connection was being had, means nothing was
     written (so it becomes :class:`ConnectFailed`). Authentication and permission replies
     of the handshake are not: the server answered, and refused this client."""
-    return isinstance(exc, _CONNECT_ERRORS) and not isinstance(exc, _REFUSALS)
+    return isinstance(exc, CONNECT_ERRORS) and not isinstance(exc, _REFUSALS)
+
+
+def mark_connect_failure(exc: BaseException) -> None:
+    """Raise :class:`ConnectFailed` from ``exc`` when ``exc``, raised while a connection
+    was being had, means nothing was written (:func:`is_connect_failure`); else return,
+    for the caller to raise ``exc`` as it is."""
+    if is_connect_failure(exc) and not isinstance(exc, ConnectFailed):
+        raise ConnectFailed(exc) from exc
 
 
 def classify(exc: BaseException) -> BackendError:
@@ -71,7 +91,7 @@ def classify(exc: BaseException) -> BackendError:
         reason = BACKEND_UNAVAILABLE
     elif isinstance(exc, _REFUSALS):
         reason = BACKEND_ERROR
-    elif isinstance(exc, _CONNECT_ERRORS):  # the built-in TimeoutError is an OSError
+    elif isinstance(exc, CONNECT_ERRORS):  # the built-in TimeoutError is an OSError
         reason = INDETERMINATE
     else:
         reason = BACKEND_ERROR
@@ -235,3 +255,241 @@ class ScriptedBackend:
 def sources() -> dict[str, ScriptSource]:
     """Every script by name."""
     return {name: load(name) for name in ("evaluate", "reset", "refund")}
+
+
+# -- the clients of a Redis backend ---------------------------------------------------------
+#: Async clients kept at once (one per live event loop); clients of closed loops are
+#: closed and forgotten whenever a new loop needs one.
+MAX_ASYNC_CLIENTS = 64
+
+
+def client_options(timeout: float, max_inflight: int) -> dict[str, Any]:
+    """Keyword arguments every pool gets: no hidden retry, timeouts, pool size (docs/settings.md).
+
+    RESP2 is pinned (a ``protocol`` in the URL still wins): redis-py 8 defaults to RESP3,
+    which turns on its "maintenance notifications", and with them its pools skip the
+    check that finds a pooled connection already closed by the server, so the asyncio
+    client writes ``EVALSHA`` into a dead socket and a refused Redis reads as
+    ``indeterminate``; they may also relax socket timeouts beyond ``TIMEOUT``. RESP2 also
+    spares each new connection the ``HELLO`` and ``CLIENT MAINT_NOTIFICATIONS`` round
+    trips.
+    """
+    return {
+        "retry": Retry(NoBackoff(), 0),
+        "socket_timeout": timeout,
+        "socket_connect_timeout": timeout,
+        "max_connections": max_inflight,
+        "protocol": 2,
+    }
+
+
+def abandon(connections: Iterable[Any]) -> None:
+    """Close the sockets of asyncio connections whose event loop has closed: their
+    ``disconnect()`` needs that loop, so the socket under the transport is closed
+    directly (else it stays open until garbage collection, one per finished loop)."""
+    for connection in connections:
+        writer = getattr(connection, "_writer", None)
+        if writer is None:
+            continue
+        wrapped = writer.get_extra_info("socket")
+        raw = getattr(wrapped, "_sock", wrapped)
+        with contextlib.suppress(Exception):
+            raw.close()
+
+
+def text(value: Any) -> str:
+    """A reply's value as text (redis-py gives bytes, or a number)."""
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+class BaseRedisBackend(ScriptedBackend):
+    """What the standalone and cluster backends share: a synchronous client created on
+    first use and shared per process; an async client per running event loop (pools
+    belong to one loop), those of loops that have closed closed and forgotten, so that
+    connections stay bounded whatever the number of loops (async views under WSGI each
+    run in a new one); ``close``, ``ttl_ms``, and ``quota check``'s rows over every
+    primary (:meth:`diagnose`).
+
+    A subclass says how it builds a client (:meth:`_build`) and finds an async client's
+    connections (:meth:`_async_connections`), and how it routes calls: :meth:`node_of`,
+    :meth:`run`, :meth:`arun`, :meth:`preload` and, for ``quota check``,
+    :meth:`primaries` and :meth:`command`.
+    """
+
+    mode = BACKEND_MODE_REDIS
+    #: Whether ``quota check``'s rows speak of several primaries (a cluster's).
+    clustered = False
+    #: redis-py's exception as a failure reason (the cluster's adds its own refusals).
+    classify = staticmethod(classify)
+
+    def __init__(
+        self, *, timeout: float, max_inflight: int, url_options: Mapping[str, Any] | None
+    ) -> None:
+        self.timeout = timeout
+        self.max_inflight = max_inflight
+        self.url_options = dict(url_options or {})
+        self._lock = threading.Lock()
+        self._client: Any = None
+        self._async_clients: dict[asyncio.AbstractEventLoop, Any] = {}
+        self._sources = sources()
+
+    # -- clients -----------------------------------------------------------------------
+    def _build(self, asynchronous: bool) -> Any:
+        """A new client (a redis-py asyncio one when ``asynchronous``)."""
+        raise NotImplementedError
+
+    def _async_connections(self, client: Any) -> list[Any]:
+        """Every connection the async ``client`` holds (closed with its loop)."""
+        raise NotImplementedError
+
+    def _options(self) -> dict[str, Any]:
+        """The keyword arguments of every client: :func:`client_options`, then the URL
+        options of a ``CACHE_ALIAS`` cache."""
+        return {**client_options(self.timeout, self.max_inflight), **self.url_options}
+
+    @property
+    def client(self) -> Any:
+        """The shared synchronous client (created on first use)."""
+        client = self._client
+        if client is None:
+            with self._lock:
+                if self._client is None:
+                    self._client = self._build(asynchronous=False)
+                client = self._client
+        return client
+
+    def _async(self) -> Any:
+        """The running event loop's async client (created on its first use)."""
+        loop = asyncio.get_running_loop()
+        client = self._async_clients.get(loop)
+        if client is None:
+            with self._lock:
+                # Built before the clients of closed loops are forgotten: a cluster's new
+                # client starts from every node they had learnt too.
+                client = self._build(asynchronous=True)
+                self._forget_closed_loops()
+                self._async_clients[loop] = client
+        return client
+
+    def _forget_closed_loops(self) -> None:
+        """Close the connections of async clients whose loop has closed, and forget them;
+        past :data:`MAX_ASYNC_CLIENTS` live ones, forget the oldest too (their
+        connections close with their loop's transports)."""
+        for loop in [loop for loop in self._async_clients if loop.is_closed()]:
+            abandon(self._async_connections(self._async_clients.pop(loop)))
+        while len(self._async_clients) >= MAX_ASYNC_CLIENTS:
+            self._async_clients.pop(next(iter(self._async_clients)))
+
+    @property
+    def async_client_count(self) -> int:
+        """Async clients held now (one per live event loop that used this backend)."""
+        return len(self._async_clients)
+
+    def close(self) -> None:
+        """Disconnect the synchronous client; async clients die with their loops."""
+        client, self._client = self._client, None
+        if client is not None:
+            with contextlib.suppress(Exception):  # closing never raises into setting_changed
+                client.close()
+        with self._lock:
+            clients, self._async_clients = self._async_clients, {}
+        for async_client in clients.values():
+            abandon(self._async_connections(async_client))
+
+    def ttl_ms(self, counter: str) -> int:
+        """``PTTL`` of ``counter`` (-2: no such key). Not on the hot path."""
+        try:
+            return int(self.client.pttl(counter))
+        except Exception as exc:
+            raise self.classify(exc) from exc
+
+    def preload(self) -> list[tuple[str, str]]:
+        """``SCRIPT LOAD`` every script where scripts run; return (name, SHA1) pairs."""
+        raise NotImplementedError
+
+    # -- quota check -------------------------------------------------------------------
+    def primaries(self) -> list[Any]:
+        """The nodes ``quota check`` asks: a standalone or Sentinel primary is one node,
+        named None."""
+        return [None]
+
+    def command(self, node: Any, *command: Any) -> Any:
+        """Send ``command`` to ``node`` (one of :meth:`primaries`); its parsed reply."""
+        return self.client.execute_command(*command)
+
+    def diagnose(self, probe: Probe) -> list[Row]:
+        """(check, status, detail) rows for ``quota check``, over every primary:
+        connectivity, latency, script load, the evaluation ``probe`` (on its counter's
+        primary, :func:`~django_quota.backends.probe.run_probe`), clock offset (the
+        worst) and ``maxmemory-policy`` (any that can evict). ``status`` is ``ok``,
+        ``warning`` or ``error``."""
+        try:
+            nodes = self.primaries()
+            for node in nodes:
+                self.command(node, "PING")
+        except Exception as exc:
+            return [("connectivity", "error", str(self.classify(exc)))]
+        by = f" by {len(nodes)} primaries" if self.clustered else ""
+        rows: list[Row] = [("connectivity", "ok", f"PING answered{by}")]
+        checks = (self._latency, self._scripts, self._evaluation, self._clock, self._maxmemory)
+        return rows + [check(nodes, probe) for check in checks]
+
+    def _latency(self, nodes: list[Any], probe: Probe) -> Row:
+        samples = []
+        for _ in range(5):
+            started = time.perf_counter()
+            self.command(nodes[0], "PING")
+            samples.append((time.perf_counter() - started) * 1000)
+        return ("latency", "ok", f"{statistics.median(samples):.2f} ms median of 5 PINGs")
+
+    def _scripts(self, nodes: list[Any], probe: Probe) -> Row:
+        try:
+            loaded = self.preload()
+        except BackendError as exc:
+            return ("scripts", "error", str(exc))
+        detail = ", ".join(f"{name} {sha}" for name, sha in loaded)
+        if self.clustered:
+            detail = f"{detail} (on {len(nodes)} primaries)"
+        return ("scripts", "ok", detail)
+
+    def _evaluation(self, nodes: list[Any], probe: Probe) -> Row:
+        return run_probe(self, probe, self.client.delete)
+
+    def _clock(self, nodes: list[Any], probe: Probe) -> Row:
+        try:
+            offsets = []
+            for node in nodes:
+                seconds, micros = self.command(node, "TIME")
+                offsets.append((int(seconds) + int(micros) / 1e6 - time.time()) * 1000)
+        except Exception as exc:
+            return ("clock offset", "warning", f"TIME failed: {exc}")
+        worst = max(offsets, key=abs)
+        status = "ok" if abs(worst) < 1000 else "warning"
+        against = "worst primary" if self.clustered else "Redis TIME"
+        return ("clock offset", status, f"{worst:+.1f} ms ({against} - this host)")
+
+    def _maxmemory(self, nodes: list[Any], probe: Probe) -> Row:
+        try:
+            found = []
+            for node in nodes:
+                config = self.command(node, "CONFIG GET", "maxmemory*")
+                policy = text(config.get("maxmemory-policy", "unknown"))
+                found.append((node, policy, int(text(config.get("maxmemory", "0")))))
+        except Exception as exc:
+            return ("maxmemory-policy", "warning", f"CONFIG GET not allowed: {exc}")
+        evicting = [
+            (f"{node.name}: " if self.clustered else "") + f"{policy} with maxmemory {limit}"
+            for node, policy, limit in found
+            if policy != "noeviction" and limit != 0
+        ]
+        if evicting:
+            return (
+                "maxmemory-policy",
+                "warning",
+                "; ".join(evicting) + " can evict live counters, which resets limits; "
+                "use noeviction for the rate-limit database",
+            )
+        if self.clustered:
+            return ("maxmemory-policy", "ok", "no primary can evict counters")
+        _, policy, limit = found[0]
+        return ("maxmemory-policy", "ok", f"{policy} (maxmemory {limit})")

@@ -15,7 +15,7 @@ from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DatabaseError
 
-from django_quota import conf, limiter, policies
+from django_quota import conf, limiter, operations, policies
 from django_quota.core.errors import BackendError
 from django_quota.core.policy import TOKEN_BUCKET, Policy
 
@@ -77,7 +77,7 @@ class Command(BaseCommand):
 
     # -- subcommands -----------------------------------------------------------------------
     def _preload(self, options: dict[str, Any]) -> None:
-        loaded = limiter.preload()
+        loaded = limiter.get_backend().preload()
         if options["json"]:
             self._json([{"script": name, "sha1": sha} for name, sha in loaded])
             return
@@ -119,7 +119,7 @@ class Command(BaseCommand):
         return subject
 
     def _inspect(self, options: dict[str, Any]) -> None:
-        found = limiter.inspect(options["policy"], self._subject(options))
+        found = operations.inspect(options["policy"], self._subject(options))
         if options["json"]:
             self._json(found.as_dict())
             return
@@ -151,7 +151,7 @@ class Command(BaseCommand):
         self.stdout.write(f"reset {policy_id}: {cleared} window(s) had state")
 
     def _check(self, options: dict[str, Any]) -> None:
-        rows = limiter.diagnose()
+        rows = operations.diagnose()
         if options["json"]:
             self._json([{"check": c, "status": s, "detail": d} for c, s, d in rows])
         else:

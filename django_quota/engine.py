@@ -1,0 +1,569 @@
+"""The engine: the :class:`Limiter`, everything one settings generation decides with, and
+the plan it drives.
+
+One evaluation is a plan driven once: :meth:`Limiter.prepare` (identities, costs, keys,
+script arguments, with everything that depends only on the policy compiled once per
+policy and revision), one backend call (one per hash slot on a Redis Cluster), and
+:meth:`Limiter.interpret` (outcomes). Retries, the local fallback and the failure modes
+live in one generator, :meth:`Limiter.steps`; :meth:`Limiter.run` and
+:meth:`Limiter.arun` drive it and differ by one ``await``. Each backend node has its own
+in-flight bound and circuit breaker (``docs/failures.md``).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Generator, Mapping, Sequence
+from typing import Any, cast
+
+from django.utils.module_loading import import_string
+
+from django_quota import conf, metrics
+from django_quota.backends import Backend, ScriptBackend
+from django_quota.backends.memory import MemoryBackend
+from django_quota.backends.scripting import adrive, drive
+from django_quota.core.admission import NodeGuard
+from django_quota.core.breaker import BreakerError
+from django_quota.core.errors import BackendError
+from django_quota.core.identity import Identity, IdentityError, build_identity
+from django_quota.core.model import (
+    ALLOWED_UNCHARGED,
+    GROUP_CLOCK_UNSAFE,
+    GROUP_INDETERMINATE,
+    GROUP_REPLAYED,
+    PACKABLE,
+    PolicyCall,
+    new_tuple,
+)
+from django_quota.core.outcome import (
+    BACKEND_MODE_FALLBACK,
+    BACKEND_TIMEOUT,
+    BACKEND_UNAVAILABLE,
+    CLOCK_UNSAFE,
+    COST_EXCEEDS_LIMIT,
+    DENIED_DECISION,
+    FAILED_CLOSED,
+    FAILED_OPEN,
+    INDETERMINATE,
+    SKIPPED,
+    Outcome,
+    bare_outcome,
+    outcome_from_result,
+)
+from django_quota.core.policy import Policy
+from django_quota.core.protocol import GroupReply, GroupRequest, check_evaluation_id, fingerprint
+from django_quota.prepared import (
+    ClockUnusable,
+    Compiled,
+    Prepared,
+    new_evaluation_id,
+    refusal,
+    validate_cost,
+)
+
+logger = logging.getLogger("django_quota")
+
+Subject = Mapping[str, object]
+#: A subject, or a function giving each policy its subject (the HTTP layer's, so that
+#: ``auto`` and an explicit ``api_key`` read different sources).
+SubjectSource = Subject | Callable[[Policy], Subject]
+Clock = Callable[[], float]
+FALLBACK_REASONS = frozenset({BACKEND_TIMEOUT, BACKEND_UNAVAILABLE})
+#: Consecutive failures that open a node's circuit breaker.
+BREAKER_THRESHOLD = 5
+#: Failures that count for the breaker: the node could not be reached or did not answer.
+BREAKER_REASONS = frozenset({BACKEND_TIMEOUT, BACKEND_UNAVAILABLE, INDETERMINATE})
+#: Identities remembered per process (subject values -> pseudonym), per settings.
+IDENTITY_CACHE_SIZE = 4096
+#: Compiled policies remembered per process, per settings.
+COMPILED_CACHE_SIZE = 1024
+
+
+class Refused(BackendError):
+    """The limiter itself did not call a node: its in-flight bound stayed full for the
+    rest of ``DEADLINE``, or its circuit breaker is open. Not a failure of the node."""
+
+
+Steps = Generator[Any, Any, list[Outcome]]
+
+
+# -- the limiter ---------------------------------------------------------------------------
+class Limiter:
+    """Everything one settings generation decides with: the backend, the local fallback,
+    one :class:`~django_quota.core.admission.NodeGuard` per backend node, compiled
+    policies and remembered identities. Built by :func:`get_limiter`, dropped when a
+    watched setting changes."""
+
+    def __init__(self, settings: conf.QuotaSettings, backend: Backend) -> None:
+        self.settings = settings
+        self.backend = backend
+        self.backend_mode = backend.mode
+        self.local = isinstance(backend, MemoryBackend)
+        # The backend as the script-running kind: only those reach execute and steps
+        # (the memory backend is decided locally), so this view is typed once, here.
+        self.scripts = cast(ScriptBackend, backend)
+        self.fallback = (
+            MemoryBackend(settings.local_fallback_max_entries, mode=BACKEND_MODE_FALLBACK)
+            if settings.local_fallback_enabled
+            else None
+        )
+        self.recent_errors: deque[BreakerError] = deque(maxlen=20)
+        self._guards: dict[str, NodeGuard] = {}
+        self._lock = threading.Lock()
+        self._compiled: dict[int, Compiled] = {}
+        self._identities: dict[tuple[object, ...], Identity] = {}
+        self.prefix = settings.key_prefix
+        self.dedup_ttl_ms = round(settings.dedup_ttl * 1000)
+        self.cleanup_grace_ms = round(settings.cleanup_grace * 1000)
+        self.max_regression_ms = round(settings.max_clock_regression * 1000)
+        self.clock: Clock | None = None
+        if settings.clock == "client":
+            self.clock = time.time
+        elif settings.clock != "redis":
+            self.clock = import_string(settings.clock)
+
+    def close(self) -> None:
+        """Release the backend's connections."""
+        self.backend.close()
+
+    # -- nodes --------------------------------------------------------------------------
+    def guard(self, name: str = "default") -> NodeGuard:
+        """The guard of node ``name`` (created on first use)."""
+        guard = self._guards.get(name)
+        if guard is None:
+            with self._lock:
+                guard = self._guards.get(name)
+                if guard is None:
+                    guard = NodeGuard(
+                        name,
+                        max_inflight=self.settings.max_inflight,
+                        threshold=BREAKER_THRESHOLD,
+                        cool_down=self.settings.failure_retry_after,
+                        recent_errors=self.recent_errors,
+                    )
+                    self._guards[name] = guard
+        return guard
+
+    def guards(self) -> dict[str, NodeGuard]:
+        """Every node guard created so far, by node name."""
+        return dict(self._guards)
+
+    def _admit(self, guard: NodeGuard, acquired: bool) -> None:
+        if not acquired:
+            raise Refused(BACKEND_UNAVAILABLE, f"MAX_INFLIGHT reached on {guard.name}")
+        if not guard.breaker.allow():
+            guard.slots.release()
+            raise Refused(BACKEND_UNAVAILABLE, f"circuit breaker open for {guard.name}")
+
+    def _account(self, guard: NodeGuard, error: BackendError | None) -> None:
+        breaker = guard.breaker
+        if error is None:
+            state = breaker.success()
+        elif error.reason in BREAKER_REASONS:
+            state = breaker.failure(error.reason, str(error))
+        else:  # the node answered: it is reachable
+            state = breaker.success()
+            breaker.note(error.reason, str(error))
+        if state is not None:
+            logger.warning("quota circuit breaker %s for node %s", state, guard.name)
+
+    def _remaining(self, started: float) -> float:
+        return self.settings.deadline - (time.monotonic() - started)
+
+    def execute(self, call: Any, started: float) -> Any:
+        """Run one backend call on its node, inside that node's in-flight bound and
+        breaker (raises :class:`BackendError`)."""
+        backend = self.scripts
+        guard = self.guard(backend.node_of(call))
+        self._admit(guard, guard.slots.acquire(self._remaining(started)))
+        try:
+            raw = backend.run(call)
+        except BackendError as error:
+            self._account(guard, error)
+            raise
+        finally:
+            guard.slots.release()
+        self._account(guard, None)
+        return raw
+
+    async def aexecute(self, call: Any, started: float) -> Any:
+        """Async twin of :meth:`execute`."""
+        backend = self.scripts
+        guard = self.guard(backend.node_of(call))
+        self._admit(guard, await guard.slots.aacquire(self._remaining(started)))
+        try:
+            raw = await backend.arun(call)
+        except BackendError as error:
+            self._account(guard, error)
+            raise
+        finally:
+            guard.slots.release()
+        self._account(guard, None)
+        return raw
+
+    # -- prepare ------------------------------------------------------------------------
+    def compiled(self, policy: Policy) -> Compiled:
+        """``policy`` compiled for these settings (cached per policy object)."""
+        found = self._compiled.get(id(policy))
+        if found is None or found.policy is not policy:
+            if len(self._compiled) >= COMPILED_CACHE_SIZE:
+                self._compiled.clear()
+            found = Compiled(policy, self.settings)
+            self._compiled[id(policy)] = found
+        return found
+
+    def identity(self, policy: Policy, subject: Subject) -> Identity:
+        """``subject``'s identity for ``policy``'s selector (raises
+        :class:`~django_quota.core.identity.IdentityError`). Identities of plain string and
+        integer values are remembered (bounded), so a subject's pseudonym is computed
+        once, not once per policy and request. Raises ``TypeError`` for a subject that is
+        not a mapping."""
+        selector = policy.selector
+        if type(subject) is not dict and not isinstance(subject, Mapping):
+            raise TypeError(
+                "a subject maps dimensions to identity values, e.g. {'ip': '203.0.113.9'}, "
+                f"not a {type(subject).__name__}"
+            )
+        items = tuple(subject.items())
+        cacheable = True
+        for _, value in items:
+            kind = type(value)
+            if kind is not str and kind is not int and value is not None:
+                cacheable = False
+                break
+        key = (selector, items)
+        if cacheable:
+            found = self._identities.get(key)
+            if found is not None:
+                return found
+        settings = self.settings
+        identity = build_identity(
+            selector,
+            subject,
+            hmac_key=settings.hmac_key,
+            hmac_key_version=settings.hmac_key_version,
+            ipv6_prefix=settings.ipv6_prefix,
+        )
+        if cacheable:
+            if len(self._identities) >= IDENTITY_CACHE_SIZE:
+                self._identities.clear()
+            self._identities[key] = identity
+        return identity
+
+    def identity_for(self, policy: Policy, subject: Subject, action: str) -> Identity:
+        """:meth:`identity`, for an operator's ``action`` on ``policy`` (``reset``,
+        ``inspect``): a missing or invalid identity raises ``ValueError`` naming both."""
+        try:
+            return self.identity(policy, subject)
+        except IdentityError as exc:
+            raise ValueError(
+                f"cannot {action} {policy.id!r}: {exc.reason} ({exc.dimension})"
+            ) from exc
+
+    def now(self, clock: Clock | None) -> int | None:
+        """The ``now`` (ms) to pass, or None for the backend's clock (Redis ``TIME``).
+
+        Raises :class:`ClockUnusable` when the clock raises, or returns anything but a
+        number of epoch seconds from 0 to ``2**48`` ms."""
+        clock = clock or self.clock
+        if clock is None:
+            return None
+        try:
+            seconds = clock()
+            now_ms = round(float(seconds) * 1000)
+        except Exception as exc:
+            raise ClockUnusable(f"the clock raised {type(exc).__name__}: {exc}") from exc
+        if not 0 <= now_ms < PACKABLE:
+            raise ClockUnusable(f"the clock gave {seconds!r} s, outside 0..2**48 ms")
+        return now_ms
+
+    def prepare(
+        self,
+        group: Sequence[Policy],
+        subject: SubjectSource,
+        cost: int,
+        *,
+        peek: bool = False,
+        evaluation_id: str | None = None,
+        clock: Clock | None = None,
+    ) -> Prepared:
+        """Give each policy of ``group`` an early outcome, or its key and call; build the
+        one backend request of those keyed.
+
+        An enforced policy refused early (identity error, cost above its limit) refuses
+        the group: nothing is sent and the other policies get no outcome. A caller's
+        ``evaluation_id`` may repeat an earlier one: the backend searches its ledgers for
+        it first (``docs/failures.md``).
+        """
+        if type(cost) is not int or cost < 0:
+            cost = validate_cost(cost)
+        if cost == 0:
+            peek = True
+        caller_id = evaluation_id is not None
+        if evaluation_id is None:
+            evaluation_id = new_evaluation_id()
+        else:
+            check_evaluation_id(evaluation_id)
+        prepared = Prepared([], [], None, [], evaluation_id, 0.0, peek, self.backend_mode)
+        counters, calls = self._keys_and_calls(prepared, group, subject, cost)
+        if counters:
+            self._request(prepared, counters, calls, caller_id, clock)
+        prepared.started = time.monotonic()
+        return prepared
+
+    def _keys_and_calls(
+        self, prepared: Prepared, group: Sequence[Policy], subject: SubjectSource, cost: int
+    ) -> tuple[list[str], list[PolicyCall]]:
+        """Give ``prepared`` each policy's compiled form and early outcome (None for a
+        policy to send); return the counter keys and calls to send, none when an enforced
+        policy refused the group."""
+        peek = prepared.peek
+        backend_mode = prepared.backend_mode
+        compiled_group = prepared.compiled
+        outcomes = prepared.outcomes
+        sent = prepared.sent
+        counters: list[str] = []
+        calls: list[PolicyCall] = []
+        refused = False
+        known = self._compiled
+        for index, policy in enumerate(group):
+            compiled = known.get(id(policy))  # self.compiled(policy), inlined
+            if compiled is None or compiled.policy is not policy:
+                compiled = self.compiled(policy)
+            compiled_group.append(compiled)
+            if not policy.enabled:
+                outcomes.append(bare_outcome(policy, SKIPPED, None, backend_mode=backend_mode))
+                continue
+            try:
+                identity = self.identity(policy, subject(policy) if callable(subject) else subject)
+            except IdentityError as exc:
+                early = refusal(policy, exc.reason, backend_mode)
+            else:
+                if peek or cost <= compiled.cost_bound:
+                    outcomes.append(None)
+                    sent.append(index)
+                    counters.append(compiled.counter(self.prefix, identity))
+                    calls.append(compiled.call(cost))
+                    continue
+                early = refusal(policy, COST_EXCEEDS_LIMIT, backend_mode)
+            refused = refused or early.decision == DENIED_DECISION
+            outcomes.append(early)
+        if refused:
+            sent.clear()
+            return [], []
+        return counters, calls
+
+    def _request(
+        self,
+        prepared: Prepared,
+        counters: list[str],
+        calls: list[PolicyCall],
+        caller_id: bool,
+        clock: Clock | None,
+    ) -> None:
+        """Give ``prepared`` its request, or its clock error when the clock gives no
+        usable time (the request is then never sent)."""
+        try:
+            clock = clock or self.clock
+            now_ms = None if clock is None else self.now(clock)
+        except ClockUnusable as exc:
+            prepared.clock_error = str(exc)
+            return
+        peek = prepared.peek
+        prepared.request = new_tuple(  # every field, in order: the hot path's cheaper call
+            GroupRequest,
+            (
+                tuple(counters),
+                tuple(calls),
+                now_ms,
+                peek,
+                -1 if now_ms is None else self.max_regression_ms,
+                self.dedup_ttl_ms,
+                self.cleanup_grace_ms,
+                b"" if peek else fingerprint(prepared.evaluation_id),
+                caller_id,
+            ),
+        )
+
+
+    # -- interpret ----------------------------------------------------------------------
+    def interpret(self, prepared: Prepared, reply: GroupReply, backend_mode: str) -> list[Outcome]:
+        """Turn a backend reply into outcomes (failure modes for a refused decision)."""
+        status = reply.status
+        if status == GROUP_CLOCK_UNSAFE:
+            return self.failed(prepared, CLOCK_UNSAFE, backend_mode)
+        if status == GROUP_INDETERMINATE:
+            return self.failed(prepared, INDETERMINATE, backend_mode)
+        outcomes = prepared.outcomes
+        compiled = prepared.compiled
+        evaluation_id = prepared.evaluation_id
+        results = reply.results
+        if len(outcomes) == 1 and len(results) == 1:  # one policy, sent: the common call
+            result = results[0]
+            policy = compiled[0].policy
+            outcome = outcome_from_result(policy, result, backend_mode, evaluation_id)
+            outcomes[0] = outcome
+            if result.status == ALLOWED_UNCHARGED and not (
+                prepared.peek or status == GROUP_REPLAYED
+            ):
+                prepared.group_denied = (policy.id,)
+            return [outcome]
+        uncharged: list[str] = []
+        for index, result in zip(prepared.sent, results, strict=True):
+            policy = compiled[index].policy
+            outcomes[index] = outcome_from_result(policy, result, backend_mode, evaluation_id)
+            if result.status == ALLOWED_UNCHARGED:
+                uncharged.append(policy.id)
+        if uncharged and not (prepared.peek or status == GROUP_REPLAYED):
+            prepared.group_denied = tuple(uncharged)
+        if len(outcomes) == len(prepared.sent):  # every policy decided by the backend
+            return cast("list[Outcome]", outcomes.copy())
+        return [outcome for outcome in outcomes if outcome is not None]
+
+    def failed(self, prepared: Prepared, reason: str, backend_mode: str) -> list[Outcome]:
+        """Apply each sent policy's failure mode for ``reason``."""
+        logger.warning(
+            "quota backend failure: reason=%s policies=%s",
+            reason,
+            ",".join(prepared.compiled[i].policy.id for i in prepared.sent),
+        )
+        retry_after = float(self.settings.failure_retry_after)
+        for index in prepared.sent:
+            compiled = prepared.compiled[index]
+            if compiled.fail_open:
+                outcome = bare_outcome(
+                    compiled.policy,
+                    FAILED_OPEN,
+                    reason,
+                    backend_mode=backend_mode,
+                    evaluation_id=prepared.evaluation_id,
+                )
+            else:
+                outcome = bare_outcome(
+                    compiled.policy,
+                    FAILED_CLOSED,
+                    reason,
+                    backend_mode=backend_mode,
+                    evaluation_id=prepared.evaluation_id,
+                    retry_after=retry_after,
+                )
+            prepared.outcomes[index] = outcome
+        return [outcome for outcome in prepared.outcomes if outcome is not None]
+
+    def degraded(self, prepared: Prepared, error: BackendError) -> list[Outcome]:
+        """Decide with the local fallback when the failure allows, else apply the failure
+        modes."""
+        request = prepared.request
+        if self.fallback is not None and error.reason in FALLBACK_REASONS and request:
+            logger.warning("quota backend failure, deciding locally: reason=%s", error.reason)
+            try:
+                reply = self.fallback.evaluate(request._replace(may_repeat=False))
+            except BackendError as fallback_error:
+                return self.failed(prepared, fallback_error.reason, BACKEND_MODE_FALLBACK)
+            return self.interpret(prepared, reply, BACKEND_MODE_FALLBACK)
+        return self.failed(prepared, error.reason, self.backend_mode)
+
+    # -- the plan -----------------------------------------------------------------------
+    def steps(self, prepared: Prepared) -> Steps:
+        """The whole evaluation as a plan: yields each backend call, receives its raw
+        reply (failures are thrown in as :class:`BackendError`), returns the outcomes.
+
+        One retry, with the same evaluation id (so the backend's ledgers make sure it
+        never charges twice), follows an ``indeterminate`` call when the rest of
+        ``DEADLINE`` covers a ``TIMEOUT``. A retry that fails otherwise stays
+        ``indeterminate``: the first call may have consumed.
+        """
+        request = prepared.request
+        assert request is not None
+        backend = self.scripts
+        attempt = 0
+        while True:
+            try:
+                reply: GroupReply = yield from backend.plan(request)
+            except BackendError as error:
+                if (
+                    error.reason == INDETERMINATE
+                    and attempt == 0
+                    and self._remaining(prepared.started) >= self.settings.timeout
+                ):
+                    attempt = 1
+                    request = request._replace(may_repeat=True)
+                    continue
+                if attempt and error.reason != INDETERMINATE:
+                    error = BackendError(
+                        INDETERMINATE, f"retry of an indeterminate call failed: {error}"
+                    )
+                self._observe_failure(prepared, error)
+                return self.degraded(prepared, error)
+            self._observe_reply(prepared, reply)
+            return self.interpret(prepared, reply, self.backend_mode)
+
+    def _observe_failure(self, prepared: Prepared, error: BackendError) -> None:
+        if isinstance(error, Refused):
+            # No node was called (no in-flight slot, or its breaker open): a recent error
+            # for the status page, but no backend call for the health and latency metrics.
+            self.recent_errors.append(BreakerError(time.time(), error.reason, str(error)))
+            return
+        metrics.record_backend(
+            self.backend_mode, error.reason, time.monotonic() - prepared.started
+        )
+
+    def _observe_reply(self, prepared: Prepared, reply: GroupReply) -> None:
+        reason = metrics.OK
+        status = reply.status
+        if status in (GROUP_CLOCK_UNSAFE, GROUP_INDETERMINATE):
+            reason = CLOCK_UNSAFE if status == GROUP_CLOCK_UNSAFE else INDETERMINATE
+            self.recent_errors.append(
+                BreakerError(time.time(), reason, "the script refused to decide")
+            )
+        metrics.record_backend(self.backend_mode, reason, time.monotonic() - prepared.started)
+
+    def decide_locally(self, prepared: Prepared) -> list[Outcome]:
+        """The memory backend's evaluation: the model, no I/O, no admission."""
+        assert prepared.request is not None
+        try:
+            reply = self.backend.evaluate(prepared.request)
+        except BackendError as error:
+            self._observe_failure(prepared, error)
+            self.recent_errors.append(BreakerError(time.time(), error.reason, str(error)))
+            return self.failed(prepared, error.reason, self.backend_mode)
+        self._observe_reply(prepared, reply)
+        return self.interpret(prepared, reply, self.backend_mode)
+
+    def _without_io(self, prepared: Prepared) -> list[Outcome] | None:
+        """The outcomes when no backend call is needed (nothing to send, or the memory
+        backend's model), else None."""
+        if prepared.clock_error is not None:
+            self.recent_errors.append(BreakerError(time.time(), CLOCK_UNSAFE, prepared.clock_error))
+            return self.failed(prepared, CLOCK_UNSAFE, self.backend_mode)
+        if prepared.request is None:
+            return [outcome for outcome in prepared.outcomes if outcome is not None]
+        if self.local:
+            return self.decide_locally(prepared)
+        return None
+
+    def _recorded(self, prepared: Prepared, outcomes: list[Outcome]) -> list[Outcome]:
+        if not prepared.peek:
+            metrics.record_outcomes(prepared.compiled, outcomes, prepared.group_denied)
+        return outcomes
+
+    def run(self, prepared: Prepared) -> list[Outcome]:
+        """Drive a prepared group to its outcomes (sync)."""
+        outcomes = self._without_io(prepared)
+        if outcomes is None:
+            started = prepared.started
+            outcomes = drive(self.steps(prepared), lambda call: self.execute(call, started))
+        return self._recorded(prepared, outcomes)
+
+    async def arun(self, prepared: Prepared) -> list[Outcome]:
+        """Async twin of :meth:`run`."""
+        outcomes = self._without_io(prepared)
+        if outcomes is None:
+            started = prepared.started
+            outcomes = await adrive(
+                self.steps(prepared), lambda call: self.aexecute(call, started)
+            )
+        return self._recorded(prepared, outcomes)

@@ -1,0 +1,113 @@
+"""What :meth:`~django_quota.engine.Limiter.prepare` makes a group into: each policy
+compiled once per revision (:class:`Compiled`), the early outcome of a policy that is
+not sent (:func:`refusal`), the evaluation id, and the group ready for one backend call
+(:class:`Prepared`)."""
+
+from __future__ import annotations
+
+from binascii import b2a_base64
+from dataclasses import dataclass
+from os import urandom
+
+from django_quota import conf
+from django_quota.core.identity import Identity
+from django_quota.core.model import PolicyCall
+from django_quota.core.outcome import (
+    DENIED_DECISION,
+    SELECTOR_IDENTITY_MISSING,
+    SHADOW_DENIED,
+    SKIPPED,
+    Outcome,
+    bare_outcome,
+)
+from django_quota.core.policy import TOKEN_BUCKET, Policy
+from django_quota.core.protocol import GroupRequest, counter_key, counter_tail
+
+#: Standard base64's two last symbols to base64url's (RFC 4648, section 5).
+_BASE64URL = bytes.maketrans(b"+/", b"-_")
+
+
+def new_evaluation_id() -> str:
+    """A fresh 128-bit random evaluation id from ``os.urandom``: 22 base64url characters
+    (RFC 4648, section 5, unpadded), as ``secrets.token_urlsafe(16)`` gives, in fewer
+    calls."""
+    return b2a_base64(urandom(16), newline=False)[:22].translate(_BASE64URL).decode()
+
+
+def validate_cost(cost: object) -> int:
+    """``cost`` when it is an ``int >= 0`` (raises ``TypeError``, ``ValueError``)."""
+    if isinstance(cost, bool) or not isinstance(cost, int):
+        raise TypeError(f"cost must be an int, not {type(cost).__name__}")
+    if cost < 0:
+        raise ValueError(f"cost must be >= 0, not {cost}")
+    return cost
+
+
+# -- compiled policies ---------------------------------------------------------------------
+class Compiled:
+    """What one policy (at one revision) needs on every evaluation, computed once: the
+    counter key's tail, the largest cost its windows can ever admit, its script
+    arguments per cost, and its failure mode under the current settings."""
+
+    __slots__ = ("calls", "cost_bound", "fail_open", "key_tail", "policy")
+
+    def __init__(self, policy: Policy, settings: conf.QuotaSettings) -> None:
+        self.policy = policy
+        self.key_tail = counter_tail(policy)
+        bounds = [
+            window.capacity if policy.algorithm == TOKEN_BUCKET else window.limit
+            for window in policy.windows
+        ]
+        if policy.max_cost is not None:
+            bounds.append(policy.max_cost)
+        self.cost_bound = min(bounds) if bounds else 0
+        self.fail_open = policy.shadow or settings.failure_mode_of(policy) == "open"
+        self.calls: dict[int, PolicyCall] = {}
+
+    def call(self, cost: int) -> PolicyCall:
+        """The policy's :class:`PolicyCall` at ``cost`` (script arguments encoded once)."""
+        call = self.calls.get(cost)
+        if call is None:
+            policy = self.policy
+            call = PolicyCall(policy.algorithm, policy.windows, cost, not policy.shadow)
+            if len(self.calls) < 16:
+                self.calls[cost] = call
+        return call
+
+    def counter(self, prefix: str, identity: Identity) -> str:
+        """The counter key of ``identity`` (:func:`~django_quota.core.protocol.counter_key`)."""
+        return counter_key(prefix, self.policy, identity, self.key_tail)
+
+
+class ClockUnusable(Exception):
+    """``QUOTA["CLOCK"]`` (or a caller's clock) raised or gave no usable time: the group
+    is not sent, its policies take their failure modes with reason ``clock_unsafe``."""
+
+
+@dataclass(slots=True)
+class Prepared:
+    """A group ready for one backend call: early outcomes, and the request if any."""
+
+    compiled: list[Compiled]
+    outcomes: list[Outcome | None]
+    request: GroupRequest | None
+    sent: list[int]
+    evaluation_id: str
+    started: float
+    peek: bool
+    backend_mode: str
+    #: Ids whose own windows allowed but whose group was refused: nothing charged.
+    group_denied: tuple[str, ...] = ()
+    #: Why the clock could not give a ``now`` (the request is then never sent).
+    clock_error: str | None = None
+
+
+def refusal(policy: Policy, reason: str, backend_mode: str) -> Outcome:
+    """The early outcome of ``policy`` when it is not sent for ``reason`` (an identity
+    error, ``cost_exceeds_limit``): skipped when its identity is missing and
+    ``on_missing`` says so, else denied (shadow denied for a shadow policy)."""
+    if reason == SELECTOR_IDENTITY_MISSING and policy.on_missing == "skip":
+        decision = SKIPPED
+    else:
+        decision = SHADOW_DENIED if policy.shadow else DENIED_DECISION
+    return bare_outcome(policy, decision, reason, backend_mode=backend_mode)
