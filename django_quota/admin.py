@@ -20,6 +20,7 @@ from django.template.response import TemplateResponse
 from django.urls import URLPattern, path
 
 from django_quota import conf, limiter, metrics, policies, references
+from django_quota.backends import connection_url
 from django_quota.core.breaker import CLOSED, HALF_OPEN, OPEN
 from django_quota.core.errors import BackendError, ConfigurationError
 from django_quota.core.policy import ALGORITHMS, DIMENSIONS, parse_policy
@@ -283,7 +284,7 @@ class QuotaPolicyAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
             "database_ok": registry.database_ok,
             "backend": settings.backend,
             "backend_mode": backend.mode,
-            "redis_url": _redacted(limiter.connection_url(settings)),
+            "redis_url": _redacted(connection_url(settings)),
             "redis_cache_alias": settings.cache_alias,
             "fallback": settings.local_fallback_enabled,
             "breaker_state": worst,

@@ -17,17 +17,17 @@ class DjangoQuotaConfig(AppConfig):
     def ready(self) -> None:
         from django.core import checks as django_checks
 
-        from django_quota import checks, conf, policies
+        from django_quota import checks, conf, limiter, policies
         from django_quota.models import QuotaPolicy, QuotaWindow, window_changed
 
         django_checks.register(checks.check_settings)
         django_checks.register(checks.check_drf_rates)
 
         setting_changed.connect(conf.reset_on_setting_change, dispatch_uid="quota-settings-changed")
-        # The registry and the generated policies are built from settings. (The limiter
-        # still registers its own two listeners, its backends and its unknown-policy log,
-        # at import.)
+        # What is built from settings: the registry with the generated policies, and the
+        # limiter with its backends.
         conf.on_change(policies.settings_changed)
+        conf.on_change(limiter.settings_changed)
 
         post_save.connect(window_changed, sender=QuotaWindow, dispatch_uid="quota-window-save")
         post_delete.connect(window_changed, sender=QuotaWindow, dispatch_uid="quota-window-delete")

@@ -111,6 +111,8 @@ class Limiter:
             else None
         )
         self.recent_errors: deque[BreakerError] = deque(maxlen=20)
+        #: Undefined policy ids already logged (``limiter.policy_unknown``): once each.
+        self.unknown_logged: set[str] = set()
         self._guards: dict[str, NodeGuard] = {}
         self._lock = threading.Lock()
         self._compiled: dict[int, Compiled] = {}

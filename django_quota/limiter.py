@@ -15,13 +15,13 @@ from collections.abc import Sequence
 
 from django_quota import conf, metrics, policies
 from django_quota.backends import Backend, backend_from_settings
-from django_quota.backends import connection_url as connection_url  # the admin reads it here
 from django_quota.backends.memory import MemoryBackend
 from django_quota.core.breaker import BreakerError, CircuitBreaker
 from django_quota.core.outcome import FAILED_CLOSED, FAILED_OPEN, POLICY_UNKNOWN, Outcome
 from django_quota.core.policy import Policy
 from django_quota.core.protocol import counter_key
 from django_quota.engine import Clock, Limiter, Subject, SubjectSource
+from django_quota.messages import E_UNKNOWN_VIEW_POLICY
 
 logger = logging.getLogger("django_quota")
 
@@ -65,7 +65,9 @@ def recent_errors() -> list[BreakerError]:
     return list(get_limiter().recent_errors)
 
 
-def _drop_backends() -> None:
+def settings_changed() -> None:
+    """Drop the current limiter and close its connections: the next call builds one from
+    the new settings, with nothing remembered (connected in ``AppConfig.ready()``)."""
     global _limiter
     with _lock:
         found, _limiter = _limiter, None
@@ -73,13 +75,7 @@ def _drop_backends() -> None:
         found.close()
 
 
-conf.on_change(_drop_backends)
-
-
 # -- policies named but not defined ---------------------------------------------------------
-_unknown_logged: set[str] = set()
-
-
 def policy_unknown(
     policy_id: str,
     failure_mode: str | None = None,
@@ -93,15 +89,16 @@ def policy_unknown(
     """
     settings = conf.get_settings()
     mode = failure_mode or settings.failure_mode
-    if policy_id not in _unknown_logged:
-        _unknown_logged.add(policy_id)
+    current = get_limiter()
+    if policy_id not in current.unknown_logged:
+        current.unknown_logged.add(policy_id)
         logger.error(
             "quota policy %r %s; its failure mode (%s) applies with reason policy_unknown",
             policy_id,
-            cause or "is named but not defined (django_quota.E009)",
+            cause or f"is named but not defined ({E_UNKNOWN_VIEW_POLICY})",
             mode,
         )
-    backend_mode = get_limiter().backend_mode
+    backend_mode = current.backend_mode
     if mode == "open":
         outcome = Outcome(policy_id, FAILED_OPEN, POLICY_UNKNOWN, backend_mode=backend_mode)
     else:
@@ -112,14 +109,6 @@ def policy_unknown(
         )
     metrics.record_outcomes((), [outcome])
     return outcome
-
-
-def forget_unknown_policies() -> None:
-    """Log the next :func:`policy_unknown` of every id again (settings changed)."""
-    _unknown_logged.clear()
-
-
-conf.on_change(forget_unknown_policies)
 
 
 # -- public API ----------------------------------------------------------------------------

@@ -127,7 +127,7 @@ def test_sixteen_threads_admit_exactly_the_limit(
 
 
 def _process_worker(group_ids: list[str], barrier: Any, queue: Any) -> None:
-    limiter._drop_backends()  # a fresh pool in this process
+    limiter.settings_changed()  # a fresh pool in this process
     queue.put(_admit(group_ids, ATTEMPTS_PER_WORKER, barrier.wait))
 
 
@@ -146,7 +146,7 @@ def test_four_processes_admit_exactly_the_limit(
     context = multiprocessing.get_context("fork")
     barrier = context.Barrier(PROCESSES)
     queue = context.Queue()
-    limiter._drop_backends()
+    limiter.settings_changed()
     workers = [
         context.Process(target=_process_worker, args=(group_ids, barrier, queue))
         for _ in range(PROCESSES)

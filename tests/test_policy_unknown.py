@@ -113,9 +113,9 @@ PATHS = ["/sync/", "/async/", "/sync-class/", "/async-class/"]
 
 @pytest.fixture(autouse=True)
 def _fresh_log_memory() -> Iterator[None]:
-    limiter.forget_unknown_policies()
+    limiter.settings_changed()
     yield
-    limiter.forget_unknown_policies()
+    limiter.settings_changed()
 
 
 @pytest.fixture
