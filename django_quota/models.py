@@ -36,6 +36,7 @@ from django_quota.core.policy import (
     canonical_definition,
     parse_policy,
 )
+from django_quota.core.rates import format_rate
 
 
 def _choices(values: tuple[str, ...]) -> list[tuple[str, str]]:
@@ -286,7 +287,7 @@ class QuotaWindow(models.Model):
         ]
 
     def __str__(self) -> str:
-        return f"{self.name}: {self.limit}/{self.period}s"
+        return f"{self.name}: {format_rate(self.limit, self.period * 1000)}"
 
 
 def window_changed(sender: Any, instance: QuotaWindow, **kwargs: Any) -> None:

@@ -134,7 +134,7 @@ def test_changelist_shows_what_a_policy_means(admin_client: Client, database_pol
     row = re.search(r'<tr>.*?orders.*?</tr>', page, re.S)
     assert row is not None
     text = html.unescape(re.sub(r"<[^>]+>", "|", row.group(0)))
-    for value in ("fixed window", "burst: 2/60s, sustained: 100/3600s", '["user"]', "shadow",
+    for value in ("fixed window", "burst: 2/m, sustained: 100/h", '["user"]', "shadow",
                   "open"):
         assert value in text, value
     assert re.search(r'class="field-revision">1<', row.group(0))
@@ -375,9 +375,9 @@ def test_status_page_shows_policies_backend_and_outcomes(
          "fixed_window"],
         ["status-api", "database", "1", "fixed_window"],
     ]
-    assert policies_table[0][4:] == ["default: 5/60s", "ip", "-", "enforce", "closed (default)",
+    assert policies_table[0][4:] == ["default: 5/m", "ip", "-", "enforce", "closed (default)",
                                      "yes"]
-    assert policies_table[1][4:] == ["default: 1/3600s", "ip", "/api", "enforce",
+    assert policies_table[1][4:] == ["default: 1/h", "ip", "/api", "enforce",
                                      "closed (default)", "yes"]
     page = response.content.decode()
     assert '<td id="quota-backend">memory</td>' in page

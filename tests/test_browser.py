@@ -188,7 +188,7 @@ class OperatorSurfaceInABrowser(StaticLiveServerTestCase):
         )
         self.assertEqual(policy.revision, 1)
         changelist = self.text()
-        self.assertIn("burst: 2/60s, sustained: 100/3600s", changelist)
+        self.assertIn("burst: 2/m, sustained: 100/h", changelist)
 
         with requests.Session() as http:
             responses = [http.get(f"{self.live_server_url}/api/items/") for _ in range(3)]
@@ -212,7 +212,7 @@ class OperatorSurfaceInABrowser(StaticLiveServerTestCase):
             [row[:2] for row in rows], [["login", "settings"], ["shop-api", "database"]]
         )
         self.assertEqual(rows[1][2:], [
-            "1", "fixed_window", "burst: 2/60s, sustained: 100/3600s", "ip", "/api", "enforce",
+            "1", "fixed_window", "burst: 2/m, sustained: 100/h", "ip", "/api", "enforce",
             "closed (default)", "yes",
         ])
         self.assertEqual(self.driver.find_element(By.ID, "quota-breaker").text, "closed")

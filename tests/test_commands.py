@@ -83,9 +83,9 @@ def test_policies_lists_the_effective_policies(quota: Any) -> None:
     quota(POLICIES={"orders": ORDERS, "login": LOGIN})
     revisions = {p: django_quota.policies.get_policy(p).revision for p in ("orders", "login")}
     assert quota_command("policies") == textwrap.dedent(f"""\
-        policy  source    revision  algorithm     windows                           selector  routes  enforcement  failure_mode  enabled
-        orders  settings  {revisions["orders"]}  fixed_window  burst=10/1s,sustained=1000/3600s  user      /api    enforce      closed        True
-        login   settings  {revisions["login"]}  token_bucket  default=5/60s(capacity=10)        ip        -       shadow       open          True
+        policy  source    revision  algorithm     windows                      selector  routes  enforcement  failure_mode  enabled
+        orders  settings  {revisions["orders"]}  fixed_window  burst=10/s,sustained=1000/h  user      /api    enforce      closed        True
+        login   settings  {revisions["login"]}  token_bucket  default=5/m(capacity=10)     ip        -       shadow       open          True
         """)  # noqa: E501
 
 

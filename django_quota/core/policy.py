@@ -10,7 +10,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from django_quota.core.errors import ConfigurationError
-from django_quota.core.rates import MAX_PRODUCT, Rate, check_rate_bounds, parse_rate
+from django_quota.core.rates import (
+    MAX_PRODUCT,
+    Rate,
+    check_rate_bounds,
+    format_rate,
+    parse_rate,
+)
 
 FIXED_WINDOW = "fixed_window"
 SLIDING_WINDOW = "sliding_window"
@@ -71,6 +77,11 @@ class Window:
     def period(self) -> float:
         """The period in seconds."""
         return self.period_ms / 1000
+
+    @property
+    def rate(self) -> str:
+        """The window's rate as the grammar writes it: ``"100/h"``."""
+        return format_rate(self.limit, self.period_ms)
 
 
 @dataclass(frozen=True, slots=True)

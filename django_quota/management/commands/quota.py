@@ -18,6 +18,7 @@ from django.db import DatabaseError
 from django_quota import conf, limiter, operations, policies
 from django_quota.core.errors import BackendError
 from django_quota.core.policy import TOKEN_BUCKET, Policy
+from django_quota.core.rates import format_rate
 
 SUBJECT_OPTIONS = (
     ("user", "--user"),
@@ -294,7 +295,7 @@ def _cell(value: object) -> str:
     if isinstance(value, list):
         if value and isinstance(value[0], dict):
             return ",".join(
-                f"{w['window']}={w['limit']}/{w['period']:g}s"
+                f"{w['window']}={format_rate(w['limit'], round(w['period'] * 1000))}"
                 + ("" if w["capacity"] in (None, w["limit"]) else f"(capacity={w['capacity']})")
                 for w in value
             )
