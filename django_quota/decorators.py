@@ -13,7 +13,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.http import HttpRequest, HttpResponse
 from django.utils.module_loading import import_string
 
-from django_quota import conf, http, limiter, policies
+from django_quota import conf, http, limiter, policies, subjects
 from django_quota.core.errors import ConfigurationError
 from django_quota.core.outcome import Outcome
 from django_quota.core.policy import AUTO, SLIDING_WINDOW, Policy, generated_policy_id, parse_policy
@@ -124,7 +124,7 @@ def _check(request: Any, limit: _Limit, lease: http.Lease) -> tuple[Outcome | No
     found = _reuse(request, policy.id)
     if found is None:
         found = limiter.evaluate_policies(
-            [policy], http.RequestSubject(request).for_policy, limit.cost_of(request)
+            [policy], subjects.RequestSubject(request).for_policy, limit.cost_of(request)
         )
         http.record_leased(request, found, lease)
     return http.refusal(found), True
@@ -140,7 +140,7 @@ async def _acheck(request: Any, limit: _Limit, lease: http.Lease) -> tuple[Outco
         return _unknown(request, limit, lease), True
     found = _reuse(request, policy.id)
     if found is None:
-        subject = http.RequestSubject(request)
+        subject = subjects.RequestSubject(request)
         await subject.aload([policy])
         cost = limit.cost_of(request)
         if iscoroutinefunction(limit.cost):

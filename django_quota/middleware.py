@@ -10,7 +10,7 @@ from typing import Any
 from asgiref.sync import iscoroutinefunction, markcoroutinefunction, sync_to_async
 from django.http import HttpRequest, HttpResponse
 
-from django_quota import conf, http, limiter, policies
+from django_quota import conf, http, limiter, policies, routes, subjects
 from django_quota.core.outcome import Outcome
 from django_quota.core.policy import Policy
 
@@ -39,7 +39,7 @@ class QuotaMiddleware:
             return self.__acall__(request)
         group = self._matching(request, policies.get_registry())
         if group:
-            found = limiter.evaluate_policies(group, http.RequestSubject(request).for_policy)
+            found = limiter.evaluate_policies(group, subjects.RequestSubject(request).for_policy)
             http.record(request, found)
             refusing = http.refusal(found)
             if refusing is not None:
@@ -49,7 +49,7 @@ class QuotaMiddleware:
     async def __acall__(self, request: HttpRequest) -> HttpResponse:
         group = self._matching(request, await policies.aget_registry())
         if group:
-            subject = http.RequestSubject(request)
+            subject = subjects.RequestSubject(request)
             await subject.aload(group)
             found = await limiter.aevaluate_policies(group, subject.for_policy)
             http.record(request, found)
@@ -67,13 +67,13 @@ class QuotaMiddleware:
         if not settings.enabled:
             return []
         path = request.path_info
-        if any(http.path_matches(prefix, path) for prefix in settings.exempt_paths):
+        if any(routes.path_matches(prefix, path) for prefix in settings.exempt_paths):
             return []
         decided = http.memo(request)
         return [
             policy
             for policy in registry.middleware
-            if policy.id not in decided and http.policy_applies(policy, request)
+            if policy.id not in decided and routes.policy_applies(policy, request)
         ]
 
     def _refuse(self, request: HttpRequest, refusing: Outcome) -> HttpResponse:

@@ -25,7 +25,7 @@ from rest_framework.exceptions import APIException
 from rest_framework.settings import api_settings
 from rest_framework.throttling import BaseThrottle
 
-from django_quota import conf, http, limiter, policies
+from django_quota import conf, http, limiter, policies, subjects
 from django_quota.checks import E_DRF_RATE
 from django_quota.core.errors import ConfigurationError
 from django_quota.core.identity import IdentityError
@@ -189,7 +189,7 @@ def drf_num_proxies() -> int | None:
 
 def _ip_value(request: Any) -> object:
     try:
-        return http.request_ip(_django_request(request), default_proxy_count=drf_num_proxies())
+        return subjects.request_ip(_django_request(request), default_proxy_count=drf_num_proxies())
     except IdentityError as exc:
         return None if exc.reason == "selector_identity_missing" else _INVALID_IP
 
@@ -383,7 +383,7 @@ class QuotaThrottle(BaseThrottle):
         return timer
 
     def _request_subject(self, request: Any, view: Any) -> SubjectSource:
-        subject = http.RequestSubject(
+        subject = subjects.RequestSubject(
             request,
             drf_auth=getattr(request, "auth", None),
             default_proxy_count=drf_num_proxies() if self._follows_num_proxies else None,
@@ -537,7 +537,7 @@ class SimpleRateThrottle(QuotaThrottle):
             self.key = self.get_cache_key(request, view)
             if self.key is None:
                 return True
-            key = http.identity_value(self.key)
+            key = subjects.identity_value(self.key)
             identified = (CACHE_KEY_DIMENSION,), {CACHE_KEY_DIMENSION: key}
         else:
             identified = self._identify(request)
