@@ -1,6 +1,6 @@
-"""The HTTP edge shared by the middleware, the decorator and the DRF throttles: outcomes
-recorded on the request, and outcome -> response and rate-limit headers
-(``docs/http.md``)."""
+"""Outcome -> response: the rate-limit headers of recorded outcomes and the 429 or 503
+problem response of a refusal, shared by the middleware, the decorator and the DRF
+throttles (``docs/http.md``)."""
 
 from __future__ import annotations
 
@@ -14,50 +14,13 @@ from django.http import HttpResponse
 from django.utils.module_loading import import_string
 
 from django_quota import conf, policies
-from django_quota.core.outcome import (
-    DENIED_DECISION,
-    FAILED_CLOSED,
-    Outcome,
-)
+from django_quota.core.outcome import DENIED_DECISION, FAILED_CLOSED, Outcome
 from django_quota.core.policy import DEFAULT_WINDOW
 from django_quota.signals import quota_denied
 
 QUOTA_EXCEEDED_TYPE = "https://iana.org/assignments/http-problem-types#quota-exceeded"
-_OUTCOMES_ATTR = "_quota_outcomes"
-_MEMO_ATTR = "_quota_memo"
 
 
-# -- recording ---------------------------------------------------------------------------
-def outcomes(request: Any) -> list[Outcome]:
-    """The :class:`~django_quota.core.outcome.Outcome` objects recorded on ``request`` by
-    every layer (middleware, decorators, DRF throttles), in evaluation order; an empty
-    list when none ran. A policy that several layers name appears once."""
-    return list(getattr(request, _OUTCOMES_ATTR, ()))
-
-
-def memo(request: Any) -> dict[str, Outcome]:
-    """Outcomes already decided for this request, by policy id (charged at most once)."""
-    found: dict[str, Outcome] | None = getattr(request, _MEMO_ATTR, None)
-    if found is None:
-        found = {}
-        setattr(request, _MEMO_ATTR, found)
-    return found
-
-
-def record(request: Any, new: Iterable[Outcome]) -> None:
-    """Record outcomes on the request (for headers, ``outcomes()`` and the memo)."""
-    recorded: list[Outcome] | None = getattr(request, _OUTCOMES_ATTR, None)
-    if recorded is None:
-        recorded = []
-        setattr(request, _OUTCOMES_ATTR, recorded)
-    remembered = memo(request)
-    for outcome in new:
-        if outcome.policy not in remembered:
-            recorded.append(outcome)
-            remembered[outcome.policy] = outcome
-
-
-# -- responses -------------------------------------------------------------------------------
 def item_name(policy: str, window: str, window_count: int) -> str:
     """The structured-field item name of a window: ``policy.window`` or ``policy``."""
     if window_count == 1 and window == DEFAULT_WINDOW:
@@ -142,16 +105,6 @@ def apply_headers(response: HttpResponse, found: Iterable[Outcome]) -> HttpRespo
     return response
 
 
-def refusal(found: Sequence[Outcome]) -> Outcome | None:
-    """The outcome that refuses the request, if any: a quota or identity denial first,
-    then a fail-closed failure."""
-    denied = [o for o in found if o.decision == DENIED_DECISION]
-    if denied:
-        timed = [o for o in denied if o.retry_after is not None]
-        return max(timed, key=lambda o: o.retry_after or 0) if timed else denied[0]
-    return next((o for o in found if o.decision == FAILED_CLOSED), None)
-
-
 def retry_after_header(outcome: Outcome) -> str | None:
     """``Retry-After`` for a refusal: ``ceil(retry_after)``, at least 1; None when unknown."""
     if outcome.retry_after is None:
@@ -215,60 +168,3 @@ def _detail(outcome: Outcome) -> str:
     if outcome.reason == "cost_exceeds_limit":
         return f"The request costs more than policy {outcome.policy} can ever admit."
     return f"The request has no valid identity for policy {outcome.policy} ({outcome.reason})."
-
-
-# -- leases: how long a layer's outcomes are reusable ----------------------------------------
-_LEASES_ATTR = "_quota_leases"
-
-
-class Lease:
-    """A layer's hold on the outcomes it recorded on a request.
-
-    While the lease is active, later layers reuse those outcomes (one charge per policy
-    per request). It ends when the layer's work for that request is over (a decorated
-    view returned, a DRF throttle runs again or a new DRF dispatch begins); a later,
-    separate use of the same request object, as tests that send one ``RequestFactory``
-    request to a view several times do, then decides those policies afresh. Outcomes
-    recorded without a lease (the middleware's) never end.
-    """
-
-    __slots__ = ("active",)
-
-    def __init__(self) -> None:
-        self.active = True
-
-    def end(self) -> None:
-        """Let a later use of the request decide this layer's policies again."""
-        self.active = False
-
-
-def live_memo(request: Any) -> dict[str, Outcome]:
-    """The memo (:func:`memo`) without outcomes whose :class:`Lease` has ended."""
-    leases: dict[str, Lease] = getattr(request, _LEASES_ATTR, None) or {}
-    return {
-        policy: outcome
-        for policy, outcome in memo(request).items()
-        if policy not in leases or leases[policy].active
-    }
-
-
-def record_leased(request: Any, new: Iterable[Outcome], lease: Lease) -> None:
-    """:func:`record` under ``lease``: an outcome whose lease has ended is replaced (in
-    the memo and in :func:`outcomes`) by the new outcome of its policy."""
-    new = list(new)
-    leases: dict[str, Lease] | None = getattr(request, _LEASES_ATTR, None)
-    if leases is None:
-        leases = {}
-        setattr(request, _LEASES_ATTR, leases)
-    stale = {o.policy for o in new if o.policy in leases and not leases[o.policy].active}
-    if stale:
-        remembered = memo(request)
-        for policy in stale:
-            remembered.pop(policy, None)
-        recorded: list[Outcome] = getattr(request, _OUTCOMES_ATTR, [])
-        recorded[:] = [o for o in recorded if o.policy not in stale]
-    known = set(memo(request))
-    record(request, new)
-    for outcome in new:
-        if outcome.policy not in known:
-            leases[outcome.policy] = lease

@@ -7,8 +7,9 @@ from django.http import HttpRequest
 from django.urls import Resolver404, ResolverMatch, resolve
 
 from django_quota.core.policy import Policy
+from django_quota.ledger import ledger_of
 
-_MATCH_ATTR = "_quota_resolver_match"
+#: The ledger's ``route`` for a path that does not resolve (None: not looked up yet).
 _UNRESOLVED = object()
 
 
@@ -17,13 +18,14 @@ def resolver_match(request: HttpRequest) -> ResolverMatch | None:
     match = getattr(request, "resolver_match", None)
     if match is not None:
         return match  # type: ignore[no-any-return]
-    cached = getattr(request, _MATCH_ATTR, None)
+    ledger = ledger_of(request)
+    cached = ledger.route
     if cached is None:
         try:
             cached = resolve(request.path_info, urlconf=getattr(request, "urlconf", None))
         except Resolver404:
             cached = _UNRESOLVED
-        setattr(request, _MATCH_ATTR, cached)
+        ledger.route = cached
     return cached if isinstance(cached, ResolverMatch) else None
 
 

@@ -5,7 +5,7 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from asgiref.sync import sync_to_async
@@ -42,6 +42,15 @@ def request_ip(request: HttpRequest, *, default_proxy_count: int | None = None) 
     )
 
 
+def ip_value(request: HttpRequest, *, default_proxy_count: int | None = None) -> object:
+    """The ``ip`` dimension's raw value: :func:`request_ip`, None when the client IP is
+    missing, or a value the core reports as ``selector_identity_invalid``."""
+    try:
+        return request_ip(request, default_proxy_count=default_proxy_count)
+    except IdentityError as exc:
+        return None if exc.reason == "selector_identity_missing" else _INVALID
+
+
 def identity_value(value: object) -> object:
     """A value read from a request (a resolver's answer, DRF's ``request.auth``) as the
     core takes it, so that a request never raises ``TypeError``: ``str``, ``int``,
@@ -74,17 +83,23 @@ class RequestSubject:
     ``request.auth`` (``drf_auth``: its ``pk`` or the string itself), else the raw
     ``API_KEY_HEADER``. Invalid values are passed on so that the core reports
     ``selector_identity_invalid``; nothing absent or invalid is replaced by another source.
-    ``default_proxy_count`` is passed to :func:`request_ip`.
+    ``default_proxy_count`` is passed to :func:`request_ip`; ``route``, when given (a DRF
+    view's ``throttle_scope``), is the ``route`` dimension instead of the URL's.
     """
 
     def __init__(
-        self, request: Any, *, drf_auth: object = None, default_proxy_count: int | None = None
+        self,
+        request: Any,
+        *,
+        drf_auth: object = None,
+        default_proxy_count: int | None = None,
+        route: object = None,
     ) -> None:
         self.request = request
         self.drf_auth = drf_auth
         self.default_proxy_count = default_proxy_count
         self.settings = conf.get_settings()
-        self._values: dict[str, object] = {}
+        self._values: dict[str, object] = {"route": route} if route else {}
 
     def _value(self, name: str) -> object:
         if name not in self._values:
@@ -109,10 +124,7 @@ class RequestSubject:
                 return self._drf_key(self.drf_auth)
             return self._header_text(request.META.get(self.settings.api_key_meta_name))
         if name == "ip":
-            try:
-                return request_ip(request, default_proxy_count=self.default_proxy_count)
-            except IdentityError as exc:
-                return None if exc.reason == "selector_identity_missing" else _INVALID
+            return ip_value(request, default_proxy_count=self.default_proxy_count)
         if name == "route":
             return route_value(request)
         if name == "tenant":
@@ -175,3 +187,20 @@ class RequestSubject:
             else:
                 subject[dimension] = self._value(dimension)
         return subject
+
+
+class GivenSubject:
+    """A subject already read (a drop-in throttle's own identity): the same values for
+    every policy, nothing to load."""
+
+    __slots__ = ("values",)
+
+    def __init__(self, values: Mapping[str, object]) -> None:
+        self.values = values
+
+    def for_policy(self, policy: Policy) -> Mapping[str, object]:
+        """The given values."""
+        return self.values
+
+    async def aload(self, group: Iterable[Policy]) -> None:
+        """Nothing to read."""

@@ -14,7 +14,7 @@ import pytest
 from django.test import RequestFactory
 from django.urls import include, path
 
-from django_quota import http, routes, subjects
+from django_quota import http, ledger, routes, subjects
 from django_quota.core.outcome import Outcome, WindowState
 from django_quota.core.policy import parse_policy
 
@@ -390,9 +390,9 @@ def test_refusal_prefers_a_denial_over_a_failure_and_the_longest_retry() -> None
                      retry_after=1.0)
     short = outcome("s", decision="denied", reason="default_quota_exhausted", retry_after=2.0)
     long = outcome("l", decision="denied", reason="default_quota_exhausted", retry_after=9.0)
-    assert http.refusal([outcome(), failed]) is failed
-    assert http.refusal([failed, short, long]) is long
-    assert http.refusal([outcome(), outcome("b", decision="shadow_denied")]) is None
+    assert ledger.refusal([outcome(), failed]) is failed
+    assert ledger.refusal([failed, short, long]) is long
+    assert ledger.refusal([outcome(), outcome("b", decision="shadow_denied")]) is None
 
 
 def test_problem_response_lists_the_violated_windows(quota: Any) -> None:

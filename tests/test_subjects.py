@@ -24,7 +24,7 @@ from django.http import HttpRequest, HttpResponse
 from django.test import Client, RequestFactory
 
 import django_quota
-from django_quota import conf, http, policies, subjects
+from django_quota import conf, ledger, policies, subjects
 from django_quota.core.identity import IdentityError, build_identity
 from django_quota.metrics import prometheus_client
 from django_quota.middleware import QuotaMiddleware
@@ -434,7 +434,7 @@ def test_request_user_is_not_read_when_no_policy_needs_it(quota: Any) -> None:
     middleware = QuotaMiddleware(lambda request: HttpResponse("ok"))
     request = exploding_user_request(HTTP_X_API_KEY="sk_live_SECRET123")
     assert middleware(request).status_code == 200
-    assert [(o.policy, o.decision) for o in http.outcomes(request)] == [
+    assert [(o.policy, o.decision) for o in ledger.outcomes(request)] == [
         ("by_ip", "allowed"),
         ("by_key", "allowed"),
         ("by_tenant", "skipped"),
@@ -455,7 +455,7 @@ def test_request_user_is_not_read_on_the_async_path_either(quota: Any) -> None:
     request = exploding_user_request()
     response = async_to_sync(middleware)(request)
     assert response.status_code == 200
-    assert [(o.policy, o.decision) for o in http.outcomes(request)] == [("by_ip", "allowed")]
+    assert [(o.policy, o.decision) for o in ledger.outcomes(request)] == [("by_ip", "allowed")]
 
 
 def test_ip_policy_adds_no_vary_cookie_and_a_user_policy_does(quota: Any) -> None:
