@@ -207,6 +207,25 @@ def _wrap_class(view: type, limit: _Limit) -> type:
     return view
 
 
+def _declare(
+    name: str, rate: str | Mapping[str, str], selector: str | Sequence[str], algorithm: str | None
+) -> Policy:
+    """The policy ``@quota(rate=...)`` generates for the view ``name``, declared now (no
+    settings read) and registered on the first request: decorating runs at import, when
+    reading settings or database policies is not allowed."""
+    try:
+        generated = parse_policy(
+            generated_policy_id("view", name),
+            {"algorithm": algorithm or SLIDING_WINDOW, "windows": rate, "selector": selector},
+            source=GENERATED_SOURCE,
+            key=f"@quota(...) on {name}",
+        )
+    except ConfigurationError as exc:
+        raise ImproperlyConfigured(str(exc)) from exc
+    policies.declare(generated)
+    return generated
+
+
 def quota(
     policy: str | None = None,
     *,
@@ -243,25 +262,7 @@ def quota(
 
     def decorator(view: ViewT) -> ViewT:
         name = f"{view.__module__}.{view.__qualname__}"
-        generated = None
-        if rate is not None:
-            policy_id = generated_policy_id("view", name)
-            try:
-                generated = parse_policy(
-                    policy_id,
-                    {
-                        "algorithm": algorithm or SLIDING_WINDOW,
-                        "windows": rate,
-                        "selector": selector,
-                    },
-                    source=GENERATED_SOURCE,
-                    key=f"@quota(...) on {name}",
-                )
-            except ConfigurationError as exc:
-                raise ImproperlyConfigured(str(exc)) from exc
-            # Declared now (no settings read), registered on the first request: decorating
-            # runs at import, when reading settings or database policies is not allowed.
-            policies.declare(generated)
+        generated = None if rate is None else _declare(name, rate, selector, algorithm)
         limit = _Limit(policy, generated, cost)
         if isinstance(view, type):
             return _wrap_class(view, limit)  # type: ignore[return-value]
