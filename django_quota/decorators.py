@@ -98,31 +98,38 @@ class _Limit:
         return resolved[1]
 
 
-def _check(request: Any, limit: _Limit, lease: Lease) -> tuple[Outcome | None, bool]:
-    """Decide the view's policy: ``(refusing outcome, whether the layer ran)``. A named
-    policy that is not defined gets its failure mode with reason ``policy_unknown``
-    (never a 500, ``docs/failures.md``)."""
+def _group(limit: _Limit) -> tuple[list[Policy], list[str]] | None:
+    """The view's policy, or its id when no source defines it (its failure mode then
+    applies with reason ``policy_unknown``, never a 500: ``docs/failures.md``); None when
+    ``ENABLED`` is off."""
     if not conf.get_settings().enabled:
-        return None, False
+        return None
     try:
-        policy = limit.policy()
+        return [limit.policy()], []
     except policies.UnknownPolicy:
         assert limit.policy_id is not None
-        return decide(request, [], lease=lease, unknown=[limit.policy_id]).refusing, True
+        return [], [limit.policy_id]
+
+
+def _check(request: Any, limit: _Limit, lease: Lease) -> tuple[Outcome | None, bool]:
+    """Decide the view's policy: ``(refusing outcome, whether the layer ran)``."""
+    found = _group(limit)
+    if found is None:
+        return None, False
+    group, unknown = found
     subject = RequestSubject(request)
-    return decide(request, [policy], subject, limit.cost, lease=lease).refusing, True
+    decision = decide(request, group, subject, limit.cost, lease=lease, unknown=unknown)
+    return decision.refusing, True
 
 
 async def _acheck(request: Any, limit: _Limit, lease: Lease) -> tuple[Outcome | None, bool]:
     """Async twin of :func:`_check`."""
-    if not conf.get_settings().enabled:
+    found = _group(limit)
+    if found is None:
         return None, False
-    try:
-        policy = limit.policy()
-    except policies.UnknownPolicy:
-        assert limit.policy_id is not None
-        return decide(request, [], lease=lease, unknown=[limit.policy_id]).refusing, True
-    decision = await adecide(request, [policy], RequestSubject(request), limit.cost, lease=lease)
+    group, unknown = found
+    subject = RequestSubject(request)
+    decision = await adecide(request, group, subject, limit.cost, lease=lease, unknown=unknown)
     return decision.refusing, True
 
 
