@@ -122,17 +122,22 @@ class RequestLedger:
         the memo), under ``lease`` when given; an outcome whose lease has ended is
         replaced by the new outcome of its policy."""
         leases = self.leases
-        stale = {o.policy for o in new if o.policy in leases and not leases[o.policy].active}
-        if stale:
-            for policy in stale:
-                self.memo.pop(policy, None)
-            self.outcomes[:] = [o for o in self.outcomes if o.policy not in stale]
+        if leases:
+            self._drop_ended(new)
         for outcome in new:
             if outcome.policy not in self.memo:
                 self.outcomes.append(outcome)
                 self.memo[outcome.policy] = outcome
                 if lease is not None:
                     leases[outcome.policy] = lease
+
+    def _drop_ended(self, new: Sequence[Outcome]) -> None:
+        leases = self.leases
+        stale = {o.policy for o in new if o.policy in leases and not leases[o.policy].active}
+        if stale:
+            for policy in stale:
+                self.memo.pop(policy, None)
+            self.outcomes[:] = [o for o in self.outcomes if o.policy not in stale]
 
     def throttle_lease(self, request: Any, throttle: object) -> tuple[Dispatch, Lease]:
         """The dispatch of DRF's ``request`` and a new lease of ``throttle`` in it. A new
@@ -208,23 +213,32 @@ class _Step:
             self.dispatch, lease = ledger.throttle_lease(request, throttle)
         self.lease = lease
         decided = self.decided = ledger.live()
-        self.missing = [
-            decided.get(name) or limiter.policy_unknown(name, cause=cause) for name in unknown
-        ]
-        self.pending: list[Policy] = []
-        if not any(outcome.decision == FAILED_CLOSED for outcome in self.missing):
+        self.missing: list[Outcome] = []
+        self.pending: Sequence[Policy] = group
+        if unknown:
+            self.missing = [
+                decided.get(name) or limiter.policy_unknown(name, cause=cause) for name in unknown
+            ]
+            if any(outcome.decision == FAILED_CLOSED for outcome in self.missing):
+                self.pending = ()
+                return
+        if decided:
             self.pending = [policy for policy in group if policy.id not in decided]
 
     def finish(self, group: Sequence[Policy], fresh: Sequence[Outcome]) -> Decision:
-        decided = self.decided
-        by_policy = {outcome.policy: outcome for outcome in fresh}
-        found = self.missing + [
-            decided[policy.id] if policy.id in decided else by_policy[policy.id]
-            for policy in group
-            if policy.id in decided or policy.id in by_policy
-        ]
+        new = [*self.missing, *fresh]
+        found = new
+        if len(self.pending) < len(group):
+            # Some were reused: the group's outcomes in group order, reused or fresh.
+            decided = self.decided
+            by_policy = {outcome.policy: outcome for outcome in fresh}
+            found = self.missing + [
+                decided[policy.id] if policy.id in decided else by_policy[policy.id]
+                for policy in group
+                if policy.id in decided or policy.id in by_policy
+            ]
         # ``decided`` may be the memo itself: read it before recording into it.
-        self.ledger.record([*self.missing, *fresh], self.lease)
+        self.ledger.record(new, self.lease)
         refusing = refusal(found)
         announces = refusing is not None
         if announces and self.dispatch is not None:
