@@ -28,7 +28,7 @@ __all__ = [
 
 if TYPE_CHECKING:
     from django_quota.core.outcome import Outcome, WindowState
-    from django_quota.http import outcomes
+    from django_quota.ledger import outcomes
     from django_quota.limiter import aevaluate, apeek, areset, evaluate, peek, reset
 
 _LAZY = {
@@ -40,7 +40,7 @@ _LAZY = {
     "apeek": "django_quota.limiter",
     "reset": "django_quota.limiter",
     "areset": "django_quota.limiter",
-    "outcomes": "django_quota.http",
+    "outcomes": "django_quota.ledger",
 }
 
 

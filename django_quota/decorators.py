@@ -13,10 +13,12 @@ from django.core.exceptions import ImproperlyConfigured
 from django.http import HttpRequest, HttpResponse
 from django.utils.module_loading import import_string
 
-from django_quota import conf, http, limiter, policies
+from django_quota import conf, http, policies
 from django_quota.core.errors import ConfigurationError
 from django_quota.core.outcome import Outcome
 from django_quota.core.policy import AUTO, SLIDING_WINDOW, Policy, generated_policy_id, parse_policy
+from django_quota.ledger import Lease, adecide, decide, outcomes
+from django_quota.subjects import RequestSubject
 
 __all__ = ["quota"]
 
@@ -79,66 +81,77 @@ class _Limit:
         generated = self.generated
         return policies.generated((generated.id, generated.revision), lambda: generated)
 
-    def cost_of(self, request: Any) -> Any:
-        return self.cost(request) if callable(self.cost) else self.cost
+
+def _group(limit: _Limit) -> tuple[list[Policy], list[str]] | None:
+    """The view's policy, or its id when no source defines it (its failure mode then
+    applies with reason ``policy_unknown``, never a 500: ``docs/failures.md``); None when
+    ``ENABLED`` is off."""
+    if not conf.get_settings().enabled:
+        return None
+    try:
+        return [limit.policy()], []
+    except policies.UnknownPolicy:
+        assert limit.policy_id is not None
+        return [], [limit.policy_id]
 
 
-def _reuse(request: Any, policy_id: str) -> list[Outcome] | None:
-    decided = http.live_memo(request).get(policy_id)
-    return None if decided is None else [decided]
-
-
-def _unknown(request: Any, limit: _Limit, lease: http.Lease) -> Outcome | None:
-    """The refusal, if any, when the named policy is not defined: its failure mode with
-    reason ``policy_unknown`` (never a 500, ``docs/failures.md``)."""
-    assert limit.policy_id is not None
-    found = _reuse(request, limit.policy_id) or [limiter.policy_unknown(limit.policy_id)]
-    http.record_leased(request, found, lease)
-    return http.refusal(found)
-
-
-def _check(request: Any, limit: _Limit, lease: http.Lease) -> tuple[Outcome | None, bool]:
+def _check(request: Any, limit: _Limit, lease: Lease) -> tuple[Outcome | None, bool]:
     """Decide the view's policy: ``(refusing outcome, whether the layer ran)``."""
-    if not conf.get_settings().enabled:
-        return None, False
-    try:
-        policy = limit.policy()
-    except policies.UnknownPolicy:
-        return _unknown(request, limit, lease), True
-    found = _reuse(request, policy.id)
+    found = _group(limit)
     if found is None:
-        found = limiter.evaluate_policies(
-            [policy], http.RequestSubject(request).for_policy, limit.cost_of(request)
-        )
-        http.record_leased(request, found, lease)
-    return http.refusal(found), True
+        return None, False
+    group, unknown = found
+    subject = RequestSubject(request)
+    decision = decide(request, group, subject, limit.cost, lease=lease, unknown=unknown)
+    return decision.refusing, True
 
 
-async def _acheck(request: Any, limit: _Limit, lease: http.Lease) -> tuple[Outcome | None, bool]:
+async def _acheck(request: Any, limit: _Limit, lease: Lease) -> tuple[Outcome | None, bool]:
     """Async twin of :func:`_check`."""
-    if not conf.get_settings().enabled:
-        return None, False
-    try:
-        policy = limit.policy()
-    except policies.UnknownPolicy:
-        return _unknown(request, limit, lease), True
-    found = _reuse(request, policy.id)
+    found = _group(limit)
     if found is None:
-        subject = http.RequestSubject(request)
-        await subject.aload([policy])
-        cost = limit.cost_of(request)
-        if iscoroutinefunction(limit.cost):
-            cost = await cost
-        found = await limiter.aevaluate_policies([policy], subject.for_policy, cost)
-        http.record_leased(request, found, lease)
-    return http.refusal(found), True
+        return None, False
+    group, unknown = found
+    subject = RequestSubject(request)
+    decision = await adecide(request, group, subject, limit.cost, lease=lease, unknown=unknown)
+    return decision.refusing, True
+
+
+def _respond(request: Any, limit: _Limit, sender: object, view: Callable[[], Any]) -> Any:
+    """The view's response, or the refusal's; with the layer's headers when it ran."""
+    lease = Lease()
+    try:
+        refusing, ran = _check(request, limit, lease)
+        if refusing is not None:
+            response = http.problem_response(request, refusing, sender)
+        else:
+            response = view()
+    finally:
+        lease.end()
+    return _finish(request, response) if ran else response
+
+
+async def _arespond(
+    request: Any, limit: _Limit, sender: object, view: Callable[[], Awaitable[Any]]
+) -> Any:
+    """Async twin of :func:`_respond`."""
+    lease = Lease()
+    try:
+        refusing, ran = await _acheck(request, limit, lease)
+        if refusing is not None:
+            response = await sync_to_async(http.problem_response)(request, refusing, sender)
+        else:
+            response = await view()
+    finally:
+        lease.end()
+    return _finish(request, response) if ran else response
 
 
 def _finish(request: Any, response: HttpResponse) -> HttpResponse:
     # With the middleware installed it writes the headers of every layer on the way out;
     # headers written here first would win over its own (existing headers win).
     if not middleware_installed():
-        http.apply_headers(response, http.outcomes(request))
+        http.apply_headers(response, outcomes(request))
     return response
 
 
@@ -147,32 +160,14 @@ def _wrap_function(view: Callable[..., Any], limit: _Limit, sender: object) -> C
 
         @functools.wraps(view)
         async def async_wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> Any:
-            lease = http.Lease()
-            try:
-                refusing, ran = await _acheck(request, limit, lease)
-                if refusing is not None:
-                    response = await sync_to_async(http.problem_response)(request, refusing, sender)
-                else:
-                    response = await view(request, *args, **kwargs)
-            finally:
-                lease.end()
-            return _finish(request, response) if ran else response
+            return await _arespond(request, limit, sender, lambda: view(request, *args, **kwargs))
 
         async_wrapper.quota_policy_id = limit.policy_id  # type: ignore[attr-defined]
         return async_wrapper
 
     @functools.wraps(view)
     def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> Any:
-        lease = http.Lease()
-        try:
-            refusing, ran = _check(request, limit, lease)
-            if refusing is not None:
-                response = http.problem_response(request, refusing, sender)
-            else:
-                response = view(request, *args, **kwargs)
-        finally:
-            lease.end()
-        return _finish(request, response) if ran else response
+        return _respond(request, limit, sender, lambda: view(request, *args, **kwargs))
 
     wrapper.quota_policy_id = limit.policy_id  # type: ignore[attr-defined]
     return wrapper
@@ -184,17 +179,11 @@ def _wrap_class(view: type, limit: _Limit) -> type:
         # Django's View.dispatch of an async view returns the handler's coroutine.
         @functools.wraps(dispatch)
         async def async_dispatch(self: Any, request: HttpRequest, *args: Any, **kwargs: Any) -> Any:
-            lease = http.Lease()
-            try:
-                refusing, ran = await _acheck(request, limit, lease)
-                if refusing is not None:
-                    response = await sync_to_async(http.problem_response)(request, refusing, view)
-                else:
-                    result = dispatch(self, request, *args, **kwargs)
-                    response = await result if isinstance(result, Awaitable) else result
-            finally:
-                lease.end()
-            return _finish(request, response) if ran else response
+            async def handle() -> Any:
+                result = dispatch(self, request, *args, **kwargs)
+                return await result if isinstance(result, Awaitable) else result
+
+            return await _arespond(request, limit, view, handle)
 
         async_dispatch.quota_policy_id = limit.policy_id  # type: ignore[attr-defined]
         view.dispatch = async_dispatch  # type: ignore[attr-defined]
@@ -202,20 +191,30 @@ def _wrap_class(view: type, limit: _Limit) -> type:
 
     @functools.wraps(dispatch)
     def sync_dispatch(self: Any, request: HttpRequest, *args: Any, **kwargs: Any) -> Any:
-        lease = http.Lease()
-        try:
-            refusing, ran = _check(request, limit, lease)
-            if refusing is not None:
-                response = http.problem_response(request, refusing, view)
-            else:
-                response = dispatch(self, request, *args, **kwargs)
-        finally:
-            lease.end()
-        return _finish(request, response) if ran else response
+        return _respond(request, limit, view, lambda: dispatch(self, request, *args, **kwargs))
 
     sync_dispatch.quota_policy_id = limit.policy_id  # type: ignore[attr-defined]
     view.dispatch = sync_dispatch  # type: ignore[attr-defined]
     return view
+
+
+def _declare(
+    name: str, rate: str | Mapping[str, str], selector: str | Sequence[str], algorithm: str | None
+) -> Policy:
+    """The policy ``@quota(rate=...)`` generates for the view ``name``, declared now (no
+    settings read) and registered on the first request: decorating runs at import, when
+    reading settings or database policies is not allowed."""
+    try:
+        generated = parse_policy(
+            generated_policy_id("view", name),
+            {"algorithm": algorithm or SLIDING_WINDOW, "windows": rate, "selector": selector},
+            source=GENERATED_SOURCE,
+            key=f"@quota(...) on {name}",
+        )
+    except ConfigurationError as exc:
+        raise ImproperlyConfigured(str(exc)) from exc
+    policies.declare(generated)
+    return generated
 
 
 def quota(
@@ -254,25 +253,7 @@ def quota(
 
     def decorator(view: ViewT) -> ViewT:
         name = f"{view.__module__}.{view.__qualname__}"
-        generated = None
-        if rate is not None:
-            policy_id = generated_policy_id("view", name)
-            try:
-                generated = parse_policy(
-                    policy_id,
-                    {
-                        "algorithm": algorithm or SLIDING_WINDOW,
-                        "windows": rate,
-                        "selector": selector,
-                    },
-                    source=GENERATED_SOURCE,
-                    key=f"@quota(...) on {name}",
-                )
-            except ConfigurationError as exc:
-                raise ImproperlyConfigured(str(exc)) from exc
-            # Declared now (no settings read), registered on the first request: decorating
-            # runs at import, when reading settings or database policies is not allowed.
-            policies.declare(generated)
+        generated = None if rate is None else _declare(name, rate, selector, algorithm)
         limit = _Limit(policy, generated, cost)
         if isinstance(view, type):
             return _wrap_class(view, limit)  # type: ignore[return-value]

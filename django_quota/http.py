@@ -1,284 +1,26 @@
-"""The HTTP edge shared by the middleware, the decorator and the DRF throttles:
-request -> subject, route matching, outcomes recorded on the request, and outcome ->
-response and rate-limit headers (``docs/http.md``)."""
+"""Outcome -> response: the rate-limit headers of recorded outcomes and the 429 or 503
+problem response of a refusal, shared by the middleware, the decorator and the DRF
+throttles (``docs/http.md``)."""
 
 from __future__ import annotations
 
 import json
 import math
-import uuid
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from asgiref.sync import async_to_sync, iscoroutinefunction, sync_to_async
-from django.http import HttpRequest, HttpResponse
-from django.urls import Resolver404, ResolverMatch, resolve
+from asgiref.sync import async_to_sync, iscoroutinefunction
+from django.http import HttpResponse
 from django.utils.module_loading import import_string
 
 from django_quota import conf, policies
-from django_quota.core.identity import INVALID_VALUE, IdentityError, client_ip
-from django_quota.core.outcome import (
-    DENIED_DECISION,
-    FAILED_CLOSED,
-    Outcome,
-)
-from django_quota.core.policy import AUTO, DEFAULT_WINDOW, Policy
+from django_quota.core.outcome import DENIED_DECISION, FAILED_CLOSED, Outcome
+from django_quota.core.policy import DEFAULT_WINDOW
 from django_quota.signals import quota_denied
 
 QUOTA_EXCEEDED_TYPE = "https://iana.org/assignments/http-problem-types#quota-exceeded"
-_OUTCOMES_ATTR = "_quota_outcomes"
-_MEMO_ATTR = "_quota_memo"
-_MATCH_ATTR = "_quota_resolver_match"
-_UNRESOLVED = object()
-#: A raw value the core always reports as ``selector_identity_invalid`` (a control char).
-_INVALID = "\x00invalid"
 
 
-# -- recording ---------------------------------------------------------------------------
-def outcomes(request: Any) -> list[Outcome]:
-    """The :class:`~django_quota.core.outcome.Outcome` objects recorded on ``request`` by
-    every layer (middleware, decorators, DRF throttles), in evaluation order; an empty
-    list when none ran. A policy that several layers name appears once."""
-    return list(getattr(request, _OUTCOMES_ATTR, ()))
-
-
-def memo(request: Any) -> dict[str, Outcome]:
-    """Outcomes already decided for this request, by policy id (charged at most once)."""
-    found: dict[str, Outcome] | None = getattr(request, _MEMO_ATTR, None)
-    if found is None:
-        found = {}
-        setattr(request, _MEMO_ATTR, found)
-    return found
-
-
-def record(request: Any, new: Iterable[Outcome]) -> None:
-    """Record outcomes on the request (for headers, ``outcomes()`` and the memo)."""
-    recorded: list[Outcome] | None = getattr(request, _OUTCOMES_ATTR, None)
-    if recorded is None:
-        recorded = []
-        setattr(request, _OUTCOMES_ATTR, recorded)
-    remembered = memo(request)
-    for outcome in new:
-        if outcome.policy not in remembered:
-            recorded.append(outcome)
-            remembered[outcome.policy] = outcome
-
-
-# -- routes ----------------------------------------------------------------------------------
-def resolver_match(request: HttpRequest) -> ResolverMatch | None:
-    """``request.resolver_match``, or the path resolved once (honouring ``request.urlconf``)."""
-    match = getattr(request, "resolver_match", None)
-    if match is not None:
-        return match  # type: ignore[no-any-return]
-    cached = getattr(request, _MATCH_ATTR, None)
-    if cached is None:
-        try:
-            cached = resolve(request.path_info, urlconf=getattr(request, "urlconf", None))
-        except Resolver404:
-            cached = _UNRESOLVED
-        setattr(request, _MATCH_ATTR, cached)
-    return cached if isinstance(cached, ResolverMatch) else None
-
-
-def path_matches(prefix: str, path: str) -> bool:
-    """Whole-segment prefix match: ``/api`` matches ``/api`` and ``/api/x``, not ``/apiary``."""
-    if prefix == "/":
-        return True
-    base = prefix.rstrip("/")
-    return path == base or path.startswith(base + "/")
-
-
-def route_matches(route: str, request: HttpRequest) -> bool:
-    """Whether one ``routes`` entry (``*``, ``/prefix``, ``ns:*`` or a view name) applies."""
-    if route == "*":
-        return True
-    if route.startswith("/"):
-        return path_matches(route, request.path_info)
-    match = resolver_match(request)
-    if match is None:
-        return False
-    if route.endswith(":*"):
-        namespace = route[:-2]
-        return match.namespace == namespace or match.namespace.startswith(namespace + ":")
-    return match.view_name == route
-
-
-def policy_applies(policy: Policy, request: HttpRequest) -> bool:
-    """Whether the middleware applies ``policy`` to ``request`` (routes and methods)."""
-    if policy.methods and request.method not in policy.methods:
-        return False
-    return any(route_matches(route, request) for route in policy.routes)
-
-
-def route_value(request: HttpRequest) -> str:
-    """The ``route`` dimension: view name, else the route pattern, else ``-``."""
-    match = resolver_match(request)
-    if match is None:
-        return "-"
-    if match.url_name is None:
-        # Django's view_name of an unnamed URL is the view's dotted path, not a route name.
-        return match.route or "-"
-    return match.view_name or "-"
-
-
-# -- subjects --------------------------------------------------------------------------------
-def request_ip(request: HttpRequest, *, default_proxy_count: int | None = None) -> str:
-    """The normalised client IP (raises ``IdentityError`` when invalid or missing).
-
-    ``default_proxy_count`` counts the trusted hops when neither ``TRUSTED_PROXIES`` nor
-    ``PROXY_COUNT`` is set: the drop-in DRF throttles pass DRF's ``NUM_PROXIES``, so they
-    pick the ``X-Forwarded-For`` entry DRF's ``get_ident()`` picks (docs/drf.md).
-    """
-    settings = conf.get_settings()
-    headers = request.META.get("HTTP_X_FORWARDED_FOR")
-    proxy_count = settings.proxy_count
-    if proxy_count is None and not settings.trusted_proxies:
-        proxy_count = default_proxy_count
-    return client_ip(
-        request.META.get("REMOTE_ADDR"),
-        headers,
-        trusted_proxies=settings.trusted_proxies,
-        proxy_count=proxy_count,
-        ipv6_prefix=settings.ipv6_prefix,
-    )
-
-
-def identity_value(value: object) -> object:
-    """A value read from a request (a resolver's answer, DRF's ``request.auth``) as the
-    core takes it, so that a request never raises ``TypeError``: ``str``, ``int``,
-    ``uuid.UUID`` and ``None`` as they are, UTF-8 bytes as their text; anything else
-    (other bytes, ``bool``, an object) is an invalid identity."""
-    if value is None or isinstance(value, str | uuid.UUID):
-        return value
-    if isinstance(value, int) and not isinstance(value, bool):
-        return value
-    if isinstance(value, bytes):
-        try:
-            return value.decode()
-        except UnicodeDecodeError:
-            return INVALID_VALUE
-    return INVALID_VALUE
-
-
-def _call(path: str | None, request: Any) -> object:
-    if path is None:
-        return None
-    return import_string(path)(request)
-
-
-class RequestSubject:
-    """The raw subject of a request, per selector, reading each source at most once.
-
-    ``request.user`` is read only when a selector has ``user`` or ``auto`` (reading it
-    adds ``Vary: Cookie``). For ``auto`` an API key counts only when ``API_KEY_RESOLVER``
-    verified it; an explicit ``api_key`` dimension takes the resolver's key, else DRF's
-    ``request.auth`` (``drf_auth``: its ``pk`` or the string itself), else the raw
-    ``API_KEY_HEADER``. Invalid values are passed on so that the core reports
-    ``selector_identity_invalid``; nothing absent or invalid is replaced by another source.
-    ``default_proxy_count`` is passed to :func:`request_ip`.
-    """
-
-    def __init__(
-        self, request: Any, *, drf_auth: object = None, default_proxy_count: int | None = None
-    ) -> None:
-        self.request = request
-        self.drf_auth = drf_auth
-        self.default_proxy_count = default_proxy_count
-        self.settings = conf.get_settings()
-        self._values: dict[str, object] = {}
-
-    def _value(self, name: str) -> object:
-        if name not in self._values:
-            self._values[name] = identity_value(self._read(name))
-        return self._values[name]
-
-    def _read(self, name: str) -> object:
-        request = self.request
-        if name == "user":
-            user = getattr(request, "user", None)
-            if user is not None and getattr(user, "is_authenticated", False):
-                # A pk of None would otherwise become one shared identity, "None".
-                pk = getattr(user, "pk", None)
-                return None if pk is None else str(pk)
-            return None
-        if name == "verified_api_key":
-            return _call(self.settings.api_key_resolver, request)
-        if name == "api_key":
-            if self.settings.api_key_resolver is not None:
-                return self._value("verified_api_key")
-            if self.drf_auth is not None:
-                return self._drf_key(self.drf_auth)
-            return self._header_text(request.META.get(self.settings.api_key_meta_name))
-        if name == "ip":
-            try:
-                return request_ip(request, default_proxy_count=self.default_proxy_count)
-            except IdentityError as exc:
-                return None if exc.reason == "selector_identity_missing" else _INVALID
-        if name == "route":
-            return route_value(request)
-        if name == "tenant":
-            return _call(self.settings.tenant_resolver, request)
-        raise KeyError(name)
-
-    @staticmethod
-    def _drf_key(auth: object) -> object:
-        """The key of DRF's ``request.auth``: its ``pk``, or the string itself.
-
-        Anything else (a claims dict, a token object without ``pk``) gives no key rather
-        than its ``str()``, which may differ on every request and mint fresh budgets.
-        """
-        if isinstance(auth, str | bytes):
-            return auth
-        return getattr(auth, "pk", None)
-
-    @staticmethod
-    def _header_text(value: str | None) -> str | None:
-        """A header as the client sent it. WSGI and ASGI decode header bytes as latin-1,
-        so UTF-8 text is re-decoded: ``quota inspect --api-key`` and the Python API then
-        name the same key, and a non-ASCII key is not mistaken for C1 control bytes.
-        Bytes that are not UTF-8 are an invalid identity (they would otherwise alias the
-        UTF-8 key spelling the same latin-1 characters)."""
-        if value is None:
-            return None
-        try:
-            return value.encode("latin-1").decode("utf-8")
-        except UnicodeError:
-            return _INVALID
-
-    async def aload(self, group: Iterable[Policy]) -> None:
-        """Read, in a worker thread, the sources ``group`` needs that may query the
-        database (the session user, ``API_KEY_RESOLVER``, ``TENANT_RESOLVER``), so that
-        :meth:`for_policy` never blocks, or raises ``SynchronousOnlyOperation``, inside an
-        event loop."""
-        selectors = {dimension for policy in group for dimension in policy.selector}
-        read = sync_to_async(self._value)
-        user = await read("user") if selectors & {"user", AUTO} else None
-        resolver = self.settings.api_key_resolver is not None
-        if (AUTO in selectors and user is None) or ("api_key" in selectors and resolver):
-            await read("verified_api_key")
-        if "tenant" in selectors:
-            await read("tenant")
-
-    def for_policy(self, policy: Policy) -> dict[str, object]:
-        """The subject dict the core needs for ``policy``'s selector."""
-        subject: dict[str, object] = {}
-        for dimension in policy.selector:
-            if dimension == AUTO:
-                user = self._value("user")
-                if user is not None:
-                    subject["user"] = user
-                    continue
-                verified = self._value("verified_api_key")
-                if verified not in (None, ""):
-                    subject["api_key"] = verified
-                    continue
-                subject["ip"] = self._value("ip")
-            else:
-                subject[dimension] = self._value(dimension)
-        return subject
-
-
-# -- responses -------------------------------------------------------------------------------
 def item_name(policy: str, window: str, window_count: int) -> str:
     """The structured-field item name of a window: ``policy.window`` or ``policy``."""
     if window_count == 1 and window == DEFAULT_WINDOW:
@@ -363,16 +105,6 @@ def apply_headers(response: HttpResponse, found: Iterable[Outcome]) -> HttpRespo
     return response
 
 
-def refusal(found: Sequence[Outcome]) -> Outcome | None:
-    """The outcome that refuses the request, if any: a quota or identity denial first,
-    then a fail-closed failure."""
-    denied = [o for o in found if o.decision == DENIED_DECISION]
-    if denied:
-        timed = [o for o in denied if o.retry_after is not None]
-        return max(timed, key=lambda o: o.retry_after or 0) if timed else denied[0]
-    return next((o for o in found if o.decision == FAILED_CLOSED), None)
-
-
 def retry_after_header(outcome: Outcome) -> str | None:
     """``Retry-After`` for a refusal: ``ceil(retry_after)``, at least 1; None when unknown."""
     if outcome.retry_after is None:
@@ -436,60 +168,3 @@ def _detail(outcome: Outcome) -> str:
     if outcome.reason == "cost_exceeds_limit":
         return f"The request costs more than policy {outcome.policy} can ever admit."
     return f"The request has no valid identity for policy {outcome.policy} ({outcome.reason})."
-
-
-# -- leases: how long a layer's outcomes are reusable ----------------------------------------
-_LEASES_ATTR = "_quota_leases"
-
-
-class Lease:
-    """A layer's hold on the outcomes it recorded on a request.
-
-    While the lease is active, later layers reuse those outcomes (one charge per policy
-    per request). It ends when the layer's work for that request is over (a decorated
-    view returned, a DRF throttle runs again or a new DRF dispatch begins); a later,
-    separate use of the same request object, as tests that send one ``RequestFactory``
-    request to a view several times do, then decides those policies afresh. Outcomes
-    recorded without a lease (the middleware's) never end.
-    """
-
-    __slots__ = ("active",)
-
-    def __init__(self) -> None:
-        self.active = True
-
-    def end(self) -> None:
-        """Let a later use of the request decide this layer's policies again."""
-        self.active = False
-
-
-def live_memo(request: Any) -> dict[str, Outcome]:
-    """The memo (:func:`memo`) without outcomes whose :class:`Lease` has ended."""
-    leases: dict[str, Lease] = getattr(request, _LEASES_ATTR, None) or {}
-    return {
-        policy: outcome
-        for policy, outcome in memo(request).items()
-        if policy not in leases or leases[policy].active
-    }
-
-
-def record_leased(request: Any, new: Iterable[Outcome], lease: Lease) -> None:
-    """:func:`record` under ``lease``: an outcome whose lease has ended is replaced (in
-    the memo and in :func:`outcomes`) by the new outcome of its policy."""
-    new = list(new)
-    leases: dict[str, Lease] | None = getattr(request, _LEASES_ATTR, None)
-    if leases is None:
-        leases = {}
-        setattr(request, _LEASES_ATTR, leases)
-    stale = {o.policy for o in new if o.policy in leases and not leases[o.policy].active}
-    if stale:
-        remembered = memo(request)
-        for policy in stale:
-            remembered.pop(policy, None)
-        recorded: list[Outcome] = getattr(request, _OUTCOMES_ATTR, [])
-        recorded[:] = [o for o in recorded if o.policy not in stale]
-    known = set(memo(request))
-    record(request, new)
-    for outcome in new:
-        if outcome.policy not in known:
-            leases[outcome.policy] = lease

@@ -10,9 +10,12 @@ from typing import Any
 from asgiref.sync import iscoroutinefunction, markcoroutinefunction, sync_to_async
 from django.http import HttpRequest, HttpResponse
 
-from django_quota import conf, http, limiter, policies
+from django_quota import conf, http, policies
 from django_quota.core.outcome import Outcome
 from django_quota.core.policy import Policy
+from django_quota.ledger import adecide, decide, ledger_of, outcomes
+from django_quota.routes import path_matches, policy_applies
+from django_quota.subjects import RequestSubject
 
 
 class QuotaMiddleware:
@@ -39,9 +42,7 @@ class QuotaMiddleware:
             return self.__acall__(request)
         group = self._matching(request, policies.get_registry())
         if group:
-            found = limiter.evaluate_policies(group, http.RequestSubject(request).for_policy)
-            http.record(request, found)
-            refusing = http.refusal(found)
+            refusing = decide(request, group, RequestSubject(request)).refusing
             if refusing is not None:
                 return self._finish(request, self._refuse(request, refusing))
         return self._finish(request, self.get_response(request))
@@ -49,11 +50,7 @@ class QuotaMiddleware:
     async def __acall__(self, request: HttpRequest) -> HttpResponse:
         group = self._matching(request, await policies.aget_registry())
         if group:
-            subject = http.RequestSubject(request)
-            await subject.aload(group)
-            found = await limiter.aevaluate_policies(group, subject.for_policy)
-            http.record(request, found)
-            refusing = http.refusal(found)
+            refusing = (await adecide(request, group, RequestSubject(request))).refusing
             if refusing is not None:
                 # quota_denied receivers and DENIED_VIEW are ordinary sync code (they may
                 # query the database): run them in a thread, as Django runs sync views.
@@ -67,17 +64,17 @@ class QuotaMiddleware:
         if not settings.enabled:
             return []
         path = request.path_info
-        if any(http.path_matches(prefix, path) for prefix in settings.exempt_paths):
+        if any(path_matches(prefix, path) for prefix in settings.exempt_paths):
             return []
-        decided = http.memo(request)
+        decided = ledger_of(request).memo
         return [
             policy
             for policy in registry.middleware
-            if policy.id not in decided and http.policy_applies(policy, request)
+            if policy.id not in decided and policy_applies(policy, request)
         ]
 
     def _refuse(self, request: HttpRequest, refusing: Outcome) -> HttpResponse:
         return http.problem_response(request, refusing, sender=self.__class__)
 
     def _finish(self, request: HttpRequest, response: HttpResponse) -> HttpResponse:
-        return http.apply_headers(response, http.outcomes(request))
+        return http.apply_headers(response, outcomes(request))

@@ -14,7 +14,6 @@ import functools
 import logging
 import re
 import time
-import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -24,7 +23,7 @@ from rest_framework.exceptions import APIException
 from rest_framework.settings import api_settings
 from rest_framework.throttling import BaseThrottle
 
-from django_quota import conf, http, limiter, policies
+from django_quota import conf, policies, subjects
 from django_quota.core.errors import ConfigurationError
 from django_quota.core.identity import IdentityError
 from django_quota.core.outcome import DENIED_DECISION, FAILED_CLOSED, Outcome
@@ -37,8 +36,10 @@ from django_quota.core.policy import (
     settings_revision,
 )
 from django_quota.core.rates import check_rate_bounds, parse_rate
+from django_quota.ledger import Cost, Decision, decide
 from django_quota.messages import E_DRF_RATE
 from django_quota.signals import quota_denied
+from django_quota.subjects import GivenSubject, RequestSubject
 
 __all__ = [
     "AnonRateThrottle",
@@ -60,13 +61,10 @@ _UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 # 5 per minute); newer DRF lets a multiplier precede it, with a hyphen ("1/2-sec").
 _DRF_PERIOD_RE = re.compile(r"(?:(?P<multiplier>[0-9]+)-?)?(?P<unit>[smhd])")
 logger = logging.getLogger("django_quota")
-_DISPATCH_ATTR = "_quota_drf_dispatch"
-_INVALID_IP = "\x00invalid"  # a value the core reports as selector_identity_invalid
 #: ``Policy.source`` of the drop-ins' generated policies.
 GENERATED_SOURCE = "drf"
 
 Subject = Mapping[str, object]
-SubjectSource = Callable[[Policy], Subject]
 
 
 def named_policy_ids(view: Any, default: Sequence[str] | str | None = None) -> list[str]:
@@ -187,10 +185,7 @@ def drf_num_proxies() -> int | None:
 
 
 def _ip_value(request: Any) -> object:
-    try:
-        return http.request_ip(_django_request(request), default_proxy_count=drf_num_proxies())
-    except IdentityError as exc:
-        return None if exc.reason == "selector_identity_missing" else _INVALID_IP
+    return subjects.ip_value(_django_request(request), default_proxy_count=drf_num_proxies())
 
 
 # -- generated policies --------------------------------------------------------------------
@@ -230,24 +225,6 @@ def scope_policy(scope: str) -> Policy | None:
 
 
 # -- the throttles -------------------------------------------------------------------------
-class _Dispatch:
-    """What the throttles of one DRF dispatch share, kept on the ``HttpRequest``."""
-
-    __slots__ = ("denied_sent", "leases", "request")
-
-    def __init__(self, request: Any) -> None:
-        try:
-            self.request: Callable[[], Any] = weakref.ref(request)
-        except TypeError:  # not weak-referenceable (a test's stand-in request)
-            self.request = lambda: request
-        self.leases: list[http.Lease] = []
-        self.denied_sent = False
-
-    def end(self) -> None:
-        for lease in self.leases:
-            lease.end()
-
-
 class QuotaThrottle(BaseThrottle):
     """Apply django-quota policies to a DRF view, as one layer.
 
@@ -267,9 +244,8 @@ class QuotaThrottle(BaseThrottle):
     #: DRF's clock seam; left as ``time.time``, the ``CLOCK`` setting decides.
     timer: Callable[[], float] = time.time
 
-    _quota_wait: float | None = None
-    _quota_lease: http.Lease | None = None
-    _quota_outcomes: tuple[Outcome, ...] = ()
+    #: The last :meth:`allow_request`'s decision, which :meth:`wait` and ``outcomes`` read.
+    _quota_decision: Decision | None = None
     #: Whether client IPs count DRF's ``NUM_PROXIES`` hops (the drop-ins do).
     _follows_num_proxies = False
 
@@ -312,17 +288,21 @@ class QuotaThrottle(BaseThrottle):
         """Seconds until a retry can succeed (at least 0.001) after a quota denial; None
         when waiting cannot help (identity errors, ``cost_exceeds_limit``) or when the
         request was not refused."""
-        return self._quota_wait
+        found = self.outcomes
+        denials = [outcome for outcome in found if outcome.decision == DENIED_DECISION]
+        if not denials or any(outcome.retry_after is None for outcome in denials):
+            return None
+        return max(MIN_WAIT, *(outcome.retry_after or 0 for outcome in denials))
 
     @property
     def outcomes(self) -> tuple[Outcome, ...]:
         """The outcomes of the last :meth:`allow_request` (reused ones included)."""
-        return self._quota_outcomes
+        decision = self._quota_decision
+        return () if decision is None else decision.outcomes
 
     # -- internals -------------------------------------------------------------------------
     def _forget(self) -> None:
-        self._quota_wait = None
-        self._quota_outcomes = ()
+        self._quota_decision = None
 
     def _named_policies(self, view: Any) -> tuple[list[Policy], list[str]]:
         """The policies the view names, and the ids among them no source defines."""
@@ -335,103 +315,48 @@ class QuotaThrottle(BaseThrottle):
                 unknown.append(name)
         return found, unknown
 
-    def _dispatch(self, request: Any, django_request: Any) -> _Dispatch:
-        """This DRF dispatch's record on the ``HttpRequest``. A new dispatch of the same
-        ``HttpRequest`` (DRF's own tests send one request object to a view again and
-        again) ends the leases of the previous one, so it is charged as DRF charges it."""
-        current: _Dispatch | None = getattr(django_request, _DISPATCH_ATTR, None)
-        if current is None or current.request() is not request:
-            if current is not None:
-                current.end()
-            current = _Dispatch(request)
-            setattr(django_request, _DISPATCH_ATTR, current)
-        return current
-
-    def _lease(self, dispatch: _Dispatch) -> http.Lease:
-        """A lease for this call's outcomes: other throttles of the same dispatch reuse
-        them; this throttle's previous call ends its own."""
-        if self._quota_lease is not None:
-            self._quota_lease.end()
-        lease = http.Lease()
-        dispatch.leases.append(lease)
-        self._quota_lease = lease
-        return lease
-
-    def _clock(self) -> limiter.Clock | None:
+    def _clock(self) -> Callable[[], float] | None:
         timer = self.timer
-        if getattr(timer, "__func__", timer) is time.time:
-            return None
-        return timer
+        return None if getattr(timer, "__func__", timer) is time.time else timer
 
-    def _request_subject(self, request: Any, view: Any) -> SubjectSource:
-        subject = http.RequestSubject(
+    def _cost(self, view: Any) -> Cost:
+        method = self.get_quota_cost
+        if getattr(method, "__func__", method) is QuotaThrottle.get_quota_cost:
+            return 1  # the default's answer, without a call back up for each request
+        return lambda request: self.get_quota_cost(request, view)
+
+    def _request_subject(self, request: Any, view: Any) -> RequestSubject:
+        return RequestSubject(
             request,
             drf_auth=getattr(request, "auth", None),
             default_proxy_count=drf_num_proxies() if self._follows_num_proxies else None,
+            route=getattr(view, "throttle_scope", None),
         )
-        scope = getattr(view, "throttle_scope", None)
-
-        def source(policy: Policy) -> Subject:
-            values = subject.for_policy(policy)
-            if scope and "route" in values:
-                values["route"] = scope
-            return values
-
-        return source
 
     def _decide(
         self,
         request: Any,
         view: Any,
         group: Sequence[Policy],
-        subject: SubjectSource,
+        subject: RequestSubject | GivenSubject | None,
         *,
         unknown: Sequence[str] = (),
         cause: str | None = None,
     ) -> bool:
-        """Evaluate ``group`` as one layer, reusing outcomes already decided for the
-        request, and record the new outcomes on it. Each of the ``unknown`` ids (named,
-        not defined) gets the ``policy_unknown`` outcome of its failure mode; ``cause``
-        completes its log line."""
-        django_request = _django_request(request)
-        dispatch = self._dispatch(request, django_request)
-        lease = self._lease(dispatch)
-        decided = http.live_memo(django_request)
-        missing = [
-            decided.get(name) or limiter.policy_unknown(name, cause=cause) for name in unknown
-        ]
-        pending = [policy for policy in group if policy.id not in decided]
-        fresh: list[Outcome] = []
-        if pending and not any(outcome.decision == FAILED_CLOSED for outcome in missing):
-            fresh = limiter.evaluate_policies(
-                pending, subject, self.get_quota_cost(request, view), clock=self._clock()
-            )
-        http.record_leased(django_request, [*missing, *fresh], lease)
-        by_policy = {outcome.policy: outcome for outcome in fresh}
-        found = missing + [
-            decided[policy.id] if policy.id in decided else by_policy[policy.id]
-            for policy in group
-            if policy.id in decided or policy.id in by_policy
-        ]
-        return self._conclude(request, dispatch, found)
-
-    def _conclude(self, request: Any, dispatch: _Dispatch, found: Sequence[Outcome]) -> bool:
-        """Keep ``found`` as this call's outcomes; True unless one refuses."""
-        self._quota_outcomes = tuple(found)
-        refusing = http.refusal(found)
+        """Decide ``group`` as this throttle's layer (``unknown``: ids named but not
+        defined, ``cause`` completing their log line); True unless an outcome refuses."""
+        cost, clock = self._cost(view), self._clock()
+        decision = decide(
+            request, group, subject, cost, throttle=self, unknown=unknown, cause=cause, clock=clock
+        )
+        self._quota_decision = decision
+        refusing = decision.refusing
         if refusing is None:
             return True
-        if not dispatch.denied_sent:
-            # DRF asks every throttle: the signal goes once per refused request.
-            dispatch.denied_sent = True
+        if decision.announces:
             quota_denied.send(sender=type(self), request=request, outcome=refusing)
         if refusing.decision == FAILED_CLOSED:
             raise QuotaUnavailable(conf.get_settings().failure_retry_after, outcome=refusing)
-        denials = [outcome for outcome in found if outcome.decision == DENIED_DECISION]
-        if any(outcome.retry_after is None for outcome in denials):
-            self._quota_wait = None
-        else:
-            self._quota_wait = max(MIN_WAIT, *(outcome.retry_after or 0 for outcome in denials))
         return False
 
 
@@ -505,8 +430,11 @@ class SimpleRateThrottle(QuotaThrottle):
         """The client IP as django-quota resolves it, or None: ``TRUSTED_PROXIES`` or
         ``PROXY_COUNT`` when set, else DRF's ``NUM_PROXIES`` (the entry DRF picks), then
         normalised (port stripped, IPv6 as its ``IPV6_PREFIX`` network)."""
-        value = _ip_value(request)
-        return None if value == _INVALID_IP else value
+        hops = drf_num_proxies()
+        try:
+            return subjects.request_ip(_django_request(request), default_proxy_count=hops)
+        except IdentityError:
+            return None
 
     def allow_request(self, request: Any, view: Any) -> bool:
         """Charge one request of ``get_quota_cost()`` to the requester; False when refused."""
@@ -518,7 +446,7 @@ class SimpleRateThrottle(QuotaThrottle):
             self.key = self.get_cache_key(request, view)
             if self.key is None:
                 return True
-            key = http.identity_value(self.key)
+            key = subjects.identity_value(self.key)
             identified = (CACHE_KEY_DIMENSION,), {CACHE_KEY_DIMENSION: key}
         else:
             identified = self._identify(request)
@@ -530,13 +458,10 @@ class SimpleRateThrottle(QuotaThrottle):
         except ImproperlyConfigured as exc:
             return self._unusable_rate(request, view, exc)
         policy = _rate_policy(self._policy_id(), num_requests, duration, selector)
-
-        def subject(candidate: Policy) -> Subject:
-            if candidate.source == GENERATED_SOURCE:
-                return own
+        subject: RequestSubject | GivenSubject = GivenSubject(own)
+        if policy.source != GENERATED_SOURCE:
             # A policy configured under the same id replaces ours: it gets its own subject.
-            return self._request_subject(request, view)(candidate)
-
+            subject = self._request_subject(request, view)
         return self._decide(request, view, [policy], subject)
 
     # -- internals -------------------------------------------------------------------------
@@ -550,7 +475,7 @@ class SimpleRateThrottle(QuotaThrottle):
         if configured is not None:
             return self._decide(request, view, [configured], self._request_subject(request, view))
         cause = f"has no usable DRF throttle rate for scope {self.scope!r} ({error}; {E_DRF_RATE})"
-        return self._decide(request, view, [], lambda policy: {}, unknown=[policy_id], cause=cause)
+        return self._decide(request, view, [], None, unknown=[policy_id], cause=cause)
 
     def _policy_id(self) -> str:
         if self.scope:

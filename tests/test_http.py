@@ -14,7 +14,7 @@ import pytest
 from django.test import RequestFactory
 from django.urls import include, path
 
-from django_quota import http
+from django_quota import http, ledger, routes, subjects
 from django_quota.core.outcome import Outcome, WindowState
 from django_quota.core.policy import parse_policy
 
@@ -159,7 +159,7 @@ def outcome(policy_id: str = "api", decision: str = "allowed", **values: Any) ->
     ],
 )
 def test_path_prefix_matches_whole_segments(prefix: str, path: str, expected: bool) -> None:
-    assert http.path_matches(prefix, path) is expected
+    assert routes.path_matches(prefix, path) is expected
 
 
 @pytest.mark.parametrize(
@@ -186,21 +186,21 @@ def test_path_prefix_matches_whole_segments(prefix: str, path: str, expected: bo
 def test_route_entry_matches_prefix_namespace_or_view_name(
     route: str, path: str, expected: bool
 ) -> None:
-    assert http.route_matches(route, factory.get(path)) is expected
+    assert routes.route_matches(route, factory.get(path)) is expected
 
 
 def test_path_prefix_matches_path_info_not_the_script_name() -> None:
     request = factory.get("/api/items/", SCRIPT_NAME="/mount")
     assert request.path == "/mount/api/items/"
-    assert http.route_matches("/api", request) is True
-    assert http.route_matches("/mount", request) is False
+    assert routes.route_matches("/api", request) is True
+    assert routes.route_matches("/mount", request) is False
 
 
 def test_route_matching_honours_request_urlconf() -> None:
     request = factory.get("/items/")
     request.urlconf = "tests.test_http"
-    assert http.route_matches("other:*", request) is True
-    assert http.route_matches("api:*", request) is False
+    assert routes.route_matches("other:*", request) is True
+    assert routes.route_matches("api:*", request) is False
 
 
 @pytest.mark.parametrize(
@@ -221,7 +221,7 @@ def test_methods_filter_and_head_options_only_when_listed(
     methods: list[str], method: str, expected: bool
 ) -> None:
     request = factory.generic(method, "/api/items/")
-    assert http.policy_applies(policy(routes=["/api"], methods=methods), request) is expected
+    assert routes.policy_applies(policy(routes=["/api"], methods=methods), request) is expected
 
 
 @pytest.mark.parametrize(
@@ -234,7 +234,7 @@ def test_methods_filter_and_head_options_only_when_listed(
     ],
 )
 def test_route_dimension_is_view_name_else_pattern_else_dash(path: str, expected: str) -> None:
-    assert http.route_value(factory.get(path)) == expected
+    assert routes.route_value(factory.get(path)) == expected
 
 
 # -- subjects --------------------------------------------------------------------------------
@@ -248,7 +248,7 @@ def test_subject_reads_ip_and_user_per_selector(quota: Any) -> None:
     quota()
     request = factory.get("/api/items/", REMOTE_ADDR="203.0.113.9")
     request.user = _User(42)  # type: ignore[assignment]
-    subject = http.RequestSubject(request)
+    subject = subjects.RequestSubject(request)
     assert subject.for_policy(policy(selector=["ip"])) == {"ip": "203.0.113.9"}
     assert subject.for_policy(policy(selector=["user", "ip"])) == {
         "user": "42",
@@ -262,7 +262,7 @@ def test_auto_selector_uses_ip_for_anonymous_and_ignores_raw_api_key(quota: Any)
     quota()
     request = factory.get("/api/items/", REMOTE_ADDR="203.0.113.9", HTTP_X_API_KEY="k1")
     request.user = _User(None)  # type: ignore[assignment]
-    subject = http.RequestSubject(request)
+    subject = subjects.RequestSubject(request)
     assert subject.for_policy(policy(selector=["auto"])) == {"ip": "203.0.113.9"}
     assert subject.for_policy(policy(selector=["api_key"])) == {"api_key": "k1"}
     assert subject.for_policy(policy(selector=["user"])) == {"user": None}
@@ -270,7 +270,7 @@ def test_auto_selector_uses_ip_for_anonymous_and_ignores_raw_api_key(quota: Any)
 
 def test_unparseable_client_ip_is_passed_on_as_invalid_not_missing(quota: Any) -> None:
     quota()
-    subject = http.RequestSubject(factory.get("/", REMOTE_ADDR="garbage"))
+    subject = subjects.RequestSubject(factory.get("/", REMOTE_ADDR="garbage"))
     value = subject.for_policy(policy(selector=["ip"]))["ip"]
     assert value is not None and value != ""
 
@@ -278,7 +278,7 @@ def test_unparseable_client_ip_is_passed_on_as_invalid_not_missing(quota: Any) -
 def test_request_ip_honours_trusted_proxies(quota: Any) -> None:
     quota(TRUSTED_PROXIES=["10.0.0.0/8"])
     request = factory.get("/", REMOTE_ADDR="10.0.0.1", HTTP_X_FORWARDED_FOR="198.51.100.7")
-    assert http.request_ip(request) == "198.51.100.7"
+    assert subjects.request_ip(request) == "198.51.100.7"
 
 
 # -- headers ---------------------------------------------------------------------------------
@@ -390,9 +390,9 @@ def test_refusal_prefers_a_denial_over_a_failure_and_the_longest_retry() -> None
                      retry_after=1.0)
     short = outcome("s", decision="denied", reason="default_quota_exhausted", retry_after=2.0)
     long = outcome("l", decision="denied", reason="default_quota_exhausted", retry_after=9.0)
-    assert http.refusal([outcome(), failed]) is failed
-    assert http.refusal([failed, short, long]) is long
-    assert http.refusal([outcome(), outcome("b", decision="shadow_denied")]) is None
+    assert ledger.refusal([outcome(), failed]) is failed
+    assert ledger.refusal([failed, short, long]) is long
+    assert ledger.refusal([outcome(), outcome("b", decision="shadow_denied")]) is None
 
 
 def test_problem_response_lists_the_violated_windows(quota: Any) -> None:

@@ -36,7 +36,7 @@ from django_quota.core.identity import (
 )
 from django_quota.core.policy import parse_policy
 from django_quota.core.protocol import counter_key
-from django_quota.http import identity_value
+from django_quota.subjects import identity_value
 
 INVALID = "selector_identity_invalid"
 MISSING = "selector_identity_missing"

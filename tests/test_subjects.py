@@ -24,7 +24,7 @@ from django.http import HttpRequest, HttpResponse
 from django.test import Client, RequestFactory
 
 import django_quota
-from django_quota import conf, http, policies
+from django_quota import conf, ledger, policies, subjects
 from django_quota.core.identity import IdentityError, build_identity
 from django_quota.metrics import prometheus_client
 from django_quota.middleware import QuotaMiddleware
@@ -132,7 +132,7 @@ def test_request_ip_agrees_with_the_core_on_every_forwarded_chain(
     quota(TRUSTED_PROXIES=trusted, PROXY_COUNT=proxy_count)
     request = chain_request(remote, forwarded_for)
     try:
-        found = http.request_ip(request)
+        found = subjects.request_ip(request)
     except IdentityError as exc:
         found = exc.reason
     assert found == expected
@@ -153,7 +153,7 @@ def test_middleware_subject_gives_the_identity_of_the_table_address(
     expected: str,
 ) -> None:
     quota(TRUSTED_PROXIES=trusted, PROXY_COUNT=proxy_count)
-    subject = http.RequestSubject(chain_request(remote, forwarded_for))
+    subject = subjects.RequestSubject(chain_request(remote, forwarded_for))
     raw = subject.for_policy(policy(selector=["ip"]))
     try:
         found = identity_of(raw, ["ip"])
@@ -170,17 +170,19 @@ def test_forwarded_header_of_rfc_7239_is_ignored(quota: Any) -> None:
     request = factory.get(
         "/", REMOTE_ADDR="10.0.0.1", HTTP_FORWARDED="for=198.51.100.7;proto=https"
     )
-    assert http.request_ip(request) == "10.0.0.1"
+    assert subjects.request_ip(request) == "10.0.0.1"
     request = factory.get(
         "/",
         REMOTE_ADDR="10.0.0.1",
         HTTP_FORWARDED='for="[2001:db8::1]:443"',
         HTTP_X_FORWARDED_FOR="203.0.113.5",
     )
-    assert http.request_ip(request) == "203.0.113.5"
+    assert subjects.request_ip(request) == "203.0.113.5"
     quota(PROXY_COUNT=1)
     assert (
-        http.request_ip(factory.get("/", REMOTE_ADDR="10.0.0.1", HTTP_FORWARDED="for=198.51.100.7"))
+        subjects.request_ip(
+            factory.get("/", REMOTE_ADDR="10.0.0.1", HTTP_FORWARDED="for=198.51.100.7")
+        )
         == "10.0.0.1"
     )
 
@@ -281,7 +283,7 @@ def test_invalid_forwarded_client_never_falls_back_to_remote_addr(quota: Any) ->
 def test_verified_key_resolver_returning_none_is_missing_not_the_raw_header(quota: Any) -> None:
     quota(API_KEY_RESOLVER="tests.test_subjects.resolve_api_key")
     request = factory.get("/", HTTP_X_API_KEY="sk_live_UNKNOWN")
-    assert http.RequestSubject(request).for_policy(policy(selector=["api_key"])) == {
+    assert subjects.RequestSubject(request).for_policy(policy(selector=["api_key"])) == {
         "api_key": None
     }
 
@@ -294,15 +296,21 @@ def test_api_key_is_the_resolver_key_else_drf_auth_else_the_raw_header(quota: An
     by_key = policy(selector=["api_key"])
     request = factory.get("/", HTTP_X_API_KEY="sk_live_SECRET123")
     quota()
-    assert http.RequestSubject(request).for_policy(by_key) == {"api_key": "sk_live_SECRET123"}
-    assert http.RequestSubject(request, drf_auth=Token()).for_policy(by_key) == {"api_key": "tok-1"}
-    assert http.RequestSubject(request, drf_auth="jwt-string").for_policy(by_key) == {
+    assert subjects.RequestSubject(request).for_policy(by_key) == {"api_key": "sk_live_SECRET123"}
+    assert subjects.RequestSubject(request, drf_auth=Token()).for_policy(by_key) == {
+        "api_key": "tok-1"
+    }
+    assert subjects.RequestSubject(request, drf_auth="jwt-string").for_policy(by_key) == {
         "api_key": "jwt-string"
     }
     # An auth object with neither pk nor a string form we can trust is no key at all.
-    assert http.RequestSubject(request, drf_auth=object()).for_policy(by_key) == {"api_key": None}
+    assert subjects.RequestSubject(request, drf_auth=object()).for_policy(by_key) == {
+        "api_key": None
+    }
     quota(API_KEY_RESOLVER="tests.test_subjects.resolve_api_key")
-    assert http.RequestSubject(request, drf_auth=Token()).for_policy(by_key) == {"api_key": "key-7"}
+    assert subjects.RequestSubject(request, drf_auth=Token()).for_policy(by_key) == {
+        "api_key": "key-7"
+    }
 
 
 def test_non_ascii_api_key_header_names_the_key_the_python_api_names(quota: Any) -> None:
@@ -310,13 +318,13 @@ def test_non_ascii_api_key_header_names_the_key_the_python_api_names(quota: Any)
     key = "ключ-…-🔑"
     # WSGI and ASGI servers decode header bytes as latin-1.
     request = factory.get("/", HTTP_X_API_KEY=key.encode().decode("latin-1"))
-    raw = http.RequestSubject(request).for_policy(policy(selector=["api_key"]))
+    raw = subjects.RequestSubject(request).for_policy(policy(selector=["api_key"]))
     assert raw == {"api_key": key}
     assert identity_of(raw, ["api_key"]) == identity_of({"api_key": key}, ["api_key"])
     # Bytes that are not UTF-8 are invalid: kept as latin-1 they would alias the UTF-8
     # key "café" spelled with the same characters.
     latin = factory.get("/", HTTP_X_API_KEY="caf\xe9")
-    raw_latin = http.RequestSubject(latin).for_policy(policy(selector=["api_key"]))
+    raw_latin = subjects.RequestSubject(latin).for_policy(policy(selector=["api_key"]))
     with pytest.raises(IdentityError) as caught:
         identity_of(raw_latin, ["api_key"])
     assert caught.value.reason == "selector_identity_invalid"
@@ -330,7 +338,7 @@ def resolve_empty_api_key(request: HttpRequest) -> str:
 def test_auto_falls_back_to_ip_when_the_resolver_returns_an_empty_key(quota: Any) -> None:
     quota(API_KEY_RESOLVER="tests.test_subjects.resolve_empty_api_key")
     request = factory.get("/", REMOTE_ADDR="203.0.113.5")
-    assert http.RequestSubject(request).for_policy(policy(selector=["auto"])) == {
+    assert subjects.RequestSubject(request).for_policy(policy(selector=["auto"])) == {
         "ip": "203.0.113.5"
     }
 
@@ -354,7 +362,7 @@ def test_auto_is_user_else_verified_api_key_else_ip(
     request = factory.get("/api/items/", REMOTE_ADDR="203.0.113.9", **extra)
     request.user = user  # type: ignore[assignment]
     resolver_calls.clear()
-    assert http.RequestSubject(request).for_policy(policy(selector=["auto"])) == expected
+    assert subjects.RequestSubject(request).for_policy(policy(selector=["auto"])) == expected
     # The resolver is consulted only for an anonymous request.
     consulted = resolver and not user.is_authenticated
     assert resolver_calls == (["/api/items/"] if consulted else [])
@@ -369,7 +377,7 @@ def test_authenticated_user_without_pk_is_missing_not_a_shared_none(quota: Any) 
 
     request = factory.get("/", REMOTE_ADDR="203.0.113.9")
     request.user = PkLess()  # type: ignore[assignment]
-    subject = http.RequestSubject(request)
+    subject = subjects.RequestSubject(request)
     assert subject.for_policy(policy(selector=["user"])) == {"user": None}
     assert subject.for_policy(policy(selector=["auto"])) == {"ip": "203.0.113.9"}
 
@@ -426,7 +434,7 @@ def test_request_user_is_not_read_when_no_policy_needs_it(quota: Any) -> None:
     middleware = QuotaMiddleware(lambda request: HttpResponse("ok"))
     request = exploding_user_request(HTTP_X_API_KEY="sk_live_SECRET123")
     assert middleware(request).status_code == 200
-    assert [(o.policy, o.decision) for o in http.outcomes(request)] == [
+    assert [(o.policy, o.decision) for o in ledger.outcomes(request)] == [
         ("by_ip", "allowed"),
         ("by_key", "allowed"),
         ("by_tenant", "skipped"),
@@ -447,7 +455,7 @@ def test_request_user_is_not_read_on_the_async_path_either(quota: Any) -> None:
     request = exploding_user_request()
     response = async_to_sync(middleware)(request)
     assert response.status_code == 200
-    assert [(o.policy, o.decision) for o in http.outcomes(request)] == [("by_ip", "allowed")]
+    assert [(o.policy, o.decision) for o in ledger.outcomes(request)] == [("by_ip", "allowed")]
 
 
 def test_ip_policy_adds_no_vary_cookie_and_a_user_policy_does(quota: Any) -> None:
