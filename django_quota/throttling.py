@@ -520,13 +520,11 @@ class AnonRateThrottle(SimpleRateThrottle):
         return ("ip",), {"ip": _ip_value(request)}
 
 
-class UserRateThrottle(SimpleRateThrottle):
-    """Limit requests by user when authenticated, else by client IP (scope ``user``)."""
-
-    scope = "user"
+class _PerUserOrIp(SimpleRateThrottle):
+    """Per user when authenticated, else per client IP: DRF's user and scoped throttles."""
 
     def get_cache_key(self, request: Any, view: Any) -> str | None:
-        """DRF's key: ``throttle_user_<pk or ip>``."""
+        """DRF's key: ``throttle_<scope>_<pk or ip>``."""
         user = _authenticated_user(request)
         ident = user.pk if user is not None else self.get_ident(request)
         return self.cache_format % {"scope": self.scope, "ident": ident}
@@ -535,7 +533,13 @@ class UserRateThrottle(SimpleRateThrottle):
         return _user_or_ip(request)
 
 
-class ScopedRateThrottle(SimpleRateThrottle):
+class UserRateThrottle(_PerUserOrIp):
+    """Limit requests by user when authenticated, else by client IP (scope ``user``)."""
+
+    scope = "user"
+
+
+class ScopedRateThrottle(_PerUserOrIp):
     """Limit each view by the rate of its ``throttle_scope``, per user when
     authenticated, else per client IP. Views without a scope are not throttled."""
 
@@ -559,20 +563,10 @@ class ScopedRateThrottle(SimpleRateThrottle):
         self._read_rate()
         return super().allow_request(request, view)
 
-    def get_cache_key(self, request: Any, view: Any) -> str | None:
-        """DRF's key: ``throttle_<scope>_<pk or ip>``."""
-        user = _authenticated_user(request)
-        ident = user.pk if user is not None else self.get_ident(request)
-        return self.cache_format % {"scope": self.scope, "ident": ident}
-
-    def _identify(self, request: Any) -> tuple[tuple[str, ...], Subject] | None:
-        return _user_or_ip(request)
-
 
 _DEFAULT_CACHE_KEYS = frozenset(
     {
         AnonRateThrottle.get_cache_key,
-        UserRateThrottle.get_cache_key,
-        ScopedRateThrottle.get_cache_key,
+        _PerUserOrIp.get_cache_key,
     }
 )
