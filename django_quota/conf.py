@@ -339,9 +339,44 @@ def parse_settings(
     return QuotaSettings(**values, raw=raw), reader.problems
 
 
-_lock = threading.Lock()
-_cached: QuotaSettings | None = None
-_listeners: list[Callable[[], None]] = []
+class _SettingsCache:
+    """The settings this process parsed, and the listeners to tell when they are dropped.
+
+    One instance, ``_state``: :func:`get_settings` reads ``settings`` without the lock
+    (a plain attribute load on every decision); parsing and dropping take it.
+    """
+
+    __slots__ = ("listeners", "lock", "settings")
+
+    def __init__(self) -> None:
+        self.settings: QuotaSettings | None = None
+        self.lock = threading.Lock()
+        self.listeners: list[Callable[[], None]] = []
+
+    def load(self) -> QuotaSettings:
+        """Parse ``settings.QUOTA`` unless another thread just did, and keep the result."""
+        with self.lock:
+            if self.settings is None:
+                parsed, problems = parse_settings(
+                    getattr(django_settings, "QUOTA", {}), secret_key=django_settings.SECRET_KEY
+                )
+                if problems or parsed is None:
+                    first = problems[0]
+                    raise ImproperlyConfigured(
+                        f"{first.key}: {first.message} ({first.id}; run manage.py check for all)"
+                    )
+                self.settings = parsed
+            return self.settings
+
+    def drop(self) -> None:
+        """Forget the parsed settings, then tell every listener."""
+        with self.lock:
+            self.settings = None
+        for listener in list(self.listeners):
+            listener()
+
+
+_state = _SettingsCache()
 
 
 def get_settings() -> QuotaSettings:
@@ -350,44 +385,28 @@ def get_settings() -> QuotaSettings:
     Raises :class:`~django.core.exceptions.ImproperlyConfigured` when ``QUOTA`` is invalid;
     ``manage.py check`` lists every problem with its id.
     """
-    global _cached
-    current = _cached
+    current = _state.settings
     if current is not None:
         return current
-    with _lock:
-        if _cached is None:
-            parsed, problems = parse_settings(
-                getattr(django_settings, "QUOTA", {}), secret_key=django_settings.SECRET_KEY
-            )
-            if problems or parsed is None:
-                first = problems[0]
-                raise ImproperlyConfigured(
-                    f"{first.key}: {first.message} ({first.id}; run manage.py check for all)"
-                )
-            _cached = parsed
-        return _cached
+    return _state.load()
 
 
 def cached_settings() -> QuotaSettings | None:
     """The settings :func:`get_settings` cached, or None when nothing read them since the
     last change (then nothing built from them, counters included, exists either)."""
-    return _cached
+    return _state.settings
 
 
 def on_change(listener: Callable[[], None]) -> None:
     """Call ``listener`` whenever cached settings are dropped (backends, registries);
     once, however often it is given."""
-    if listener not in _listeners:
-        _listeners.append(listener)
+    if listener not in _state.listeners:
+        _state.listeners.append(listener)
 
 
 def clear() -> None:
     """Drop the cached settings and everything built from them."""
-    global _cached
-    with _lock:
-        _cached = None
-    for listener in list(_listeners):
-        listener()
+    _state.drop()
 
 
 def reset_on_setting_change(*, setting: str, **kwargs: Any) -> None:

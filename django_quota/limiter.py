@@ -27,20 +27,43 @@ logger = logging.getLogger("django_quota")
 
 
 # -- the current limiter -------------------------------------------------------------------
-_lock = threading.Lock()
-_limiter: Limiter | None = None
+class _CurrentLimiter:
+    """The limiter of the current settings, if one was built since they last changed.
+
+    One instance, ``_current``: :func:`get_limiter` reads ``limiter`` without the lock
+    (a plain attribute load on every call); building and dropping take it.
+    """
+
+    __slots__ = ("limiter", "lock")
+
+    def __init__(self) -> None:
+        self.limiter: Limiter | None = None
+        self.lock = threading.Lock()
+
+    def build(self) -> Limiter:
+        """Build the limiter of the current settings unless another thread just did."""
+        with self.lock:
+            if self.limiter is None:
+                settings = conf.get_settings()
+                self.limiter = Limiter(settings, backend_from_settings(settings))
+            return self.limiter
+
+    def drop(self) -> None:
+        """Forget the limiter and close its connections."""
+        with self.lock:
+            found, self.limiter = self.limiter, None
+        if found is not None:
+            found.close()
+
+
+_current = _CurrentLimiter()
 
 
 def get_limiter() -> Limiter:
     """The limiter of the current settings, built on first use."""
-    global _limiter
-    found = _limiter
+    found = _current.limiter
     if found is None:
-        with _lock:
-            if _limiter is None:
-                settings = conf.get_settings()
-                _limiter = Limiter(settings, backend_from_settings(settings))
-            found = _limiter
+        found = _current.build()
     return found
 
 
@@ -68,11 +91,7 @@ def recent_errors() -> list[BreakerError]:
 def settings_changed() -> None:
     """Drop the current limiter and close its connections: the next call builds one from
     the new settings, with nothing remembered (connected in ``AppConfig.ready()``)."""
-    global _limiter
-    with _lock:
-        found, _limiter = _limiter, None
-    if found is not None:
-        found.close()
+    _current.drop()
 
 
 # -- policies named but not defined ---------------------------------------------------------

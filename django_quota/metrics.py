@@ -62,22 +62,6 @@ MULTIPROCESS = prometheus_client is not None and (
     prometheus_client.values.ValueClass is not prometheus_client.values.MutexValue
 )
 
-_lock = threading.Lock()
-#: (policy, decision, reason, selector, backend_mode) -> [count, created (epoch s)], then,
-#: once a denial or failure of that series was logged, [count at that line, its time]
-#: (:func:`_line_due`)
-_outcomes: dict[tuple[str, str, str, str, str], list[float]] = {}
-#: (backend_mode, reason) -> [count, created]
-_health: dict[tuple[str, str], list[float]] = {}
-#: backend_mode -> [count per bucket of LATENCY_BUCKETS, count above the last, sum (s), created]
-_latency: dict[str, list[float]] = {}
-
-# Multiprocess mode only: prometheus_client's metrics, and their children by labels
-# (labels() is resolved once per combination, not once per decision).
-_families: dict[str, Any] = {}
-_families_lock = threading.Lock()
-_outcome_children: dict[tuple[str, str, str, str, str], Any] = {}
-_backend_children: dict[tuple[str, str], tuple[Any, Any]] = {}
 _LOGGED = frozenset({DENIED_DECISION, SHADOW_DENIED, FAILED_CLOSED, FAILED_OPEN})
 #: Seconds between two INFO lines of one outcome series (docs/metrics.md#logs): a client
 #: hammering its limit writes one line a minute with a count, not one per refusal.
@@ -89,21 +73,122 @@ class Evaluated(Protocol):
 
     @property
     def policy(self) -> Policy: ...
+
+
 started_at = time.time()
 
+_SeriesKey = tuple[str, str, str, str, str]
 
-def _family(name: str) -> Any:
-    """The prometheus_client metric ``name``, created once per process."""
-    if prometheus_client is None:
-        return None
-    family = _families.get(name)
-    if family is None:
-        with _families_lock:
-            family = _families.get(name)
-            if family is None:
-                family = _create(name)
-                _families[name] = family
-    return family
+
+class _Counts:
+    """This process's counts, under one lock, and in multiprocess mode the
+    prometheus_client metrics that share them with the other workers.
+
+    One instance, ``_counts``. A count is ``[count, created (epoch s)]``; an outcome
+    series, once a denial or failure of it was logged, also holds ``[count at that line,
+    its time]`` (:func:`_line_due`).
+    """
+
+    __slots__ = (
+        "backend_children", "families", "families_lock", "health", "latency", "lock",
+        "outcome_children", "outcomes",
+    )
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        #: (policy, decision, reason, selector, backend_mode) -> count
+        self.outcomes: dict[_SeriesKey, list[float]] = {}
+        #: (backend_mode, reason) -> count
+        self.health: dict[tuple[str, str], list[float]] = {}
+        #: backend_mode -> [count per bucket of LATENCY_BUCKETS, count above the last,
+        #: sum (s), created]
+        self.latency: dict[str, list[float]] = {}
+        # Multiprocess mode only: prometheus_client's metrics, and their children by
+        # labels (labels() is resolved once per combination, not once per decision).
+        self.families: dict[str, Any] = {}
+        # Not ``lock``: prometheus_client registers a new metric under its registry's lock,
+        # and its registry may call the Collector (which takes ``lock``) under that lock.
+        self.families_lock = threading.Lock()
+        self.outcome_children: dict[_SeriesKey, Any] = {}
+        self.backend_children: dict[tuple[str, str], tuple[Any, Any]] = {}
+
+    # The counting below is written out in each method, not shared by a helper: both run
+    # on every decision, and a helper would add a call to each.
+    def count_outcome(self, key: _SeriesKey, logged: bool) -> int:
+        """Count one outcome of series ``key``; return how many outcomes an INFO line
+        stands for now when ``logged`` (:func:`_line_due`), else 0."""
+        with self.lock:
+            counted = self.outcomes.get(key)
+            if counted is None:
+                counted = self.outcomes[key] = [1, time.time()]
+            else:
+                counted[0] += 1
+            return _line_due(counted) if logged else 0
+
+    def count_backend(self, key: tuple[str, str], seconds: float) -> None:
+        """Count one backend result ``(backend_mode, reason)`` and its latency."""
+        # The bucket prometheus_client's Histogram counts it in: the first bound >= seconds.
+        bucket = bisect.bisect_left(LATENCY_BUCKETS, seconds)
+        with self.lock:
+            counted = self.health.get(key)
+            if counted is None:
+                self.health[key] = [1, time.time()]
+            else:
+                counted[0] += 1
+            latency = self.latency.get(key[0])
+            if latency is None:
+                latency = self.latency[key[0]] = (
+                    [0.0] * (len(LATENCY_BUCKETS) + 2) + [time.time()]
+                )
+            latency[bucket] += 1
+            latency[-2] += seconds
+
+    def outcome_totals(self) -> dict[tuple[str, str, str], int]:
+        """(policy, decision, reason) -> count, over selectors and backend modes."""
+        totals: dict[tuple[str, str, str], int] = {}
+        with self.lock:
+            for (policy, decision, reason, _, _), counted in self.outcomes.items():
+                key = (policy, decision, reason)
+                totals[key] = totals.get(key, 0) + int(counted[0])
+        return totals
+
+    def snapshot(self) -> tuple[list[tuple[str, list[Any]]], list[tuple[str, list[float]]]]:
+        """A copy, taken under the lock, of the counter samples by family name
+        (``(labels, count, created)``) and of the latency rows by backend mode."""
+        with self.lock:
+            counters = [
+                (name, [(key, values[0], values[1]) for key, values in table.items()])
+                for name, table in (("outcomes", self.outcomes), ("health", self.health))
+            ]
+            latency = [(mode, list(values)) for mode, values in self.latency.items()]
+        return counters, latency
+
+    def family(self, name: str) -> Any:
+        """The prometheus_client metric ``name``, created once per process."""
+        family = self.families.get(name)
+        if family is None:
+            with self.families_lock:
+                family = self.families.get(name)
+                if family is None:
+                    family = self.families[name] = _create(name)
+        return family
+
+    # The callers look a child up in its dict first: these two run once per combination.
+    def add_outcome_child(self, key: _SeriesKey) -> Any:
+        """Resolve and keep the outcomes metric's child of ``key``."""
+        child = self.outcome_children[key] = self.family("outcomes").labels(*key)
+        return child
+
+    def add_backend_children(self, key: tuple[str, str]) -> tuple[Any, Any]:
+        """Resolve and keep the health and latency metrics' children of
+        ``(backend_mode, reason)``."""
+        children = self.backend_children[key] = (
+            self.family("health").labels(*key), self.family("latency").labels(key[0])
+        )
+        return children
+
+
+_counts = _Counts()
 
 
 def _create(name: str) -> Any:
@@ -143,14 +228,11 @@ def record_outcomes(
             _selector_label(evaluated, outcome.policy),
             outcome.backend_mode,
         )
-        with _lock:
-            counted = _count(_outcomes, key)
-            standing_for = _line_due(counted) if decision in _LOGGED else 0
+        standing_for = _counts.count_outcome(key, decision in _LOGGED)
         if MULTIPROCESS:
-            child = _outcome_children.get(key)
+            child = _counts.outcome_children.get(key)
             if child is None:
-                child = _family("outcomes").labels(*key)
-                _outcome_children[key] = child
+                child = _counts.add_outcome_child(key)
             child.inc()
         if standing_for:
             logger.info(
@@ -174,7 +256,7 @@ def record_outcomes(
 def _line_due(counted: list[float]) -> int:
     """How many outcomes of a series an INFO line stands for now (those since its last
     line, this one included), or 0 while its last line is under :data:`LOG_INTERVAL` old;
-    the caller holds ``_lock``. The series' entry keeps the count at its last line and
+    the caller holds the counts' lock. The series' entry keeps the count at its last line and
     that line's time after its count and creation time."""
     now = time.time()
     if len(counted) == 2:  # never logged
@@ -184,17 +266,6 @@ def _line_due(counted: list[float]) -> int:
     standing_for = int(counted[0] - counted[2])
     counted[2], counted[3] = counted[0], now
     return standing_for
-
-
-def _count(table: dict[Any, list[float]], key: Any) -> list[float]:
-    """One more at ``key`` of ``table`` (its creation time noted the first time), and
-    that entry; the caller holds ``_lock``."""
-    counted = table.get(key)
-    if counted is None:
-        counted = table[key] = [1, time.time()]
-    else:
-        counted[0] += 1
-    return counted
 
 
 def _selector_label(evaluated: Sequence[Evaluated | Policy], policy_id: str) -> str:
@@ -210,33 +281,19 @@ def record_backend(backend_mode: str, reason: str, seconds: float) -> None:
     its latency (seconds, the whole evaluation with its retry)."""
     if prometheus_client is None:  # only Prometheus shows these (the status page does not)
         return
-    # The bucket prometheus_client's Histogram counts it in: the first bound >= seconds.
-    bucket = bisect.bisect_left(LATENCY_BUCKETS, seconds)
     key = (backend_mode, reason)
-    with _lock:
-        _count(_health, key)
-        latency = _latency.get(backend_mode)
-        if latency is None:
-            latency = _latency[backend_mode] = [0.0] * (len(LATENCY_BUCKETS) + 2) + [time.time()]
-        latency[bucket] += 1
-        latency[-2] += seconds
+    _counts.count_backend(key, seconds)
     if MULTIPROCESS:
-        children = _backend_children.get(key)
+        children = _counts.backend_children.get(key)
         if children is None:
-            children = (_family("health").labels(*key), _family("latency").labels(backend_mode))
-            _backend_children[key] = children
+            children = _counts.add_backend_children(key)
         children[0].inc()
         children[1].observe(seconds)
 
 
 def outcome_counts() -> dict[tuple[str, str, str], int]:
     """(policy, decision, reason) -> count since this process started."""
-    counts: dict[tuple[str, str, str], int] = {}
-    with _lock:
-        for (policy, decision, reason, _, _), counted in _outcomes.items():
-            key = (policy, decision, reason)
-            counts[key] = counts.get(key, 0) + int(counted[0])
-    return counts
+    return _counts.outcome_totals()
 
 
 class Collector:
@@ -254,12 +311,7 @@ class Collector:
         # prometheus_client's own switch: PROMETHEUS_DISABLE_CREATED_SERIES at its import,
         # or disable_created_metrics() since.
         created = bool(getattr(prometheus_client.metrics, "_use_created", True))
-        with _lock:
-            counters = [
-                (name, [(key, values[0], values[1]) for key, values in table.items()])
-                for name, table in (("outcomes", _outcomes), ("health", _health))
-            ]
-            latency = [(mode, list(values)) for mode, values in _latency.items()]
+        counters, latency = _counts.snapshot()
         for name, samples in counters:
             family = CounterMetricFamily(_FAMILIES[name], _HELP[name], labels=_LABELS[name])
             for labels, count, since in samples:

@@ -50,29 +50,67 @@ class Registry:
     database_ok: bool = True
 
 
-_lock = threading.Lock()
-_registry: Registry | None = None
-#: Generated policies by id, for the callers that name them (``evaluate``, the commands).
-_generated: dict[str, Policy] = {}
-#: Generated policies as they apply, by the key their generator gives (see
-#: :func:`generated`); dropped when settings change.
-_applied: dict[Hashable, Policy] = {}
-#: Policies declared by ``@quota(rate=...)`` when a view module is imported (no settings
-#: are read then); a generated or configured policy with the same id wins.
-_declared: dict[str, Policy] = {}
-#: Problems already logged: a rebuild every POLICY_CACHE_TTL repeats none of them until
-#: the registry is cleared (a save, a settings change).
-_reported: set[str] = set()
+class _PolicyState:
+    """What this process knows of policies: the cached registry, the generated and
+    declared policies, and the problems it already logged.
+
+    One instance, ``_state``: readers load ``registry`` without the lock (once per
+    decision); only a rebuild takes it.
+    """
+
+    __slots__ = (
+        "applied", "declared", "generated", "lock", "registry", "reported", "told_to_migrate"
+    )
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.registry: Registry | None = None
+        #: Generated policies by id, for the callers that name them (``evaluate``, the
+        #: commands).
+        self.generated: dict[str, Policy] = {}
+        #: Generated policies as they apply, by the key their generator gives (see
+        #: :func:`generated`); dropped when settings change.
+        self.applied: dict[Hashable, Policy] = {}
+        #: Policies declared by ``@quota(rate=...)`` when a view module is imported (no
+        #: settings are read then); a generated or configured policy with the same id wins.
+        self.declared: dict[str, Policy] = {}
+        #: Problems already logged: a rebuild every POLICY_CACHE_TTL repeats none of them
+        #: until the registry is cleared (a save, a settings change).
+        self.reported: set[str] = set()
+        #: Whether this process said that the tables are missing (said once, whatever
+        #: clears).
+        self.told_to_migrate = False
+
+    def refresh(self) -> Registry:
+        """Rebuild the registry unless another thread just did, and keep it."""
+        with self.lock:
+            if self.registry is None or needs_refresh():
+                self.registry = _build(self.registry)
+            return self.registry
+
+    def report(self, message: str) -> None:
+        """Log ``message`` as an error, unless it was logged since the last :meth:`clear`."""
+        if message not in self.reported:
+            self.reported.add(message)
+            logger.error(message)
+
+    def tell_to_migrate(self) -> None:
+        """Say, once per process, that the policy tables do not exist yet."""
+        if not self.told_to_migrate:
+            self.told_to_migrate = True
+            logger.warning(
+                "the quota policy tables do not exist yet: run `manage.py migrate`; until "
+                "then only settings policies apply"
+            )
+
+    def clear(self) -> None:
+        """Forget the registry and the problems logged while building it."""
+        with self.lock:
+            self.registry = None
+            self.reported.clear()
 
 
-#: Whether this process said that the tables are missing (said once, whatever clears).
-_told_to_migrate = False
-
-
-def _report(message: str) -> None:
-    if message not in _reported:
-        _reported.add(message)
-        logger.error(message)
+_state = _PolicyState()
 
 
 def _tables_missing() -> bool:
@@ -92,15 +130,10 @@ def _tables_missing() -> bool:
 
 
 def _database_unreadable(exc: Exception) -> None:
-    global _told_to_migrate
-    if not _tables_missing():
+    if _tables_missing():
+        _state.tell_to_migrate()
+    else:
         logger.error("quota policies could not be read from the database: %s", exc)
-    elif not _told_to_migrate:
-        _told_to_migrate = True
-        logger.warning(
-            "the quota policy tables do not exist yet: run `manage.py migrate`; until then "
-            "only settings policies apply"
-        )
 
 
 def load_database_policies() -> list[Policy]:
@@ -113,7 +146,7 @@ def load_database_policies() -> list[Policy]:
         try:
             found.append(row.to_policy(list(row.windows.all())))
         except (ConfigurationError, TypeError, ValueError) as exc:
-            _report(f"quota policy {row.name!r} in the database is invalid, skipped: {exc}")
+            _state.report(f"quota policy {row.name!r} in the database is invalid, skipped: {exc}")
     return found
 
 
@@ -139,7 +172,7 @@ def _build(previous: Registry | None) -> Registry:
         for policy in database:
             if policy.id in settings_ids:
                 conflicts.append(policy.id)
-                _report(Checks.DUPLICATE_POLICY_LOGGED.logged(policy=policy.id))
+                _state.report(Checks.DUPLICATE_POLICY_LOGGED.logged(policy=policy.id))
                 continue
             policies[policy.id] = policy
     middleware = tuple(p for p in policies.values() if p.routes and p.enabled)
@@ -148,7 +181,7 @@ def _build(previous: Registry | None) -> Registry:
 
 def needs_refresh() -> bool:
     """True when the next :func:`get_registry` call will query the database."""
-    registry = _registry
+    registry = _state.registry
     if registry is None:
         return True
     settings = conf.get_settings()
@@ -165,27 +198,19 @@ def get_registry() -> Registry:
     thread, since Django refuses it in the loop's thread.
     """
     if not needs_refresh():
-        assert _registry is not None
-        return _registry
+        assert _state.registry is not None
+        return _state.registry
     if _in_event_loop():
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="django-quota") as pool:
             return pool.submit(_refresh_in_worker).result()
-    return _refresh()
-
-
-def _refresh() -> Registry:
-    global _registry
-    with _lock:
-        if _registry is None or needs_refresh():
-            _registry = _build(_registry)
-        return _registry
+    return _state.refresh()
 
 
 def _refresh_in_worker() -> Registry:
     from django.db import connections
 
     try:
-        return _refresh()
+        return _state.refresh()
     finally:
         connections.close_all()  # this thread's connections die with it
 
@@ -201,8 +226,8 @@ def _in_event_loop() -> bool:
 async def aget_registry() -> Registry:
     """Async twin of :func:`get_registry`: the database is read in a worker thread."""
     if not needs_refresh():
-        assert _registry is not None
-        return _registry
+        assert _state.registry is not None
+        return _state.registry
     from asgiref.sync import sync_to_async
 
     return await sync_to_async(get_registry, thread_sensitive=True)()
@@ -212,8 +237,8 @@ def get_policy(policy_id: str) -> Policy:
     """The policy named ``policy_id`` (configured or generated); raises :class:`UnknownPolicy`."""
     policy = (
         get_registry().policies.get(policy_id)
-        or _generated.get(policy_id)
-        or _declared.get(policy_id)
+        or _state.generated.get(policy_id)
+        or _state.declared.get(policy_id)
     )
     if policy is None:
         raise UnknownPolicy(policy_id)
@@ -223,19 +248,19 @@ def get_policy(policy_id: str) -> Policy:
 def known_policy(policy_id: str) -> Policy | None:
     """The policy named ``policy_id`` as last loaded, without refreshing a registry that
     exists (only the very first use in a process builds one)."""
-    registry = _registry or get_registry()
-    return registry.policies.get(policy_id) or _generated.get(policy_id)
+    registry = _state.registry or get_registry()
+    return registry.policies.get(policy_id) or _state.generated.get(policy_id)
 
 
 def declare(policy: Policy) -> None:
     """Make a decorator's policy known as soon as its view module is imported, so that
     ``manage.py quota`` can name it; reads no settings."""
-    _declared[policy.id] = policy
+    _state.declared[policy.id] = policy
 
 
 def declared() -> list[Policy]:
     """The policies declared by decorators in the modules imported so far."""
-    return list(_declared.values())
+    return list(_state.declared.values())
 
 
 def register_generated(policy: Policy) -> Policy:
@@ -245,7 +270,7 @@ def register_generated(policy: Policy) -> Policy:
     configured = get_registry().policies.get(policy.id)
     if configured is not None:
         return configured
-    _generated[policy.id] = policy
+    _state.generated[policy.id] = policy
     return policy
 
 
@@ -258,25 +283,22 @@ def generated(key: Hashable, build: Callable[[], Policy]) -> Policy:
     are settings, and a new rate is a new key, so a new policy (a new revision, so fresh
     counters).
     """
-    found = _applied.get(key)
+    found = _state.applied.get(key)
     if found is None:
-        found = _applied.setdefault(key, register_generated(build()))
+        found = _state.applied.setdefault(key, register_generated(build()))
     return found
 
 
 def clear() -> None:
     """Forget the cached registry (the next use rebuilds it)."""
-    global _registry
-    with _lock:
-        _registry = None
-        _reported.clear()
+    _state.clear()
 
 
 def settings_changed() -> None:
     """Forget the registry and the generated policies as they applied: both are built
     from settings."""
-    _applied.clear()
-    clear()
+    _state.applied.clear()
+    _state.clear()
 
 
 def database_changed(sender: Any, **kwargs: Any) -> None:

@@ -30,7 +30,7 @@ from django_quota.scripts import all_scripts
 def _no_declared_views(monkeypatch: pytest.MonkeyPatch) -> None:
     """Decorated views of other test modules declare their policies process-wide; the
     exact listings below are about settings and database policies."""
-    monkeypatch.setattr(policies, "_declared", {})
+    monkeypatch.setattr(policies._state, "declared", {})
 
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -286,9 +286,9 @@ def test_the_collector_exposes_what_prometheus_client_s_own_metrics_would(
         setattr(shim, name, partial(getattr(prometheus_client, name), registry=theirs))
     monkeypatch.setattr(metrics, "prometheus_client", shim)
     monkeypatch.setattr(metrics, "MULTIPROCESS", True)  # count both ways at once
-    for name in ("_families", "_outcome_children", "_backend_children", "_outcomes",
-                 "_health", "_latency"):
-        monkeypatch.setattr(metrics, name, {})
+    for name in ("families", "outcome_children", "backend_children", "outcomes",
+                 "health", "latency"):
+        monkeypatch.setattr(metrics._counts, name, {})
     quota(POLICIES={
         "col-a": {"windows": "2/m", "selector": ["user"]},
         "col-b": {"windows": "9/m", "selector": ["user", "ip"], "enforcement": "shadow"},

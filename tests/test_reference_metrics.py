@@ -52,9 +52,9 @@ def registered(
             setattr(shim, name, partial(getattr(prometheus_client, name), registry=registry))
         monkeypatch.setattr(metrics, "prometheus_client", shim)
         monkeypatch.setattr(metrics, "MULTIPROCESS", True)
-        monkeypatch.setattr(metrics, "_families", {})
-        monkeypatch.setattr(metrics, "_outcome_children", {})
-        monkeypatch.setattr(metrics, "_backend_children", {})
+        monkeypatch.setattr(metrics._counts, "families", {})
+        monkeypatch.setattr(metrics._counts, "outcome_children", {})
+        monkeypatch.setattr(metrics._counts, "backend_children", {})
     quota(POLICIES={"ref-metrics": {"windows": "5/m", "selector": ["user", "ip"]}})
     django_quota.evaluate("ref-metrics", {"user": "7", "ip": "203.0.113.9"})
     found: dict[str, tuple[str, set[str]]] = {}

@@ -349,7 +349,7 @@ def test_missing_tables_are_a_warning_to_migrate_not_an_error(
     quota(POLICY_SOURCES=SOURCES, POLICIES={"zeta": SETTINGS_POLICY})
     monkeypatch.setattr(policies, "load_database_policies", no_table)
     monkeypatch.setattr(policies, "_tables_missing", lambda: True)
-    monkeypatch.setattr(policies, "_told_to_migrate", False)
+    monkeypatch.setattr(policies._state, "told_to_migrate", False)
     with caplog.at_level(logging.WARNING, logger="django_quota"):
         for _ in range(2):
             policies.clear()
@@ -370,8 +370,8 @@ def test_migrate_drops_the_registry(quota: Any) -> None:
 
     quota(POLICY_SOURCES=SOURCES)
     policies.get_registry()
-    assert policies._registry is not None
+    assert policies._state.registry is not None
     config = apps.get_app_config("django_quota")
     post_migrate.send(sender=config, app_config=config, verbosity=0, interactive=False,
                       using="default", apps=apps, plan=[])
-    assert policies._registry is None
+    assert policies._state.registry is None

@@ -703,7 +703,7 @@ def test_listeners_are_called_when_settings_change(settings: Any) -> None:
         settings.QUOTA = {"HMAC_KEY": HMAC_KEY, "KEY_PREFIX": "changed"}
         assert calls == ["cleared"]
     finally:
-        conf._listeners.remove(listener)
+        conf._state.listeners.remove(listener)
 
 
 def test_get_settings_raises_improperly_configured_naming_the_key(quota: Any) -> None:
