@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
+from django.apps import apps
 from django.conf import settings as django_settings
 from django.core.exceptions import ImproperlyConfigured
 
@@ -339,6 +340,14 @@ def parse_settings(
     return QuotaSettings(**values, raw=raw), reader.problems
 
 
+#: Without the app, nothing registers the checks or drops what settings changes make stale
+#: (docs/settings.md): every use says so rather than fail deep inside with a RuntimeError.
+APP_NOT_INSTALLED = (
+    "django_quota is not in INSTALLED_APPS: add 'django_quota' to INSTALLED_APPS (it "
+    "registers the system checks and the listeners that keep the limits current)"
+)
+
+
 class _SettingsCache:
     """The settings this process parsed, and the listeners to tell when they are dropped.
 
@@ -357,6 +366,8 @@ class _SettingsCache:
         """Parse ``settings.QUOTA`` unless another thread just did, and keep the result."""
         with self.lock:
             if self.settings is None:
+                if apps.ready and not apps.is_installed("django_quota"):
+                    raise ImproperlyConfigured(APP_NOT_INSTALLED)
                 parsed, problems = parse_settings(
                     getattr(django_settings, "QUOTA", {}), secret_key=django_settings.SECRET_KEY
                 )
