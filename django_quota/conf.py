@@ -16,6 +16,7 @@ from django.apps import apps
 from django.conf import settings as django_settings
 from django.core.exceptions import ImproperlyConfigured
 
+from django_quota.backends import url_problem
 from django_quota.core.errors import ConfigurationError
 from django_quota.core.identity import IPNetwork, derive_hmac_key
 from django_quota.core.policy import ALGORITHMS, FAILURE_MODES, Policy, parse_policy
@@ -136,6 +137,10 @@ def _redis_url(value: Any, reader: Reader) -> str | None:
         else:
             found = Problems.FOUND_NO_SCHEME
         reader.report(Problems.EXPECTED_REDIS_SCHEME, found=found)
+    else:
+        problem = url_problem(value)
+        if problem is not None:
+            reader.report(Problems.UNUSABLE_REDIS_URL, problem=problem)
     return value
 
 

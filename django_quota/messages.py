@@ -85,6 +85,12 @@ class Problems:
     EXPECTED_REDIS_SCHEME = Message(
         E_INVALID_VALUE, "expected a redis://, rediss:// or unix:// URL, not {found}"
     )
+    #: ``{problem}`` is redis-py's own word on the URL (it never quotes the password).
+    UNUSABLE_REDIS_URL = Message(
+        E_INVALID_VALUE,
+        "not a URL redis-py can connect to: {problem}",
+        "fix the port, host or query options; the value is not shown (it may hold a password)",
+    )
     FOUND_URL_SCHEME = "a URL with scheme {scheme!r}"
     FOUND_NO_SCHEME = "text without a scheme (the value is not shown: it may hold a password)"
     EXPECTED_SENTINEL = Message(

@@ -3,7 +3,7 @@ Lua scripts' (redis). :func:`backend_from_settings` builds the one the settings 
 
 from __future__ import annotations
 
-from collections.abc import Generator, Mapping
+from collections.abc import Callable, Generator, Mapping
 from typing import Any, Protocol
 
 from django_quota.core.protocol import GroupReply, GroupRequest
@@ -122,6 +122,21 @@ def backend_from_settings(settings: BackendSettings) -> Backend:
         sentinel=settings.sentinel,
         url_options=url_options,
     )
+
+
+def url_problem(url: str) -> str | None:
+    """What redis-py finds wrong with ``url`` when it builds a client from it (its own
+    ``parse_url``, which every ``from_url`` calls: port, host, query options), or None.
+    The settings check asks this, so a URL passes ``manage.py check`` only if the backend
+    can be built from it."""
+    from redis import connection
+
+    parse_url: Callable[[str], object] = connection.parse_url
+    try:
+        parse_url(url)
+    except ValueError as exc:
+        return str(exc)
+    return None
 
 
 def connection_url(settings: BackendSettings) -> str | None:

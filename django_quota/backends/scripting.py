@@ -354,7 +354,7 @@ class BaseRedisBackend(ScriptedBackend):
         if client is None:
             with self._lock:
                 if self._client is None:
-                    self._client = self._build(asynchronous=False)
+                    self._client = self._buildable(asynchronous=False)
                 client = self._client
         return client
 
@@ -366,10 +366,19 @@ class BaseRedisBackend(ScriptedBackend):
             with self._lock:
                 # Built before the clients of closed loops are forgotten: a cluster's new
                 # client starts from every node they had learnt too.
-                client = self._build(asynchronous=True)
+                client = self._buildable(asynchronous=True)
                 self._forget_closed_loops()
                 self._async_clients[loop] = client
         return client
+
+    def _buildable(self, *, asynchronous: bool) -> Any:
+        """:meth:`_build`, with what redis-py refuses to build a client from (a URL whose
+        port is out of range, say: ``CACHE_ALIAS`` takes a cache's ``LOCATION`` as it is)
+        raised as ``backend_error``, so the failure mode answers, never a 500."""
+        try:
+            return self._build(asynchronous=asynchronous)
+        except ValueError as exc:
+            raise classify(exc) from exc
 
     def _forget_closed_loops(self) -> None:
         """Close the connections of async clients whose loop has closed, and forget them;
