@@ -79,12 +79,12 @@ from django_quota.backends.scripting import (
 from django_quota.core.errors import BackendError
 from django_quota.core.model import (
     ALGORITHM_CODES,
-    ALLOWED,
-    ALLOWED_UNCHARGED,
-    DENIED,
+    CHARGED,
     GROUP_CLOCK_UNSAFE,
     GROUP_INDETERMINATE,
     GROUP_REPLAYED,
+    REFUSED,
+    UNCHARGED,
     PolicyCall,
     PolicyResult,
 )
@@ -274,7 +274,7 @@ def refund_call(request: GroupRequest, results: Sequence[PolicyResult]) -> Call 
     logs: list[str] = []
     args: list[int | bytes] = [0, request.fingerprint]
     for counter, call, result in zip(request.counters, request.calls, results, strict=True):
-        if result.status != ALLOWED:
+        if result.status != CHARGED:
             continue
         keys.append(counter)
         if call.algorithm == SLIDING_LOG:
@@ -289,10 +289,10 @@ def refund_call(request: GroupRequest, results: Sequence[PolicyResult]) -> Call 
 
 def uncharged(call: PolicyCall, result: PolicyResult) -> PolicyResult:
     """``result`` as reported after its charge was refunded: status
-    :data:`ALLOWED_UNCHARGED`, each window's ``remaining`` plus the cost, capped at the
+    :data:`UNCHARGED`, each window's ``remaining`` plus the cost, capped at the
     window's limit (the token bucket's capacity). Best effort: the other numbers stay
     those of the charged state."""
-    if result.status != ALLOWED:
+    if result.status != CHARGED:
         return result
     windows = tuple(
         numbers._replace(
@@ -303,7 +303,7 @@ def uncharged(call: PolicyCall, result: PolicyResult) -> PolicyResult:
         )
         for window, numbers in zip(call.windows, result.windows, strict=True)
     )
-    return PolicyResult(ALLOWED_UNCHARGED, result.now_ms, windows)
+    return PolicyResult(UNCHARGED, result.now_ms, windows)
 
 
 def plan(request: GroupRequest, slices: Sequence[Slice]) -> Plan:
@@ -349,10 +349,10 @@ def plan(request: GroupRequest, slices: Sequence[Slice]) -> Plan:
         replayed = replayed and reply.replayed
         for index, result in zip(part.indexes, own, strict=True):
             results[index] = result
-        if any(result.status == ALLOWED for result in own):
+        if any(result.status == CHARGED for result in own):
             charged.append((part, own))
         if any(
-            call.enforce and result.status == DENIED
+            call.enforce and result.status == REFUSED
             for call, result in zip(part.request.calls, own, strict=True)
         ):
             refused = True

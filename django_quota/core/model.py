@@ -74,10 +74,12 @@ from django_quota.core.policy import (
 #: 0.15 µs each, several per decision: docs/benchmarks.md).
 new_tuple = tuple.__new__
 
-#: Policy statuses (the script replies them only when a group replays; parse_reply derives them).
-DENIED = 0
-ALLOWED = 1  # allowed and charged
-ALLOWED_UNCHARGED = 2  # allowed by its windows, charged nothing (peek, cost 0, group denied)
+#: Policy statuses: what a group's decision did to one policy (the script replies them
+#: only when a group replays; parse_reply derives them). Not decisions: an outcome's
+#: decision (``core.outcome``'s ``ALLOWED``, ``DENIED_DECISION``…) follows from them.
+REFUSED = 0  # its windows refuse the cost: nothing charged
+CHARGED = 1  # its windows allow, and the cost was charged
+UNCHARGED = 2  # its windows allow, nothing charged (peek, cost 0, the group refused)
 
 #: Group statuses, the first integer of the script's reply.
 GROUP_DECIDED = 0
@@ -187,8 +189,8 @@ class WindowResult(NamedTuple):
 
 
 class PolicyResult(NamedTuple):
-    """The result of one policy: status (:data:`DENIED`, :data:`ALLOWED`,
-    :data:`ALLOWED_UNCHARGED`), the effective ``now`` (ms) and its windows."""
+    """The result of one policy: status (:data:`REFUSED`, :data:`CHARGED`,
+    :data:`UNCHARGED`), the effective ``now`` (ms) and its windows."""
 
     status: int
     now_ms: int
@@ -636,9 +638,9 @@ def _evaluate_one(
             dedup_ttl_ms,
             server_clock,
         )
-        charged_result = new_tuple(PolicyResult, (ALLOWED, now, results))
+        charged_result = new_tuple(PolicyResult, (CHARGED, now, results))
         return new_tuple(GroupResult, (GROUP_DECIDED, (charged_result,), (write,)))
-    status = ALLOWED_UNCHARGED if fits else DENIED
+    status = UNCHARGED if fits else REFUSED
     decided = new_tuple(PolicyResult, (status, now, results))
     return new_tuple(GroupResult, (GROUP_DECIDED, (decided,), ()))
 
@@ -827,7 +829,7 @@ def _evaluate_general(
             if window_ttl > ttl:
                 ttl = window_ttl
         if charged:
-            status = ALLOWED
+            status = CHARGED
             new_logs: tuple[Log, ...] = ()
             if log_data is not None:
                 new_logs = tuple(
@@ -855,11 +857,11 @@ def _evaluate_general(
             # Charged by the earlier evaluation when its ledger holds the id: the cluster
             # backend's refunds count it as charged.
             remembered = remembers(ledgers[index], fingerprint, now, dedup_ttl_ms)
-            status = ALLOWED if remembered else ALLOWED_UNCHARGED
+            status = CHARGED if remembered else UNCHARGED
         elif own_allows[index]:
-            status = ALLOWED_UNCHARGED
+            status = UNCHARGED
         else:
-            status = DENIED
+            status = REFUSED
         results.append(new_tuple(PolicyResult, (status, now, tuple(window_results))))
     group_status = GROUP_REPLAYED if replay else GROUP_DECIDED
     return new_tuple(GroupResult, (group_status, tuple(results), tuple(writes)))

@@ -12,9 +12,7 @@ from typing import NamedTuple
 
 from django_quota.core.identity import Identity
 from django_quota.core.model import (
-    ALLOWED,
-    ALLOWED_UNCHARGED,
-    DENIED,
+    CHARGED,
     ENTRY_BYTES,
     FINGERPRINT_BYTES,
     GROUP_CLOCK_UNSAFE,
@@ -25,6 +23,8 @@ from django_quota.core.model import (
     MODE_MAY_REPEAT,
     MODE_PEEK,
     PACKED_HEADER,
+    REFUSED,
+    UNCHARGED,
     PolicyCall,
     PolicyResult,
     WindowResult,
@@ -316,7 +316,7 @@ def parse_reply(reply: Sequence[int], calls: Sequence[PolicyCall], peek: bool) -
     views: dict[int, list[tuple[int, int]]] = {}
     commit = not peek and not replayed
     for call in calls:
-        policy_status = ALLOWED
+        policy_status = CHARGED
         if replayed:
             if position >= size:
                 raise ValueError("script reply shorter than its windows")
@@ -363,11 +363,11 @@ def parse_reply(reply: Sequence[int], calls: Sequence[PolicyCall], peek: bool) -
                 views[len(results)] = seen
         if not replayed:
             if not allowed:
-                policy_status = DENIED
+                policy_status = REFUSED
                 if call.enforce:
                     commit = False
             elif not commit or call.cost == 0:
-                policy_status = ALLOWED_UNCHARGED
+                policy_status = UNCHARGED
         results.append(new_tuple(PolicyResult, (policy_status, now, tuple(windows))))
     if position != size:
         raise ValueError("script reply longer than its windows")
@@ -375,12 +375,12 @@ def parse_reply(reply: Sequence[int], calls: Sequence[PolicyCall], peek: bool) -
         # An enforced policy refused after some were taken as charged: none is (a sliding
         # log's numbers came from the script, which knew).
         for index, decided in enumerate(results):
-            if decided.status == ALLOWED:
+            if decided.status == CHARGED:
                 kept = decided.windows
                 if index in views:
                     call = calls[index]
                     kept = tuple(_uncharged(call, views[index], decided.now_ms, call.cost))
-                results[index] = PolicyResult(ALLOWED_UNCHARGED, decided.now_ms, kept)
+                results[index] = PolicyResult(UNCHARGED, decided.now_ms, kept)
     return new_tuple(GroupReply, (status, tuple(results)))
 
 
