@@ -629,7 +629,7 @@ def test_one_policy_decides_as_the_general_path_does(
         now += step
         call = PolicyCall(algorithm, windows, cost, enforce)
         fingerprint = fingerprints[number % len(fingerprints)]
-        arguments = (now, peek, regression, 1_000, (records,), fingerprint, False, 5_000)
+        arguments = (now, peek, regression, 1_000, fingerprint, False, 5_000, server_clock)
         short = evaluate_group(
             [call],
             [state],
@@ -643,7 +643,7 @@ def test_one_policy_decides_as_the_general_path_does(
             server_clock=server_clock,
         )
         general = model._evaluate_general(
-            [call], [state], *arguments, None, server_clock
+            [call], [state], [records], None, model.GroupInputs(*arguments)
         )
         assert short == general
         if short.writes:
