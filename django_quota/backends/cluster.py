@@ -87,6 +87,7 @@ from django_quota.core.model import (
     UNCHARGED,
     PolicyCall,
     PolicyResult,
+    group_allows,
 )
 from django_quota.core.outcome import (
     BACKEND_ERROR,
@@ -351,10 +352,7 @@ def plan(request: GroupRequest, slices: Sequence[Slice]) -> Plan:
             results[index] = result
         if any(result.status == CHARGED for result in own):
             charged.append((part, own))
-        if any(
-            call.enforce and result.status == REFUSED
-            for call, result in zip(part.request.calls, own, strict=True)
-        ):
+        if not group_allows(part.request.calls, [result.status != REFUSED for result in own]):
             refused = True
     if refused:
         for part, own in (yield from _refund(charged)):
