@@ -30,11 +30,11 @@ from django_quota.core.breaker import BreakerError
 from django_quota.core.errors import BackendError
 from django_quota.core.identity import Identity, IdentityError, build_identity
 from django_quota.core.model import (
-    ALLOWED_UNCHARGED,
     GROUP_CLOCK_UNSAFE,
     GROUP_INDETERMINATE,
     GROUP_REPLAYED,
     PACKABLE,
+    UNCHARGED,
     PolicyCall,
     new_tuple,
 )
@@ -408,7 +408,7 @@ class Limiter:
             policy = compiled[0].policy
             outcome = outcome_from_result(policy, result, backend_mode, evaluation_id)
             outcomes[0] = outcome
-            if result.status == ALLOWED_UNCHARGED and not (
+            if result.status == UNCHARGED and not (
                 prepared.peek or status == GROUP_REPLAYED
             ):
                 prepared.group_denied = (policy.id,)
@@ -417,7 +417,7 @@ class Limiter:
         for index, result in zip(prepared.sent, results, strict=True):
             policy = compiled[index].policy
             outcomes[index] = outcome_from_result(policy, result, backend_mode, evaluation_id)
-            if result.status == ALLOWED_UNCHARGED:
+            if result.status == UNCHARGED:
                 uncharged.append(policy.id)
         if uncharged and not (prepared.peek or status == GROUP_REPLAYED):
             prepared.group_denied = tuple(uncharged)

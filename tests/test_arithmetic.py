@@ -10,9 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from django_quota.core.model import (
-    ALLOWED,
-    ALLOWED_UNCHARGED,
-    DENIED,
+    CHARGED,
+    REFUSED,
+    UNCHARGED,
     Log,
     PolicyCall,
     PolicyResult,
@@ -64,7 +64,7 @@ W = Window  # name, limit, period_ms, capacity
 def test_fixed_window_counts_down_and_denies_until_the_window_ends() -> None:
     windows = (W("default", 3, 1_000, 3),)
     results, _ = run("fixed_window", windows, [T0 + 250] * 4)
-    assert [r.status for r in results] == [ALLOWED, ALLOWED, ALLOWED, DENIED]
+    assert [r.status for r in results] == [CHARGED, CHARGED, CHARGED, REFUSED]
     assert [r.windows[0].remaining for r in results] == [2, 1, 0, 0]
     assert results[3].windows[0].retry_after_ms == 750
     assert results[3].windows[0].reset_after_ms == 750
@@ -73,7 +73,7 @@ def test_fixed_window_counts_down_and_denies_until_the_window_ends() -> None:
 def test_fixed_window_is_aligned_to_the_epoch_and_resets_at_the_boundary() -> None:
     windows = (W("default", 2, 1_000, 2),)
     results, _ = run("fixed_window", windows, [T0 + 998, T0 + 999, T0 + 999, T0 + 1_000])
-    assert [r.status for r in results] == [ALLOWED, ALLOWED, DENIED, ALLOWED]
+    assert [r.status for r in results] == [CHARGED, CHARGED, REFUSED, CHARGED]
     assert results[2].windows[0].retry_after_ms == 1
     assert results[3].windows[0].remaining == 1
 
@@ -81,7 +81,7 @@ def test_fixed_window_is_aligned_to_the_epoch_and_resets_at_the_boundary() -> No
 def test_denied_request_consumes_no_window() -> None:
     windows = (W("burst", 2, 1_000, 2), W("sustained", 3, 60_000, 3))
     results, state = run("fixed_window", windows, [T0, T0, T0, T0 + 1_000, T0 + 1_000])
-    assert [r.status for r in results] == [ALLOWED, ALLOWED, DENIED, ALLOWED, DENIED]
+    assert [r.status for r in results] == [CHARGED, CHARGED, REFUSED, CHARGED, REFUSED]
     assert state == {"t": T0 + 1_000, "c1": 1, "c2": 3}
     # the sustained window denied the last one; burst was not charged for it
     assert results[4].windows[0].retry_after_ms == -1
@@ -102,7 +102,7 @@ def test_sliding_window_weights_the_previous_window() -> None:
         _, state = one("sliding_window", windows, state, T0 + 5_000)
     # 2.5 s into the next window: estimate = floor(10 * 7_500 / 10_000) + 0 = 7
     result, state = one("sliding_window", windows, state, T0 + 12_500)
-    assert result.status == ALLOWED
+    assert result.status == CHARGED
     assert result.windows[0].remaining == 10 - 7 - 1
     assert result.windows[0].reset_after_ms == 7_500
 
@@ -115,7 +115,7 @@ def test_sliding_retry_after_is_the_true_minimum_not_the_window_end() -> None:
     result, _ = one("sliding_window", windows, state, T0 + 10_000, cost=2)
     # estimate 10 at elapsed 0; two units fit when floor(10 * (10000 - e) / 10000) <= 8,
     # i.e. e > 1000: retry after 1001 ms, far earlier than the window end (10000 ms).
-    assert result.status == DENIED
+    assert result.status == REFUSED
     assert result.windows[0].retry_after_ms == 1_001
     assert result.windows[0].reset_after_ms == 10_000
     # one unit frees 1 ms later already: the estimate floors
@@ -128,13 +128,13 @@ def test_token_bucket_refills_continuously_with_integer_arithmetic() -> None:
     windows = (W("default", 10, 1_000, 10),)
     results, state = run("token_bucket", windows, [T0] * 11)
     assert [r.windows[0].remaining for r in results[:10]] == list(range(9, -1, -1))
-    assert results[10].status == DENIED
+    assert results[10].status == REFUSED
     assert results[10].windows[0].retry_after_ms == 100
     assert results[9].windows[0].reset_after_ms == 1_000
     result, _ = one("token_bucket", windows, state, T0 + 99)
-    assert result.status == DENIED and result.windows[0].retry_after_ms == 1
+    assert result.status == REFUSED and result.windows[0].retry_after_ms == 1
     result, _ = one("token_bucket", windows, state, T0 + 100)
-    assert result.status == ALLOWED
+    assert result.status == CHARGED
 
 
 def test_token_bucket_keeps_fractional_refill() -> None:
@@ -142,15 +142,15 @@ def test_token_bucket_keeps_fractional_refill() -> None:
     _, state = run("token_bucket", windows, [T0] * 3)
     for offset in (100, 200, 300):  # 300 ms = 0.9 token: still denied
         result, _ = one("token_bucket", windows, state, T0 + offset)
-        assert result.status == DENIED
+        assert result.status == REFUSED
     result, _ = one("token_bucket", windows, state, T0 + 334)  # 1.002 tokens
-    assert result.status == ALLOWED
+    assert result.status == CHARGED
 
 
 def test_token_bucket_capacity_bounds_the_burst_and_limit_is_capacity() -> None:
     windows = (W("default", 1, 1_000, 5),)
     results, _ = run("token_bucket", windows, [T0] * 6)
-    assert [r.status for r in results] == [ALLOWED] * 5 + [DENIED]
+    assert [r.status for r in results] == [CHARGED] * 5 + [REFUSED]
     assert results[0].windows[0].remaining == 4
     assert results[5].windows[0].retry_after_ms == 1_000
 
@@ -158,7 +158,7 @@ def test_token_bucket_capacity_bounds_the_burst_and_limit_is_capacity() -> None:
 def test_new_token_bucket_is_full_with_reset_after_zero() -> None:
     windows = (W("default", 10, 1_000, 10),)
     result, _ = one("token_bucket", windows, None, T0, peek=True)
-    assert result.status == ALLOWED_UNCHARGED
+    assert result.status == UNCHARGED
     assert (result.windows[0].remaining, result.windows[0].reset_after_ms) == (10, 0)
     assert result.windows[0].replenish_after_ms == 0
 
@@ -171,12 +171,12 @@ def test_group_denial_charges_no_policy_and_shadow_never_blocks() -> None:
     first = evaluate_group([tight, loose], [None, None], T0)
     states = [w.state for w in first.writes]
     second = evaluate_group([tight, loose], states, T0)
-    assert [r.status for r in second.results] == [DENIED, ALLOWED_UNCHARGED]
+    assert [r.status for r in second.results] == [REFUSED, UNCHARGED]
     assert second.writes == ()
     # a denying shadow policy neither blocks nor prevents charging the enforced one
     shadow_state = evaluate_group([shadow], [None], T0).writes[0].state
     third = evaluate_group([loose, shadow], [states[1], shadow_state], T0)
-    assert [r.status for r in third.results] == [ALLOWED, DENIED]
+    assert [r.status for r in third.results] == [CHARGED, REFUSED]
     assert [w.index for w in third.writes] == [0]
 
 
@@ -193,7 +193,7 @@ def test_clock_never_runs_backwards_for_a_counter() -> None:
     _, state = run("fixed_window", windows, [T0 + 1_500])
     # an earlier now is clamped to the stored one: still in the same (full) window
     result, _ = one("fixed_window", windows, state, T0 + 900)
-    assert result.status == DENIED and result.now_ms == T0 + 1_500
+    assert result.status == REFUSED and result.now_ms == T0 + 1_500
 
 
 def test_client_clock_regression_past_the_bound_is_unsafe() -> None:
@@ -228,7 +228,7 @@ def _allowed_at(
             if key in state:
                 projected[f"{field}1"] = state[key]
     result, _ = one(algorithm, single, projected, now, cost, peek=False)
-    return result.status == ALLOWED
+    return result.status == CHARGED
 
 
 histories = st.lists(st.tuples(st.integers(0, 3_000), st.integers(1, 4)), min_size=1, max_size=25)
@@ -255,7 +255,7 @@ def test_a_request_exactly_retry_after_later_is_allowed_and_one_ms_earlier_is_no
         now += step
         _, state = one(algorithm, windows, state, now, min(step_cost, capacity))
     result, _ = one(algorithm, windows, state, now, cost)
-    if result.status != DENIED:
+    if result.status != REFUSED:
         return
     wait = result.windows[0].retry_after_ms
     assert wait >= 1
@@ -325,7 +325,7 @@ def test_a_ledger_drop_older_than_dedup_ttl_leaves_fresh_ids_decided() -> None:
     # drops an entry, but one charged 8 s earlier, older than DEDUP_TTL (5 s).
     groups, state, records = _run_ids([(T0 + i * 1_000, f"id-{i}") for i in range(10)])
     assert [g.status for g in groups] == [0] * 10
-    assert [g.results[0].status for g in groups] == [ALLOWED] * 10
+    assert [g.results[0].status for g in groups] == [CHARGED] * 10
     assert state is not None and "d" not in state and len(records) == 8 * 9
 
 
@@ -336,10 +336,10 @@ def test_a_young_ledger_drop_makes_an_unknown_id_indeterminate_and_a_kept_one_a_
     unknown = _charge_with_id(state, records, T0 + 100, "never-seen")
     assert unknown.status == 2 and unknown.writes == ()  # GROUP_INDETERMINATE
     kept = _charge_with_id(state, records, T0 + 100, "id-8")
-    assert kept.status == 3 and kept.writes == () and kept.results[0].status == ALLOWED
+    assert kept.status == 3 and kept.writes == () and kept.results[0].status == CHARGED
     # Once the dropped entry is older than DEDUP_TTL, an unknown id is decided afresh.
     later = _charge_with_id(state, records, T0 + 5_000, "never-seen")
-    assert later.status == 0 and later.results[0].status == ALLOWED
+    assert later.status == 0 and later.results[0].status == CHARGED
 
 
 # -- sliding log --------------------------------------------------------------------------------
@@ -386,7 +386,7 @@ def units(counter: LogCounter, window: int = 0) -> int:
 def test_sliding_log_counts_every_unit_for_exactly_one_period() -> None:
     windows = (W("default", 3, 10_000, 3),)
     results, counter = slog_run(windows, [T0, T0 + 1_000, T0 + 2_000, T0 + 3_000])
-    assert [r.status for r in results] == [ALLOWED, ALLOWED, ALLOWED, DENIED]
+    assert [r.status for r in results] == [CHARGED, CHARGED, CHARGED, REFUSED]
     assert [r.windows[0].remaining for r in results] == [2, 1, 0, 0]
     # the oldest unit (T0) leaves at T0 + 10_000: 7_000 ms from T0 + 3_000
     assert results[3].windows[0].retry_after_ms == 7_000
@@ -396,21 +396,21 @@ def test_sliding_log_counts_every_unit_for_exactly_one_period() -> None:
     # the window is (now - P, now]: at T0 + 9_999 the unit of T0 still counts, at T0 + 10_000 not
     before, _ = slog(windows, counter, T0 + 9_999, peek=True)
     at, _ = slog(windows, counter, T0 + 10_000, peek=True)
-    assert (before.status, before.windows[0].remaining) == (DENIED, 0)
-    assert (at.status, at.windows[0].remaining) == (ALLOWED_UNCHARGED, 1)
+    assert (before.status, before.windows[0].remaining) == (REFUSED, 0)
+    assert (at.status, at.windows[0].remaining) == (UNCHARGED, 1)
 
 
 def test_sliding_log_request_exactly_retry_after_later_is_allowed_one_ms_earlier_denied() -> None:
     windows = (W("default", 2, 60_000, 2),)
     _, counter = slog_run(windows, [T0 + 500, T0 + 20_000])
     denied, _ = slog(windows, counter, T0 + 30_000)
-    assert denied.status == DENIED
+    assert denied.status == REFUSED
     wait = denied.windows[0].retry_after_ms
     assert wait == T0 + 500 + 60_000 - (T0 + 30_000) == 30_500
     early, _ = slog(windows, counter, T0 + 30_000 + wait - 1)
     exact, after = slog(windows, counter, T0 + 30_000 + wait)
-    assert early.status == DENIED and early.windows[0].retry_after_ms == 1
-    assert exact.status == ALLOWED and exact.windows[0].remaining == 0
+    assert early.status == REFUSED and early.windows[0].retry_after_ms == 1
+    assert exact.status == CHARGED and exact.windows[0].remaining == 0
     # no wait 1 ms longer than DRF's: the next unit leaves exactly 60 s after T0 + 20_000
     denied_again, _ = slog(windows, after, T0 + 60_500)
     assert denied_again.windows[0].retry_after_ms == 20_000 + 60_000 - 60_500
@@ -421,10 +421,10 @@ def test_sliding_log_retry_after_for_a_cost_waits_for_enough_units_to_leave() ->
     _, counter = slog_run(windows, [T0, T0 + 1_000, T0 + 2_000, T0 + 3_000, T0 + 4_000])
     # cost 3 fits once three units have left: the third oldest (T0 + 2_000) leaves last
     result, _ = slog(windows, counter, T0 + 5_000, cost=3)
-    assert result.status == DENIED and result.windows[0].retry_after_ms == 7_000
+    assert result.status == REFUSED and result.windows[0].retry_after_ms == 7_000
     early, _ = slog(windows, counter, T0 + 11_999, cost=3)
     exact, _ = slog(windows, counter, T0 + 12_000, cost=3)
-    assert (early.status, exact.status) == (DENIED, ALLOWED)
+    assert (early.status, exact.status) == (REFUSED, CHARGED)
 
 
 def test_sliding_log_cost_records_that_many_units_at_one_time() -> None:
@@ -441,7 +441,7 @@ def test_sliding_log_cost_records_that_many_units_at_one_time() -> None:
 def test_sliding_log_empty_window_reports_zero_reset_and_replenish() -> None:
     windows = (W("default", 4, 1_000, 4),)
     result, _ = slog(windows, EMPTY, T0, peek=True)
-    assert result.status == ALLOWED_UNCHARGED
+    assert result.status == UNCHARGED
     assert (result.windows[0].remaining, result.windows[0].reset_after_ms) == (4, 0)
     assert result.windows[0].replenish_after_ms == 0
     _, counter = slog_run(windows, [T0])
@@ -462,7 +462,7 @@ def test_sliding_log_charge_reports_numbers_after_consumption() -> None:
 def test_sliding_log_denial_records_nothing() -> None:
     windows = (W("burst", 2, 1_000, 2), W("sustained", 3, 60_000, 3))
     results, counter = slog_run(windows, [T0, T0, T0, T0 + 1_000, T0 + 1_000])
-    assert [r.status for r in results] == [ALLOWED, ALLOWED, DENIED, ALLOWED, DENIED]
+    assert [r.status for r in results] == [CHARGED, CHARGED, REFUSED, CHARGED, REFUSED]
     # the sustained window denied the last one; burst was not charged for it
     assert results[4].windows[0].retry_after_ms == -1
     assert results[4].windows[1].retry_after_ms == 59_000
@@ -470,7 +470,7 @@ def test_sliding_log_denial_records_nothing() -> None:
     again = evaluate_group(
         [PolicyCall("sliding_log", windows, 1)], [counter[0]], T0 + 1_500, logs=[counter[1]]
     )
-    assert again.results[0].status == DENIED and again.writes == ()
+    assert again.results[0].status == REFUSED and again.writes == ()
 
 
 def test_sliding_log_state_is_bounded_by_the_limit_whatever_the_attempts() -> None:
@@ -479,7 +479,7 @@ def test_sliding_log_state_is_bounded_by_the_limit_whatever_the_attempts() -> No
     admitted = 0
     for attempt in range(200):
         result, counter = slog(windows, counter, T0 + attempt * 7, cost=1 + attempt % 3)
-        admitted += result.status == ALLOWED
+        admitted += result.status == CHARGED
     assert units(counter) <= 50
     assert len(counter[1][0]) <= 2 * 50  # one (time, cumulative count) pair per event
     # and over several periods the expired units are dropped when the next one is charged
@@ -493,7 +493,7 @@ def test_sliding_log_clock_never_runs_backwards() -> None:
     windows = (W("default", 1, 1_000, 1),)
     _, counter = slog_run(windows, [T0 + 1_500])
     result, _ = slog(windows, counter, T0 + 900)
-    assert result.status == DENIED and result.now_ms == T0 + 1_500
+    assert result.status == REFUSED and result.now_ms == T0 + 1_500
     assert result.windows[0].retry_after_ms == 1_000
 
 
@@ -514,7 +514,7 @@ def test_sliding_log_is_drf_history_exactly() -> None:
         history = [t for t in history if t > now - period]
         drf_allows = len(history) < limit
         result, counter = slog(windows, counter, now)
-        assert (result.status == ALLOWED) == drf_allows
+        assert (result.status == CHARGED) == drf_allows
         if drf_allows:
             history.insert(0, now)
         else:
@@ -531,7 +531,7 @@ def _slog_allowed_at(
     if state is not None:
         projected = ({"t": state["t"], "c1": state[f"c{index + 1}"]}, (logs[index],))
     result, _ = slog((windows[index],), projected, now, cost)
-    return result.status == ALLOWED
+    return result.status == CHARGED
 
 
 @settings(max_examples=300, deadline=None)
@@ -629,7 +629,7 @@ def test_one_policy_decides_as_the_general_path_does(
         now += step
         call = PolicyCall(algorithm, windows, cost, enforce)
         fingerprint = fingerprints[number % len(fingerprints)]
-        arguments = (now, peek, regression, 1_000, (records,), fingerprint, False, 5_000)
+        arguments = (now, peek, regression, 1_000, fingerprint, False, 5_000, server_clock)
         short = evaluate_group(
             [call],
             [state],
@@ -643,7 +643,7 @@ def test_one_policy_decides_as_the_general_path_does(
             server_clock=server_clock,
         )
         general = model._evaluate_general(
-            [call], [state], *arguments, None, server_clock
+            [call], [state], [records], None, model.GroupInputs(*arguments)
         )
         assert short == general
         if short.writes:

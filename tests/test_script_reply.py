@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from django_quota.core.model import DENIED, GROUP_DECIDED, PolicyCall
+from django_quota.core.model import GROUP_DECIDED, REFUSED, PolicyCall
 from django_quota.core.policy import Window
 from django_quota.core.protocol import GroupRequest, parse_reply
 
@@ -21,7 +21,7 @@ def test_a_one_window_reply_gives_the_model_numbers() -> None:
     assert (reply.status, result.now_ms) == (GROUP_DECIDED, NOW + 60_000)
     assert tuple(result.windows[0]) == (3, 3_540_000, -1, 3_540_000)  # 4 used + 3 charged
     denied = parse_reply([GROUP_DECIDED, NOW + 60_000, 8], [call], False).results[0]
-    assert denied.status == DENIED
+    assert denied.status == REFUSED
     assert tuple(denied.windows[0]) == (2, 3_540_000, 3_540_000, 3_540_000)  # nothing charged
 
 

@@ -68,14 +68,15 @@ from django_quota.backends.scripting import (
 from django_quota.core.errors import BackendError
 from django_quota.core.model import (
     ALGORITHM_CODES,
-    ALLOWED,
-    ALLOWED_UNCHARGED,
-    DENIED,
+    CHARGED,
     GROUP_CLOCK_UNSAFE,
     GROUP_INDETERMINATE,
     GROUP_REPLAYED,
+    REFUSED,
+    UNCHARGED,
     PolicyCall,
     PolicyResult,
+    group_allows,
 )
 from django_quota.core.outcome import (
     BACKEND_ERROR,
@@ -262,7 +263,7 @@ def refund_call(request: GroupRequest, results: Sequence[PolicyResult]) -> Call 
     logs: list[str] = []
     args: list[int | bytes] = [0, request.fingerprint]
     for counter, call, result in zip(request.counters, request.calls, results, strict=True):
-        if result.status != ALLOWED:
+        if result.status != CHARGED:
             continue
         keys.append(counter)
         if call.algorithm == SLIDING_LOG:
@@ -277,10 +278,10 @@ def refund_call(request: GroupRequest, results: Sequence[PolicyResult]) -> Call 
 
 def uncharged(call: PolicyCall, result: PolicyResult) -> PolicyResult:
     """``result`` as reported after its charge was refunded: status
-    :data:`ALLOWED_UNCHARGED`, each window's ``remaining`` plus the cost, capped at the
+    :data:`UNCHARGED`, each window's ``remaining`` plus the cost, capped at the
     window's limit (the token bucket's capacity). Best effort: the other numbers stay
     those of the charged state."""
-    if result.status != ALLOWED:
+    if result.status != CHARGED:
         return result
     windows = tuple(
         numbers._replace(
@@ -291,7 +292,7 @@ def uncharged(call: PolicyCall, result: PolicyResult) -> PolicyResult:
         )
         for window, numbers in zip(call.windows, result.windows, strict=True)
     )
-    return PolicyResult(ALLOWED_UNCHARGED, result.now_ms, windows)
+    return PolicyResult(UNCHARGED, result.now_ms, windows)
 
 
 def plan(request: GroupRequest, slices: Sequence[Slice]) -> Plan:
@@ -337,12 +338,9 @@ def plan(request: GroupRequest, slices: Sequence[Slice]) -> Plan:
         replayed = replayed and reply.replayed
         for index, result in zip(part.indexes, own, strict=True):
             results[index] = result
-        if any(result.status == ALLOWED for result in own):
+        if any(result.status == CHARGED for result in own):
             charged.append((part, own))
-        if any(
-            call.enforce and result.status == DENIED
-            for call, result in zip(part.request.calls, own, strict=True)
-        ):
+        if not group_allows(part.request.calls, [result.status != REFUSED for result in own]):
             refused = True
     if refused:
         for part, own in (yield from _refund(charged)):

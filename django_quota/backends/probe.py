@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 from django_quota.backends import Backend
 from django_quota.core.errors import BackendError
-from django_quota.core.model import ALLOWED, ALLOWED_UNCHARGED
+from django_quota.core.model import CHARGED, UNCHARGED
 from django_quota.core.protocol import GroupReply, Probe
 
 Row = tuple[str, str, str]
@@ -28,13 +28,13 @@ def run_probe(backend: Backend, probe: Probe, delete: Callable[[str], object]) -
     healthy backend would; ``warning`` when only the removal of the probe failed (it then
     expires by itself)."""
     try:
-        peeked = _remaining(backend.evaluate(probe.peek), ALLOWED_UNCHARGED)
+        peeked = _remaining(backend.evaluate(probe.peek), UNCHARGED)
     except BackendError as exc:
         return (NAME, "error", f"peek failed ({exc.reason}): {exc}")
     if peeked is None:
         return (NAME, "error", "peek of the probe counter did not decide 'allowed'")
     try:
-        charged = _remaining(backend.evaluate(probe.charge), ALLOWED)
+        charged = _remaining(backend.evaluate(probe.charge), CHARGED)
     except BackendError as exc:
         return (NAME, "error", f"charge failed ({exc.reason}): {exc}")
     if charged != peeked - 1:

@@ -15,10 +15,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from django_quota.core.errors import QuotaError
+from django_quota.core.outcome import SELECTOR_IDENTITY_INVALID, SELECTOR_IDENTITY_MISSING
 from django_quota.core.policy import AUTO, FRAMING_ORDER
-
-IDENTITY_MISSING = "selector_identity_missing"
-IDENTITY_INVALID = "selector_identity_invalid"
 
 MAX_API_KEY_BYTES = 256
 MAX_VALUE_BYTES = 1024
@@ -206,7 +204,7 @@ def _forwarded_entries(forwarded_for: str | Sequence[str] | None) -> list[str]:
     else:
         header = ",".join(forwarded_for)
     if _wire_length(header) > MAX_FORWARDED_FOR_BYTES:
-        raise IdentityError(IDENTITY_INVALID, "ip")
+        raise IdentityError(SELECTOR_IDENTITY_INVALID, "ip")
     return [entry for entry in reversed(header.split(",")) if entry.strip()]
 
 
@@ -222,7 +220,7 @@ def _normalized_entry(entry: str, ipv6_prefix: int) -> str:
     try:
         return normalize_ip(str(_parse_entry(entry)), ipv6_prefix)
     except ValueError:
-        raise IdentityError(IDENTITY_INVALID, "ip") from None
+        raise IdentityError(SELECTOR_IDENTITY_INVALID, "ip") from None
 
 
 def client_ip(
@@ -254,7 +252,7 @@ def client_ip(
 
     def normalized(entry: str) -> str:
         if not entry:
-            raise IdentityError(IDENTITY_MISSING, "ip")
+            raise IdentityError(SELECTOR_IDENTITY_MISSING, "ip")
         return _normalized_entry(entry, ipv6_prefix)
 
     if proxy_count is not None:
@@ -267,7 +265,7 @@ def client_ip(
     try:
         peer = _parse_entry(remote)
     except ValueError:
-        raise IdentityError(IDENTITY_INVALID, "ip") from None
+        raise IdentityError(SELECTOR_IDENTITY_INVALID, "ip") from None
     if not _trusted(peer, trusted_proxies):
         return normalize_ip(str(peer), ipv6_prefix)
     # remote_addr is a trusted proxy: walk the header right to left; when every entry
@@ -277,7 +275,7 @@ def client_ip(
         try:
             address = _parse_entry(entry)
         except ValueError:
-            raise IdentityError(IDENTITY_INVALID, "ip") from None
+            raise IdentityError(SELECTOR_IDENTITY_INVALID, "ip") from None
         if not _trusted(address, trusted_proxies):
             break
     return normalize_ip(str(address), ipv6_prefix)
@@ -310,7 +308,7 @@ def normalize_value(dimension: str, value: object, ipv6_prefix: int) -> str:
     tenants) are only ever hashed: any non-empty text is valid.
     """
     if value is None or value == "":
-        raise IdentityError(IDENTITY_MISSING, dimension)
+        raise IdentityError(SELECTOR_IDENTITY_MISSING, dimension)
     if isinstance(value, str):
         text = value
     elif isinstance(value, int) and not isinstance(value, bool):
@@ -318,7 +316,7 @@ def normalize_value(dimension: str, value: object, ipv6_prefix: int) -> str:
     elif isinstance(value, uuid.UUID):
         text = str(value)
     elif value is INVALID_VALUE:
-        raise IdentityError(IDENTITY_INVALID, dimension)
+        raise IdentityError(SELECTOR_IDENTITY_INVALID, dimension)
     else:
         raise TypeError(
             f"identity value of dimension {dimension!r} must be str, int or uuid.UUID, "
@@ -328,15 +326,15 @@ def normalize_value(dimension: str, value: object, ipv6_prefix: int) -> str:
         try:
             return _normalize_address(text, ipv6_prefix)
         except ValueError:
-            raise IdentityError(IDENTITY_INVALID, dimension) from None
+            raise IdentityError(SELECTOR_IDENTITY_INVALID, dimension) from None
     if dimension == "api_key" and (
         _has_control_characters(text) or _utf8_length(text) > MAX_API_KEY_BYTES
     ):
-        raise IdentityError(IDENTITY_INVALID, dimension)
+        raise IdentityError(SELECTOR_IDENTITY_INVALID, dimension)
     if dimension == "route" and (
         _has_control_characters(text) or _utf8_length(text) > MAX_VALUE_BYTES
     ):
-        raise IdentityError(IDENTITY_INVALID, dimension)
+        raise IdentityError(SELECTOR_IDENTITY_INVALID, dimension)
     return text
 
 

@@ -74,10 +74,12 @@ from django_quota.core.policy import (
 #: 0.15 µs each, several per decision: docs/benchmarks.md).
 new_tuple = tuple.__new__
 
-#: Policy statuses (the script replies them only when a group replays; parse_reply derives them).
-DENIED = 0
-ALLOWED = 1  # allowed and charged
-ALLOWED_UNCHARGED = 2  # allowed by its windows, charged nothing (peek, cost 0, group denied)
+#: Policy statuses: what a group's decision did to one policy (:func:`decide_policy`; the
+#: script replies them only when a group replays). Not decisions: an outcome's decision
+#: (``core.outcome``'s ``ALLOWED``, ``DENIED_DECISION``…) follows from them.
+REFUSED = 0  # its windows refuse the cost: nothing charged
+CHARGED = 1  # its windows allow, and the cost was charged
+UNCHARGED = 2  # its windows allow, nothing charged (peek, cost 0, the group refused)
 
 #: Group statuses, the first integer of the script's reply.
 GROUP_DECIDED = 0
@@ -187,8 +189,8 @@ class WindowResult(NamedTuple):
 
 
 class PolicyResult(NamedTuple):
-    """The result of one policy: status (:data:`DENIED`, :data:`ALLOWED`,
-    :data:`ALLOWED_UNCHARGED`), the effective ``now`` (ms) and its windows."""
+    """The result of one policy: status (:data:`REFUSED`, :data:`CHARGED`,
+    :data:`UNCHARGED`), the effective ``now`` (ms) and its windows."""
 
     status: int
     now_ms: int
@@ -503,7 +505,8 @@ def _charged_state(
     state: State = {**old}
     state["t"] = now
     algorithm, cost = call.algorithm, call.cost
-    for index, (window, (used, prev)) in enumerate(zip(call.windows, views, strict=True), 1):
+    for index, window in enumerate(call.windows, 1):
+        used, prev = views[index - 1]
         if algorithm == FIXED_WINDOW:
             state[COUNT_FIELDS[index]] = used + cost
         elif algorithm == SLIDING_WINDOW:
@@ -556,25 +559,145 @@ def appended(
 #: The state of a counter that does not exist.
 _EMPTY: Mapping[str, int] = {}
 
+_CLOCK_UNSAFE_RESULT = GroupResult(GROUP_CLOCK_UNSAFE, (), ())
+_INDETERMINATE_RESULT = GroupResult(GROUP_INDETERMINATE, (), ())
+
+
+def group_allows(calls: Sequence[PolicyCall], fits: Sequence[bool]) -> bool:
+    """The group rule: a group is allowed iff every enforced policy's windows allow its
+    cost (``fits``, one per call). Shadow policies never refuse a group. Written once in
+    Python (the model, :func:`~django_quota.core.protocol.parse_reply` and the cluster
+    backend call it; ``evaluate.lua`` mirrors it)."""
+    if False not in fits:  # the common group: allowed, whatever the enforcement
+        return True
+    # A loop, not all() over a generator: that costs five times as much per refusal.
+    refused = False
+    for index, call in enumerate(calls):
+        if call.enforce and not fits[index]:
+            refused = True
+            break
+    return not refused
+
+
+def decide_policy(call: PolicyCall, fits: bool, allowed: bool, peek: bool) -> int:
+    """What a group's decision does to one policy: :data:`REFUSED` when its own windows
+    refuse its cost (``fits`` False); :data:`CHARGED` when they allow it, the group is
+    ``allowed`` (:func:`group_allows`) and the call charges (not a ``peek``, a cost above
+    0), shadow policies included; else :data:`UNCHARGED`. A refused group charges nothing
+    anywhere."""
+    if not fits:
+        return REFUSED
+    if allowed and not peek and call.cost > 0:
+        return CHARGED
+    return UNCHARGED
+
+
+def _clamped_now(state: Mapping[str, int], now_ms: int, max_regression_ms: int) -> int | None:
+    """The ``now`` a counter is decided at: ``now_ms``, or its stored ``t`` when later (a
+    client clock behind it); None when ``t`` is later by more than ``max_regression_ms``
+    (``>= 0``: a client clock's bound)."""
+    last = state.get("t")
+    if last is None or now_ms >= last:
+        return now_ms
+    if max_regression_ms >= 0 and last - now_ms > max_regression_ms:
+        return None
+    return last
+
+
+class _LogWindows(NamedTuple):
+    """A sliding log's windows before the call: each one's stored count, list and view."""
+
+    counts: list[int]
+    lists: list[Log]
+    views: list[LogView]
+
+
+def _log_windows(
+    windows: Sequence[Window], state: Mapping[str, int], now: int, stored: Sequence[Log]
+) -> _LogWindows:
+    """A sliding log's windows seen at ``now``: ``stored`` holds its lists (missing ones
+    empty)."""
+    counts = [state.get(COUNT_FIELDS[i], 0) for i in range(1, len(windows) + 1)]
+    lists = [stored[i] if i < len(stored) else () for i in range(len(windows))]
+    if "t" in state:
+        views = [
+            _log_view(window, count, log, now)
+            for window, count, log in zip(windows, counts, lists, strict=True)
+        ]
+    else:  # no numbers: whatever a list holds is not this counter's
+        views = [LogView(0, 0, 0, 0, -1) for _ in windows]
+    return _LogWindows(counts, lists, views)
+
+
+def _windows_at(
+    call: PolicyCall, state: Mapping[str, int], now: int, stored: Sequence[Log], cost: int
+) -> tuple[list[tuple[int, int]], _LogWindows | None, bool]:
+    """``call``'s windows at ``now``, before the call: each one's view (:func:`_view`; a
+    sliding log's used units, and 0), a sliding log's windows (None for the other
+    algorithms), and whether every window allows ``cost``."""
+    algorithm = call.algorithm
+    windows = call.windows
+    log = None
+    if algorithm == SLIDING_LOG:
+        log = _log_windows(windows, state, now, stored)
+        views = [(view.used, 0) for view in log.views]
+    elif len(windows) == 1:
+        views = [_view(algorithm, windows[0], 1, state, now)]
+    else:
+        views = [_view(algorithm, window, i, state, now) for i, window in enumerate(windows, 1)]
+    for index, (used, prev) in enumerate(views):
+        if not allows(algorithm, windows[index], used, prev, now, cost):
+            return views, log, False
+    return views, log, True
+
+
+def _reported(
+    call: PolicyCall,
+    views: Sequence[tuple[int, int]],
+    log: _LogWindows | None,
+    now: int,
+    cost: int,
+    charged: bool,
+) -> tuple[tuple[WindowResult, ...], int]:
+    """The windows' reported numbers after the call (:func:`window_result`,
+    :func:`_log_result`), and the counter's time to live (ms): its longest window's."""
+    results = []
+    ttl = 0
+    for index, window in enumerate(call.windows):
+        if log is None:
+            used, prev = views[index]
+            result, window_ttl = window_result(
+                call.algorithm, window, used, prev, now, cost, charged
+            )
+        else:
+            result, window_ttl = _log_result(
+                window, log.views[index], log.counts[index], log.lists[index], now, cost, charged
+            )
+        results.append(result)
+        if window_ttl > ttl:
+            ttl = window_ttl
+    return tuple(results), ttl
+
 
 def _charge(
     index: int,
     call: PolicyCall,
     views: Sequence[tuple[int, int]],
+    log: _LogWindows | None,
     old: Mapping[str, int],
     now: int,
-    now_ms: int,
     ttl: int,
     ledger: bytes,
+    *,
+    now_ms: int,
     fingerprint: bytes,
     cleanup_grace_ms: int,
     dedup_ttl_ms: int,
     server_clock: bool,
-    logs: tuple[Log, ...] = (),
 ) -> Write:
     """The write of policy ``index`` charged at ``now`` (its effective ``now``; ``now_ms``
-    the group's): the new numbers, the ledger with ``fingerprint`` appended and the
-    lifetime, ``max(ttl + cleanup_grace_ms, dedup_ttl_ms)`` ms or the kept expiry."""
+    the group's): the new numbers and logs, the ledger with ``fingerprint`` appended and
+    the lifetime, ``max(ttl + cleanup_grace_ms, dedup_ttl_ms)`` ms or the kept expiry."""
     state = _charged_state(call, views, now, old)
     records, dropped_at = appended(ledger, fingerprint, now, dedup_ttl_ms)
     if dropped_at is not None:
@@ -582,65 +705,60 @@ def _charge(
     lifetime = ttl + cleanup_grace_ms
     if lifetime < dedup_ttl_ms:
         lifetime = dedup_ttl_ms
+    logs: tuple[Log, ...] = ()
+    if log is not None:
+        logs = tuple(
+            _charged_log(view, count, stored, now)
+            for view, count, stored in zip(log.views, log.counts, log.lists, strict=True)
+        )
     keep = keeps_expiry(
         call.algorithm, call.windows, old, now_ms, ttl, dedup_ttl_ms, server_clock=server_clock
     )
     return new_tuple(Write, (index, state, lifetime, records, logs, keep))
 
 
-_CLOCK_UNSAFE_RESULT = GroupResult(GROUP_CLOCK_UNSAFE, (), ())
-
-
-def _evaluate_one(
-    call: PolicyCall,
-    stored: Mapping[str, int] | None,
-    now_ms: int,
-    peek: bool,
-    max_regression_ms: int,
-    cleanup_grace_ms: int,
-    ledger: bytes,
+def _repeats(
+    states: Sequence[Mapping[str, int]],
+    nows: Sequence[int],
+    ledgers: Sequence[bytes],
     fingerprint: bytes,
     dedup_ttl_ms: int,
-    server_clock: bool,
-) -> GroupResult:
-    """:func:`evaluate_group` of one policy of one window, not a sliding log, for an
-    evaluation that does not repeat an earlier one: the same result in fewer steps (the
-    memory backend's and the fallback's common call; a test holds the two paths equal)."""
-    state = _EMPTY if stored is None else stored
-    now = now_ms
-    last = state.get("t")
-    if last is not None and now_ms < last:
-        if max_regression_ms >= 0 and last - now_ms > max_regression_ms:
-            return _CLOCK_UNSAFE_RESULT
-        now = last
-    algorithm = call.algorithm
-    cost = 1 if peek else call.cost
-    window = call.windows[0]
-    used, prev = _view(algorithm, window, 1, state, now)
-    fits = allows(algorithm, window, used, prev, now, cost)
-    charged = fits and not peek and call.cost > 0
-    result, ttl = window_result(algorithm, window, used, prev, now, cost, charged)
-    results = (result,)
-    if charged:
-        write = _charge(
-            0,
-            call,
-            ((used, prev),),
-            state,
-            now,
-            now_ms,
-            ttl,
-            ledger,
-            fingerprint,
-            cleanup_grace_ms,
-            dedup_ttl_ms,
-            server_clock,
-        )
-        charged_result = new_tuple(PolicyResult, (ALLOWED, now, results))
-        return new_tuple(GroupResult, (GROUP_DECIDED, (charged_result,), (write,)))
-    status = ALLOWED_UNCHARGED if fits else DENIED
-    decided = new_tuple(PolicyResult, (status, now, results))
-    return new_tuple(GroupResult, (GROUP_DECIDED, (decided,), ()))
+) -> bool | None:
+    """Whether an evaluation that may repeat an earlier one does (a ledger remembers
+    ``fingerprint``), or None when that cannot be known (a ledger dropped an entry younger
+    than ``dedup_ttl_ms``: it may have been this one's)."""
+    if any(
+        remembers(ledger, fingerprint, now, dedup_ttl_ms)
+        for ledger, now in zip(ledgers, nows, strict=True)
+    ):
+        return True
+    if any(
+        "d" in state and now - state["d"] < dedup_ttl_ms
+        for state, now in zip(states, nows, strict=True)
+    ):
+        return None
+    return False
+
+
+def _replayed(ledger: bytes, now: int, fingerprint: bytes, dedup_ttl_ms: int) -> int:
+    """A policy's status in a replay: :data:`CHARGED` when its ledger holds the id (charged
+    by the earlier evaluation: the cluster backend's refunds count it as charged), else
+    :data:`UNCHARGED`. Nothing is charged now."""
+    return CHARGED if remembers(ledger, fingerprint, now, dedup_ttl_ms) else UNCHARGED
+
+
+class GroupInputs(NamedTuple):
+    """What a group is decided with besides its calls and its counters' stored numbers,
+    ledgers and logs: :func:`evaluate_group`'s other arguments, named."""
+
+    now_ms: int
+    peek: bool
+    max_regression_ms: int
+    cleanup_grace_ms: int
+    fingerprint: bytes
+    may_repeat: bool
+    dedup_ttl_ms: int
+    server_clock: bool
 
 
 def evaluate_group(
@@ -663,203 +781,98 @@ def evaluate_group(
     ``records[i]`` its evaluation-id ledger (``""`` when absent) and ``logs[i]`` a
     sliding log's lists, one per window (missing ones empty). ``peek`` decides as
     ``cost=1`` would and writes nothing. ``max_regression_ms >= 0`` (client clocks only)
-    makes a ``now`` more than that behind a stored ``t`` unsafe. The group is allowed iff
-    every enforced policy's every window allows; then every policy whose own windows
-    allow is charged (shadow ones included), and ``fingerprint`` is appended to each
-    charged counter's ledger. A denial charges nothing anywhere. ``may_repeat`` searches
-    the ledgers first (module docstring). A charged counter lives ``max(its windows'
-    time to live + cleanup_grace_ms, dedup_ttl_ms)``, or keeps its expiry
-    (:func:`keeps_expiry`; ``server_clock``: ``now_ms`` is on the clock expiries follow).
+    makes a ``now`` more than that behind a stored ``t`` unsafe. :func:`group_allows` and
+    :func:`decide_policy` decide, and ``fingerprint`` is appended to each charged
+    counter's ledger. ``may_repeat`` searches the ledgers first (module docstring). A
+    charged counter lives ``max(its windows' time to live + cleanup_grace_ms,
+    dedup_ttl_ms)``, or keeps its expiry (:func:`keeps_expiry`; ``server_clock``:
+    ``now_ms`` is on the clock expiries follow).
     """
-    count = len(calls)
-    if (
-        count == 1
-        and not may_repeat
-        and len(calls[0].windows) == 1
-        and calls[0].algorithm != SLIDING_LOG
-    ):
-        return _evaluate_one(
-            calls[0],
-            states[0],
-            now_ms,
-            peek,
-            max_regression_ms,
-            cleanup_grace_ms,
-            records[0] if records is not None else b"",
-            fingerprint,
-            dedup_ttl_ms,
-            server_clock,
+    call = calls[0] if len(calls) == 1 else None
+    if call is None or may_repeat or len(call.windows) != 1 or call.algorithm == SLIDING_LOG:
+        group = GroupInputs(
+            now_ms, peek, max_regression_ms, cleanup_grace_ms, fingerprint, may_repeat,
+            dedup_ttl_ms, server_clock,
         )
-    return _evaluate_general(
-        calls,
-        states,
-        now_ms,
-        peek,
-        max_regression_ms,
-        cleanup_grace_ms,
-        records,
-        fingerprint,
-        may_repeat,
-        dedup_ttl_ms,
-        logs,
-        server_clock,
+        return _evaluate_general(calls, states, records, logs, group)
+    # The common group (one policy of one window, a fresh id): the general path's steps
+    # without their lists.
+    state = _EMPTY if states[0] is None else states[0]
+    now = _clamped_now(state, now_ms, max_regression_ms)
+    if now is None:
+        return _CLOCK_UNSAFE_RESULT
+    cost = 1 if peek else call.cost
+    algorithm, window = call.algorithm, call.windows[0]
+    used, prev = view = _view(algorithm, window, 1, state, now)
+    fits = allows(algorithm, window, used, prev, now, cost)
+    status = decide_policy(call, fits, group_allows(calls, (fits,)), peek)
+    charged = status == CHARGED
+    result, ttl = window_result(algorithm, window, used, prev, now, cost, charged)
+    decided = new_tuple(PolicyResult, (status, now, (result,)))
+    if not charged:
+        return new_tuple(GroupResult, (GROUP_DECIDED, (decided,), ()))
+    ledger = b"" if records is None else records[0]
+    write = _charge(
+        0, call, (view,), None, state, now, ttl, ledger,
+        now_ms=now_ms, fingerprint=fingerprint, cleanup_grace_ms=cleanup_grace_ms,
+        dedup_ttl_ms=dedup_ttl_ms, server_clock=server_clock,
     )
+    return new_tuple(GroupResult, (GROUP_DECIDED, (decided,), (write,)))
 
 
 def _evaluate_general(
     calls: Sequence[PolicyCall],
     states: Sequence[Mapping[str, int] | None],
-    now_ms: int,
-    peek: bool,
-    max_regression_ms: int,
-    cleanup_grace_ms: int,
     records: Sequence[bytes] | None,
-    fingerprint: bytes,
-    may_repeat: bool,
-    dedup_ttl_ms: int,
     logs: Sequence[Sequence[Log]] | None,
-    server_clock: bool,
+    group: GroupInputs,
 ) -> GroupResult:
     """:func:`evaluate_group` for any group: every policy, algorithm and mode."""
-    count = len(calls)
-    ledgers = records if records is not None else [b""] * count
-    seen: list[Mapping[str, int]] = []
+    seen = [_EMPTY if state is None else state for state in states]
     nows: list[int] = []
-    for state in states:
-        if state is None:
-            seen.append(_EMPTY)
-            nows.append(now_ms)
-            continue
-        seen.append(state)
-        last = state.get("t")
-        if last is not None and now_ms < last:
-            if max_regression_ms >= 0 and last - now_ms > max_regression_ms:
-                return _CLOCK_UNSAFE_RESULT
-            nows.append(last)
-        else:
-            nows.append(now_ms)
-
+    for state in seen:
+        now = _clamped_now(state, group.now_ms, group.max_regression_ms)
+        if now is None:
+            return _CLOCK_UNSAFE_RESULT
+        nows.append(now)
+    ledgers = records if records is not None else [b""] * len(calls)
+    peek = group.peek
     replay = False
-    if may_repeat and not peek:
-        if any(
-            remembers(ledger, fingerprint, now, dedup_ttl_ms)
-            for ledger, now in zip(ledgers, nows, strict=True)
-        ):
-            replay = True
-        elif any(
-            "d" in state and now - state["d"] < dedup_ttl_ms
-            for state, now in zip(seen, nows, strict=True)
-        ):
-            return GroupResult(GROUP_INDETERMINATE, (), ())
-
-    views: list[list[tuple[int, int]]] = []
-    own_allows: list[bool] = []
-    # Sliding logs, by policy number: each window's stored count, list and view.
-    sliding_logs: dict[int, tuple[list[int], list[Log], list[LogView]]] = {}
-    commit = not peek and not replay
-    for number in range(count):
-        call = calls[number]
-        state = seen[number]
-        now = nows[number]
+    if group.may_repeat and not peek:
+        repeat = _repeats(seen, nows, ledgers, group.fingerprint, group.dedup_ttl_ms)
+        if repeat is None:
+            return _INDETERMINATE_RESULT
+        replay = repeat
+    sights = []
+    fits = []
+    for index, call in enumerate(calls):
+        stored = logs[index] if logs is not None else ()
         cost = 1 if peek else call.cost
-        algorithm = call.algorithm
-        if algorithm == SLIDING_LOG:
-            stored = logs[number] if logs is not None else ()
-            counts = [state.get(COUNT_FIELDS[i], 0) for i in range(1, len(call.windows) + 1)]
-            lists = [stored[i] if i < len(stored) else () for i in range(len(call.windows))]
-            if "t" in state:
-                seen_logs = [
-                    _log_view(window, count, log, now)
-                    for window, count, log in zip(call.windows, counts, lists, strict=True)
-                ]
-            else:  # no numbers: whatever a list holds is not this counter's
-                seen_logs = [LogView(0, 0, 0, 0, -1) for _ in call.windows]
-            sliding_logs[number] = (counts, lists, seen_logs)
-            policy_views = [(view.used, 0) for view in seen_logs]
-        elif len(call.windows) == 1:
-            policy_views = [_view(algorithm, call.windows[0], 1, state, now)]
-        else:
-            policy_views = [
-                _view(algorithm, window, position, state, now)
-                for position, window in enumerate(call.windows, 1)
-            ]
-        fits = True
-        for window, (used, prev) in zip(call.windows, policy_views, strict=True):
-            if not allows(algorithm, window, used, prev, now, cost):
-                fits = False
-                break
-        views.append(policy_views)
-        own_allows.append(fits)
-        if call.enforce and not fits:
-            commit = False
-
+        views, log, fit = _windows_at(call, seen[index], nows[index], stored, cost)
+        sights.append((views, log))
+        fits.append(fit)
+    allowed = not replay and group_allows(calls, fits)
     results = []
     writes = []
-    for index in range(count):
-        call = calls[index]
-        algorithm = call.algorithm
+    for index, call in enumerate(calls):
+        views, log = sights[index]
         now = nows[index]
-        cost = 1 if peek else call.cost
-        charged = commit and own_allows[index] and call.cost > 0
-        window_results = []
-        ttl = 0
-        log_data = sliding_logs.get(index)
-        for number, (window, (used, prev)) in enumerate(
-            zip(call.windows, views[index], strict=True)
-        ):
-            if log_data is not None:
-                result, window_ttl = _log_result(
-                    window,
-                    log_data[2][number],
-                    log_data[0][number],
-                    log_data[1][number],
-                    now,
-                    cost,
-                    charged,
-                )
-            else:
-                result, window_ttl = window_result(
-                    algorithm, window, used, prev, now, cost, charged
-                )
-            if replay:
-                result = result._replace(retry_after_ms=-1)
-            window_results.append(result)
-            if window_ttl > ttl:
-                ttl = window_ttl
-        if charged:
-            status = ALLOWED
-            new_logs: tuple[Log, ...] = ()
-            if log_data is not None:
-                new_logs = tuple(
-                    _charged_log(view, count, log, now)
-                    for view, count, log in zip(log_data[2], log_data[0], log_data[1], strict=True)
-                )
-            writes.append(
-                _charge(
-                    index,
-                    call,
-                    views[index],
-                    seen[index],
-                    now,
-                    now_ms,
-                    ttl,
-                    ledgers[index],
-                    fingerprint,
-                    cleanup_grace_ms,
-                    dedup_ttl_ms,
-                    server_clock,
-                    new_logs,
-                )
-            )
-        elif replay:
-            # Charged by the earlier evaluation when its ledger holds the id: the cluster
-            # backend's refunds count it as charged.
-            remembered = remembers(ledgers[index], fingerprint, now, dedup_ttl_ms)
-            status = ALLOWED if remembered else ALLOWED_UNCHARGED
-        elif own_allows[index]:
-            status = ALLOWED_UNCHARGED
+        if replay:
+            status = _replayed(ledgers[index], now, group.fingerprint, group.dedup_ttl_ms)
         else:
-            status = DENIED
-        results.append(new_tuple(PolicyResult, (status, now, tuple(window_results))))
+            status = decide_policy(call, fits[index], allowed, peek)
+        charged = status == CHARGED and not replay
+        windows, ttl = _reported(call, views, log, now, 1 if peek else call.cost, charged)
+        if replay:
+            windows = tuple(result._replace(retry_after_ms=-1) for result in windows)
+        results.append(new_tuple(PolicyResult, (status, now, windows)))
+        if charged:
+            write = _charge(
+                index, call, views, log, seen[index], now, ttl, ledgers[index],
+                now_ms=group.now_ms, fingerprint=group.fingerprint,
+                cleanup_grace_ms=group.cleanup_grace_ms, dedup_ttl_ms=group.dedup_ttl_ms,
+                server_clock=group.server_clock,
+            )
+            writes.append(write)
     group_status = GROUP_REPLAYED if replay else GROUP_DECIDED
     return new_tuple(GroupResult, (group_status, tuple(results), tuple(writes)))

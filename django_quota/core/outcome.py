@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from django_quota.core.model import DENIED, PolicyResult, WindowResult
+from django_quota.core.model import REFUSED, PolicyResult, WindowResult
 from django_quota.core.policy import Policy, Window
 
 ALLOWED = "allowed"
@@ -235,7 +235,7 @@ def outcome_from_result(
     return _outcome(
         policy,
         result.status,
-        states[reported_index(windows, numbers, result.status == DENIED)],
+        states[reported_index(windows, numbers, result.status == REFUSED)],
         states,
         backend_mode,
         evaluation_id,
@@ -295,7 +295,7 @@ def _outcome(
     backend_mode: str,
     evaluation_id: str,
 ) -> Outcome:
-    if status == DENIED:
+    if status == REFUSED:
         decision = SHADOW_DENIED if policy.shadow else DENIED_DECISION
         reason: str | None = reported.name + QUOTA_EXHAUSTED_SUFFIX
         retry_after = reported.retry_after

@@ -12,9 +12,7 @@ from typing import NamedTuple
 
 from django_quota.core.identity import Identity
 from django_quota.core.model import (
-    ALLOWED,
-    ALLOWED_UNCHARGED,
-    DENIED,
+    CHARGED,
     ENTRY_BYTES,
     FINGERPRINT_BYTES,
     GROUP_CLOCK_UNSAFE,
@@ -29,6 +27,8 @@ from django_quota.core.model import (
     PolicyResult,
     WindowResult,
     check_packable,
+    decide_policy,
+    group_allows,
     new_tuple,
     window_result,
 )
@@ -293,105 +293,109 @@ def parse_reply(reply: Sequence[int], calls: Sequence[PolicyCall], peek: bool) -
     :func:`~django_quota.core.model.window_result` computes the numbers, as the model does
     for the memory backend: the arithmetic of a reported number exists once, in Python.
     Per policy the reply holds its status only when the group replayed. Otherwise the
-    status follows from the windows as the script decided it
-    (:func:`~django_quota.core.model.evaluate_group`'s rule): a window allows iff its
-    ``retry_after`` is -1; the group is allowed iff every enforced policy's windows allow;
-    then each policy whose windows allow is charged, unless its cost is 0.
+    statuses are the model's rule (:func:`~django_quota.core.model.group_allows`,
+    :func:`~django_quota.core.model.decide_policy`) applied to the windows as the script
+    saw them: a window allows iff its ``retry_after`` is -1.
     """
     if not reply:
         raise ValueError("empty script reply")
     status = int(reply[0])
-    if status in (GROUP_CLOCK_UNSAFE, GROUP_INDETERMINATE):
+    replayed = status == GROUP_REPLAYED
+    if status != GROUP_DECIDED and not replayed:
+        if status not in (GROUP_CLOCK_UNSAFE, GROUP_INDETERMINATE):
+            raise ValueError(f"unknown script status {status}")
         if len(reply) != 1:
             raise ValueError("script reply longer than its status")
         return GroupReply(status, ())
-    if status not in (GROUP_DECIDED, GROUP_REPLAYED):
-        raise ValueError(f"unknown script status {status}")
-    replayed = status == GROUP_REPLAYED
     size = len(reply)
     position = 1
     results: list[PolicyResult] = []
-    # The views of the policies computed as charged, kept to compute them again as not
-    # charged should another enforced policy refuse (a rare second pass).
-    views: dict[int, list[tuple[int, int]]] = {}
-    commit = not peek and not replayed
+    fits: list[bool] = []
+    may_charge = not peek and not replayed
     for call in calls:
-        policy_status = ALLOWED
         if replayed:
             if position >= size:
                 raise ValueError("script reply shorter than its windows")
             policy_status = int(reply[position])
             position += 1
-        algorithm = call.algorithm
-        width = _WIDTHS[algorithm]
-        if position + 1 + width * len(call.windows) > size:
+        end = position + 1 + _WIDTHS[call.algorithm] * len(call.windows)
+        if end > size:
             raise ValueError("script reply shorter than its windows")
         now = int(reply[position])
-        position += 1
-        allowed = True
-        windows: list[WindowResult] = []
-        if algorithm == SLIDING_LOG:
-            for _ in call.windows:
-                result = WindowResult(
-                    int(reply[position]),
-                    int(reply[position + 1]),
-                    int(reply[position + 2]),
-                    int(reply[position + 3]),
-                )
-                if result.retry_after_ms != -1:
-                    allowed = False
-                windows.append(result)
-                position += 4
-        else:
-            cost = 1 if peek else call.cost
-            charge = commit and call.cost > 0  # until a window or another policy refuses
-            seen: list[tuple[int, int]] = []
-            for window in call.windows:
-                used = int(reply[position])
-                prev = int(reply[position + 1]) if width == 2 else 0
-                position += width
-                result = window_result(algorithm, window, used, prev, now, cost, charge)[0]
-                if result.retry_after_ms != -1:  # retry_after does not depend on the charge
-                    allowed = False
-                seen.append((used, prev))
-                windows.append(result)
-            if replayed:
-                windows = [result._replace(retry_after_ms=-1) for result in windows]
-            elif charge and not allowed:  # a denied policy charges nothing
-                windows = _uncharged(call, seen, now, cost)
-            elif charge:
-                views[len(results)] = seen
-        if not replayed:
-            if not allowed:
-                policy_status = DENIED
-                if call.enforce:
-                    commit = False
-            elif not commit or call.cost == 0:
-                policy_status = ALLOWED_UNCHARGED
+        cost = 1 if peek else call.cost
+        charge = may_charge and call.cost > 0  # computed as charged when it may be
+        windows, fit = _windows(reply, position + 1, call, now, cost, charge)
+        if not replayed:  # as if the group is allowed: checked below
+            policy_status = decide_policy(call, fit, True, peek)
+            if charge and policy_status != CHARGED and call.algorithm != SLIDING_LOG:
+                windows = _windows(reply, position + 1, call, now, cost, False)[0]
+        elif call.algorithm != SLIDING_LOG:
+            windows = [result._replace(retry_after_ms=-1) for result in windows]
+        position = end
+        fits.append(fit)
         results.append(new_tuple(PolicyResult, (policy_status, now, tuple(windows))))
     if position != size:
         raise ValueError("script reply longer than its windows")
-    if not replayed and not commit:
-        # An enforced policy refused after some were taken as charged: none is (a sliding
-        # log's numbers came from the script, which knew).
-        for index, decided in enumerate(results):
-            if decided.status == ALLOWED:
-                kept = decided.windows
-                if index in views:
-                    call = calls[index]
-                    kept = tuple(_uncharged(call, views[index], decided.now_ms, call.cost))
-                results[index] = PolicyResult(ALLOWED_UNCHARGED, decided.now_ms, kept)
+    if not replayed and not group_allows(calls, fits):
+        _refused(reply, calls, fits, peek, results)
     return new_tuple(GroupReply, (status, tuple(results)))
 
 
-def _uncharged(
-    call: PolicyCall, seen: Sequence[tuple[int, int]], now: int, cost: int
-) -> list[WindowResult]:
-    """The windows of ``call`` (views ``seen``) reported as charged nothing."""
-    return [
-        window_result(call.algorithm, window, used, prev, now, cost, False)[0]
-        for window, (used, prev) in zip(call.windows, seen, strict=True)
-    ]
+def _windows(
+    reply: Sequence[int], position: int, call: PolicyCall, now: int, cost: int, charged: bool
+) -> tuple[list[WindowResult], bool]:
+    """The windows of ``call``, whose part of the reply starts at ``position``, and whether
+    each allows: a sliding log's numbers as the script reports them, the other
+    algorithms' computed from their views as ``charged`` or not (whether a window allows
+    does not depend on it: its ``retry_after`` is -1 iff it does)."""
+    algorithm = call.algorithm
+    fit = True
+    windows = []
+    for window in call.windows:
+        if algorithm == SLIDING_LOG:
+            result = WindowResult(
+                int(reply[position]),
+                int(reply[position + 1]),
+                int(reply[position + 2]),
+                int(reply[position + 3]),
+            )
+            position += 4
+        else:
+            used = int(reply[position])
+            prev = 0
+            if algorithm == SLIDING_WINDOW:
+                prev = int(reply[position + 1])
+                position += 1
+            position += 1
+            result = window_result(algorithm, window, used, prev, now, cost, charged)[0]
+        if result.retry_after_ms != -1:
+            fit = False
+        windows.append(result)
+    return windows, fit
+
+
+def _refused(
+    reply: Sequence[int],
+    calls: Sequence[PolicyCall],
+    fits: Sequence[bool],
+    peek: bool,
+    results: list[PolicyResult],
+) -> None:
+    """Correct ``results``, decided as if their group were allowed, for a group refused:
+    each policy as :func:`~django_quota.core.model.decide_policy` then decides it, the
+    windows of those no longer charged computed again (a sliding log's numbers came from
+    the script, which knew)."""
+    start = 1
+    for index, call in enumerate(calls):
+        decided = results[index]
+        policy_status = decide_policy(call, fits[index], False, peek)
+        if policy_status != decided.status:
+            windows = decided.windows
+            if call.algorithm != SLIDING_LOG:
+                now = decided.now_ms
+                windows = tuple(_windows(reply, start + 1, call, now, call.cost, False)[0])
+            results[index] = PolicyResult(policy_status, decided.now_ms, windows)
+        start += 1 + _WIDTHS[call.algorithm] * len(call.windows)
 
 
 #: Integers per window in the reply: a view (used; used and prev for the sliding window
