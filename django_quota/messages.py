@@ -85,7 +85,8 @@ class Problems:
     EXPECTED_REDIS_SCHEME = Message(
         E_INVALID_VALUE, "expected a redis://, rediss:// or unix:// URL, not {found}"
     )
-    #: ``{problem}`` is redis-py's own word on the URL (it never quotes the password).
+    #: ``{problem}`` says what redis-py refused without quoting the URL (it may hold a
+    #: password): ``django_quota.backends.unusable_url``.
     UNUSABLE_REDIS_URL = Message(
         E_INVALID_VALUE,
         "not a URL redis-py can connect to: {problem}",

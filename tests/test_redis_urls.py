@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 from django.core import checks
+from django.core.exceptions import ImproperlyConfigured
 from django.test import Client
 
 import django_quota
@@ -18,6 +19,8 @@ BAD_URLS = [
     "redis://127.0.0.1:99999/0",
     "redis://127.0.0.1:notaport/0",
     "redis://u:s3cret@[::1/0",
+    # An unescaped '#' ends the netloc: redis-py reads "s3" of the password as a port.
+    "redis://app:s3#cret@127.0.0.1:6379/0",
 ]
 
 
@@ -29,7 +32,11 @@ def test_a_url_redis_py_cannot_parse_is_a_check_error_without_its_password(
     errors = [e for e in checks.run_checks() if e.id == "django_quota.E003"]
     assert len(errors) == 1
     assert errors[0].msg.startswith("QUOTA['REDIS_URL']: not a URL redis-py can connect to: ")
-    assert "s3cret" not in errors[0].msg and "s3cret" not in (errors[0].hint or "")
+    shown = f"{errors[0].msg} {errors[0].hint}"
+    assert "s3" not in shown and "notaport" not in shown and "99999" not in shown
+    with pytest.raises(ImproperlyConfigured) as raised:  # the first use says the same
+        django_quota.evaluate("p", {"ip": "192.0.2.1"})
+    assert "s3" not in str(raised.value)
 
 
 @pytest.fixture
@@ -54,6 +61,9 @@ def test_a_url_failing_when_the_backend_is_built_is_backend_error_sync_and_async
     expected = ("failed_closed" if mode == "closed" else "failed_open", "backend_error")
     assert (sync.decision, sync.reason) == expected
     assert (in_loop.decision, in_loop.reason) == expected
+    details = [error.detail for error in django_quota.limiter.recent_errors()]
+    assert details and all("port is not a number" in d for d in details)
+    assert not any("s3cret" in d or "99999" in d for d in details)
 
 
 @pytest.mark.urls("tests.urls")

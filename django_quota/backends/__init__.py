@@ -3,6 +3,7 @@ Lua scripts' (redis). :func:`backend_from_settings` builds the one the settings 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Generator, Mapping
 from typing import Any, Protocol
 
@@ -128,15 +129,35 @@ def url_problem(url: str) -> str | None:
     """What redis-py finds wrong with ``url`` when it builds a client from it (its own
     ``parse_url``, which every ``from_url`` calls: port, host, query options), or None.
     The settings check asks this, so a URL passes ``manage.py check`` only if the backend
-    can be built from it."""
+    can be built from it. The answer never quotes the URL (:func:`unusable_url`)."""
     from redis import connection
 
     parse_url: Callable[[str], object] = connection.parse_url
     try:
         parse_url(url)
     except ValueError as exc:
-        return str(exc)
+        return unusable_url(exc)
     return None
+
+
+_INVALID_OPTION = re.compile(r"Invalid value for '([a-z_]{1,64})' in connection URL")
+
+
+def unusable_url(exc: ValueError) -> str:
+    """What is wrong with a URL redis-py refused, in words that quote none of it: its
+    messages can (``"pa"`` of a password ``pa#ss`` read as a port)."""
+    text = str(exc)
+    if text.startswith("Port"):
+        return (
+            "its port is not a number from 0 to 65535 (a '#', '/', '?' or '@' in the "
+            "password must be percent-encoded)"
+        )
+    if "IPv6" in text:
+        return "its host is not a well-formed IPv6 address in brackets"
+    option = _INVALID_OPTION.match(text)
+    if option is not None:
+        return f"its query option {option[1]!r} has an invalid value"
+    return "redis-py cannot build a client from it"
 
 
 def connection_url(settings: BackendSettings) -> str | None:

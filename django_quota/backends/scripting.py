@@ -19,6 +19,7 @@ from redis import exceptions as redis_exceptions
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from django_quota.backends import unusable_url
 from django_quota.backends.probe import Row, run_probe
 from django_quota.core.errors import BackendError
 from django_quota.core.model import new_tuple
@@ -378,7 +379,8 @@ class BaseRedisBackend(ScriptedBackend):
         try:
             return self._build(asynchronous=asynchronous)
         except ValueError as exc:
-            raise classify(exc) from exc
+            detail = f"the Redis URL cannot make a client: {unusable_url(exc)}"
+            raise BackendError(BACKEND_ERROR, detail) from exc
 
     def _forget_closed_loops(self) -> None:
         """Close the connections of async clients whose loop has closed, and forget them;
