@@ -36,7 +36,6 @@ from django_quota.core.model import (
     PACKABLE,
     UNCHARGED,
     PolicyCall,
-    new_tuple,
 )
 from django_quota.core.outcome import (
     BACKEND_MODE_FALLBACK,
@@ -55,6 +54,7 @@ from django_quota.core.outcome import (
 )
 from django_quota.core.policy import Policy
 from django_quota.core.protocol import GroupReply, GroupRequest, check_evaluation_id, fingerprint
+from django_quota.core.windows import new_tuple
 from django_quota.prepared import (
     ClockUnusable,
     Compiled,

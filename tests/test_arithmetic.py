@@ -13,14 +13,13 @@ from django_quota.core.model import (
     CHARGED,
     REFUSED,
     UNCHARGED,
-    Log,
     PolicyCall,
     PolicyResult,
     State,
     evaluate_group,
-    log_units,
 )
 from django_quota.core.policy import Window
+from django_quota.core.windows import Log, log_units
 
 T0 = 1_764_000_000_000  # a whole second, minute, hour and day boundary
 

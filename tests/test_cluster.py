@@ -32,9 +32,10 @@ from django_quota.backends.cluster import (
 )
 from django_quota.backends.scripting import drive
 from django_quota.core.errors import BackendError
-from django_quota.core.model import GROUP_CLOCK_UNSAFE, log_units
+from django_quota.core.model import GROUP_CLOCK_UNSAFE
 from django_quota.core.outcome import Outcome
 from django_quota.core.protocol import GroupReply, decode_counter, log_key
+from django_quota.core.windows import log_units
 from django_quota.scripts import all_scripts
 from tests import clock
 from tests.cluster import Cluster, redis_cluster

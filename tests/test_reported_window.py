@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from django_quota.core.model import WindowResult
 from django_quota.core.outcome import reported_index
 from django_quota.core.policy import Window
+from django_quota.core.windows import WindowResult
 
 
 def _window(period_ms: int) -> Window:

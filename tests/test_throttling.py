@@ -20,8 +20,8 @@ from rest_framework.views import APIView
 
 import django_quota
 from django_quota import policies
-from django_quota.core.model import sliding_wait
 from django_quota.core.policy import generated_policy_id
+from django_quota.core.windows import sliding_wait
 from django_quota.signals import quota_denied
 from django_quota.throttling import (
     AnonRateThrottle,

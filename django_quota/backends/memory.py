@@ -11,16 +11,10 @@ import time
 from collections.abc import Callable, Sequence
 
 from django_quota.core.errors import BackendError
-from django_quota.core.model import (
-    COUNT_FIELDS,
-    EXTRA_FIELDS,
-    Log,
-    State,
-    evaluate_group,
-    new_tuple,
-)
+from django_quota.core.model import State, evaluate_group
 from django_quota.core.outcome import BACKEND_MODE_MEMORY, BACKEND_UNAVAILABLE
 from django_quota.core.protocol import GroupReply, GroupRequest, Probe
+from django_quota.core.windows import COUNT_FIELDS, EXTRA_FIELDS, Log, new_tuple
 
 
 def wall_clock_ms() -> int:

@@ -22,7 +22,6 @@ from redis.retry import Retry
 from django_quota.backends import unusable_url
 from django_quota.backends.probe import Row, run_probe
 from django_quota.core.errors import BackendError
-from django_quota.core.model import new_tuple
 from django_quota.core.outcome import (
     BACKEND_ERROR,
     BACKEND_MODE_REDIS,
@@ -31,6 +30,7 @@ from django_quota.core.outcome import (
     INDETERMINATE,
 )
 from django_quota.core.protocol import GroupReply, GroupRequest, Probe, parse_reply, reset_keys
+from django_quota.core.windows import new_tuple
 from django_quota.scripts import ScriptSource, load
 
 #: EVALSHA attempts when SCRIPT FLUSH keeps racing the reload (each one ran nothing).

@@ -9,8 +9,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from django_quota.core.model import REFUSED, PolicyResult, WindowResult
+from django_quota.core.model import REFUSED, PolicyResult
 from django_quota.core.policy import Policy, Window
+from django_quota.core.windows import WindowResult
 
 ALLOWED = "allowed"
 DENIED_DECISION = "denied"

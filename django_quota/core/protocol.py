@@ -10,11 +10,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from django_quota.core.evaluation_ids import ENTRY_BYTES, FINGERPRINT_BYTES
 from django_quota.core.identity import Identity
 from django_quota.core.model import (
     CHARGED,
-    ENTRY_BYTES,
-    FINGERPRINT_BYTES,
     GROUP_CLOCK_UNSAFE,
     GROUP_DECIDED,
     GROUP_INDETERMINATE,
@@ -25,12 +24,9 @@ from django_quota.core.model import (
     PACKED_HEADER,
     PolicyCall,
     PolicyResult,
-    WindowResult,
     check_packable,
     decide_policy,
     group_allows,
-    new_tuple,
-    window_result,
 )
 from django_quota.core.policy import (
     FIXED_WINDOW,
@@ -39,6 +35,7 @@ from django_quota.core.policy import (
     TOKEN_BUCKET,
     Policy,
 )
+from django_quota.core.windows import WindowResult, new_tuple, window_result
 
 
 def counter_tail(policy: Policy) -> str:
@@ -89,7 +86,7 @@ def decode_counter(
     """A counter as ``evaluate.lua`` stores it in Redis, read back: its numbers as the
     model keeps them (``t``, ``d``, ``c<i>`` and, for the sliding window counter and
     the token bucket, ``p<i>``; times in ms) and its ledger records (9-byte entries,
-    oldest first, as :func:`~django_quota.core.model.appended` builds them).
+    oldest first, as :func:`~django_quota.core.evaluation_ids.appended` builds them).
 
     The value (the script's header documents it): one byte of entry count, the entries,
     6 bytes of ``d + 1`` (0: none), then, unless reset, 6 bytes of ``t`` and 6 bytes per
@@ -290,7 +287,7 @@ def parse_reply(reply: Sequence[int], calls: Sequence[PolicyCall], peek: bool) -
 
     A sliding log's windows come with their reported numbers; the other algorithms' with
     their views (used, and prev for the sliding window counter), from which
-    :func:`~django_quota.core.model.window_result` computes the numbers, as the model does
+    :func:`~django_quota.core.windows.window_result` computes the numbers, as the model does
     for the memory backend: the arithmetic of a reported number exists once, in Python.
     Per policy the reply holds its status only when the group replayed. Otherwise the
     statuses are the model's rule (:func:`~django_quota.core.model.group_allows`,
