@@ -24,6 +24,9 @@ from django.conf import settings
 BULK_LIMIT = 1_000_000
 BULK_BURST = 100_000
 HMAC_KEY = "django-quota-benchmark-hmac-key"
+#: The hammering client's policy (``benchmarks.engine``): one subject asks 10x its limit.
+HAMMER_POLICY = "hammer"
+HAMMER_LIMIT = 50
 
 ALGORITHMS = ("fixed_window", "sliding_window", "token_bucket", "sliding_log")
 TWO_WINDOWS = "two_windows"
@@ -72,6 +75,11 @@ def quota_policies(limit: int) -> dict[str, dict[str, Any]]:
     policies[exact_id(TWO_WINDOWS)] = {
         "algorithm": "sliding_window",
         "windows": {"burst": f"{limit}/h", "sustained": f"{2 * limit}/d"},
+        "selector": ["ip"],
+    }
+    policies[HAMMER_POLICY] = {
+        "algorithm": "fixed_window",
+        "windows": f"{HAMMER_LIMIT}/h",
         "selector": ["ip"],
     }
     # Only the middleware row's handler has QuotaMiddleware; only /plain/ matches.

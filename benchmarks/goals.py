@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from benchmarks import contenders as c
+from benchmarks import engine as e
 from benchmarks import whole_request as wr
 
 if TYPE_CHECKING:
@@ -74,10 +75,6 @@ def _p50(row: Row) -> float | None:
     return row.median_us
 
 
-def _cpu(row: Row) -> float | None:
-    return row.server_cpu_us
-
-
 def _memory_goals(by_key: Mapping[str, Row], key: str) -> list[Goal]:
     row = by_key.get(key)
     label = _label(by_key, key)
@@ -125,21 +122,94 @@ def _added_goal(by_key: Mapping[str, Row], what: str, key: str) -> Goal:
     return Goal(label, measured, target, verdict)
 
 
-def evaluate(rows: Sequence[Row]) -> list[Goal]:
-    """Every goal, in the order of the issue."""
+def _engine_ratio(
+    what: str, ours: float | None, theirs: float | None, limit: float, at_least: bool = False
+) -> Goal:
+    target = f"{'>=' if at_least else '<='} {limit:.2f}x"
+    if ours is None or not theirs:
+        return Goal(what, "not measured", target, NOT_MEASURED)
+    value = ours / theirs
+    shown = f"{value:.2f}x"
+    if at_least:
+        return Goal(what, shown, target, PASS if round(value, 2) >= limit else MISS)
+    measured, verdict = _at_most(value, limit, shown)
+    return Goal(what, measured, target, verdict)
+
+
+def _figure(table: Mapping[str, Mapping[str, float]], impl: str, name: str) -> float | None:
+    found = table.get(impl)
+    return None if found is None else found.get(name)
+
+
+def engine_goals(figures: e.EngineFigures | None) -> list[Goal]:
+    """The engine's goals (issue 24): async throughput and Redis CPU against limits.aio,
+    the repeated denial, the cold burst."""
+    figures = figures or e.EngineFigures()
+    by_tasks = {
+        impl: figures.concurrency.get(impl, {}) for impl in (e.DQ, e.LIMITS)
+    }
+
+    def at(tasks: int, name: str) -> tuple[float | None, float | None]:
+        mine = by_tasks[e.DQ].get(str(tasks), {}).get(name)
+        theirs = by_tasks[e.LIMITS].get(str(tasks), {}).get(name)
+        return mine, theirs
+
+    goals = [
+        _engine_ratio("async p50 @1 task: django-quota / limits.aio", *at(1, "p50_us"), 1.05),
+        _engine_ratio(
+            "async dec/s @16 tasks: django-quota / limits.aio", *at(16, "throughput"), 1.5, True
+        ),
+        _engine_ratio(
+            "async dec/s @64 tasks: django-quota / limits.aio", *at(64, "throughput"), 2.0, True
+        ),
+        _engine_ratio(
+            "Redis CPU/dec @64 tasks: django-quota / limits.aio", *at(64, "cpu_us"), 1.0
+        ),
+        _engine_ratio(
+            "repeated denial p50: django-quota / limits",
+            _figure(figures.hammer, e.DQ, "denied_p50_us"),
+            _figure(figures.hammer, e.LIMITS, "denied_p50_us"),
+            0.10,
+        ),
+    ]
+    calls = _figure(figures.hammer, e.DQ, "calls_per_request")
+    what = f"Redis calls per request at {e.HAMMER_FACTOR}x the limit: django-quota"
+    if calls is None:
+        goals.append(Goal(what, "not measured", "<= 0.15", NOT_MEASURED))
+    else:
+        goals.append(Goal(what, f"{calls:.3f}", "<= 0.15", PASS if calls <= 0.15 else MISS))
+    burst = figures.burst.get(e.DQ)
+    what = f"cold burst of {e.BURST}: every one decided, allowed = limit, <= 8 connections"
+    if burst is None:
+        goals.append(Goal(what, "not measured", "0 failed, = L, <= 8", NOT_MEASURED))
+    else:
+        kept = (
+            burst["failed"] == 0
+            and burst["allowed"] == burst["limit"]
+            and burst["connections"] <= 8
+        )
+        goals.append(
+            Goal(
+                what,
+                f"{burst['failed']:.0f} failed, {burst['allowed']:.0f} of "
+                f"{burst['limit']:.0f}, {burst['connections']:.0f} connections",
+                "0 failed, = L, <= 8",
+                PASS if kept else MISS,
+            )
+        )
+    return goals
+
+
+def evaluate(rows: Sequence[Row], figures: e.EngineFigures | None = None) -> list[Goal]:
+    """Every goal, in the order of the issue (issue 24's goals block; the memory and
+    whole-request goals of earlier issues after them)."""
     by_key = {row.key: row for row in rows}
     goals = [
-        _ratio_goal(by_key, "p50", c.DQ_FIXED, c.LIMITS_FIXED, 1.0, _p50),
-        _ratio_goal(by_key, "p50", c.DQ_SLIDING, c.LIMITS_SLIDING, 1.0, _p50),
-        _ratio_goal(by_key, "p50", c.DQ_TOKEN, c.LIMITS_FIXED, 1.0, _p50),
-        # The exact log beside limits' own log (MovingWindow): the same algorithm.
-        _ratio_goal(by_key, "p50", c.DQ_SLIDING_LOG, c.LIMITS_MOVING, 1.0, _p50),
-        _ratio_goal(by_key, "p50", c.DQ_ASYNC_FIXED, c.LIMITS_ASYNC_FIXED, 1.0, _p50),
+        _ratio_goal(by_key, "p50", c.DQ_FIXED, c.LIMITS_FIXED, 1.05, _p50),
+        _ratio_goal(by_key, "p50", c.DQ_SLIDING, c.LIMITS_SLIDING, 1.05, _p50),
+        *engine_goals(figures),
         _ratio_goal(by_key, "p50", c.DQ_TWO_WINDOWS, c.DQ_SLIDING, 1.15, _p50),
         _ratio_goal(by_key, "p50", c.DQ_TWO_POLICIES, c.DQ_FIXED, 1.15, _p50),
-        _ratio_goal(by_key, "p50", c.DQ_MEMORY_FIXED, c.LIMITS_MEMORY_FIXED, 3.0, _p50),
-        _ratio_goal(by_key, "Redis CPU/dec", c.DQ_FIXED, c.LIMITS_FIXED, 1.25, _cpu),
-        _ratio_goal(by_key, "Redis CPU/dec", c.DQ_SLIDING, c.LIMITS_SLIDING, 1.25, _cpu),
     ]
     for key in (c.DQ_FIXED, c.DQ_SLIDING, c.DQ_TOKEN):
         goals += _memory_goals(by_key, key)

@@ -18,6 +18,7 @@ counted (default 1,000; ``--decisions`` sets it).
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import shutil
 import subprocess
 import sys
@@ -53,6 +54,11 @@ class Counted:
     key: str
     instructions: float
     commands: float
+
+
+def peers_installed() -> bool:
+    """Whether limits (the bench extra) is installed."""
+    return importlib.util.find_spec("limits") is not None
 
 
 def missing_tools() -> list[str]:
@@ -203,6 +209,53 @@ def run(args: argparse.Namespace) -> int:
         f"{args.decisions} decisions per row, {args.subjects} subjects)"
     )
     print(table(counted))
+    python_counts: dict[str, float] = {}
+    if args.only.lower() in ("", "memory"):
+        from benchmarks import python_instructions
+
+        print("", "Python instructions per decision of the memory rows (callgrind, the "
+              "whole process; the difference of two runs):", sep="\n")
+        for row in python_instructions.ROWS:
+            if row == python_instructions.LIMITS_MEMORY and not peers_installed():
+                print(f"- {row}: limits is not installed (pip install -e '.[bench]')")
+                continue
+            python_counts[row] = python_instructions.per_decision(row)
+            print(f"- {row}: {python_counts[row]:,.0f}")
+    print("", "goals (printed, never asserted):", sep="\n")
+    for line in instruction_goals(counted, python_counts):
+        print(f"- {line}")
     for note in notes:
         print(f"- {note}")
     return 0
+
+
+#: Server instructions per decision (issue 24, "One call").
+SERVER_GOALS = {c.DQ_FIXED: 62_000, c.DQ_SLIDING: 67_000}
+#: The memory backend's Python instructions per decision, at most this times limits'.
+MEMORY_GOAL = 2.0
+
+
+def instruction_goals(counted: Sequence[Counted], python_counts: dict[str, float]) -> list[str]:
+    """One line per instruction goal: the figure, the target, PASS or MISS."""
+    by_key = {row.key: row for row in counted}
+    lines = []
+    for key, limit in SERVER_GOALS.items():
+        row = by_key.get(key)
+        if row is None:
+            lines.append(f"{key}: not measured (target <= {limit:,})")
+            continue
+        verdict = "PASS" if row.instructions <= limit else "MISS"
+        lines.append(f"{row.name}: {row.instructions:,.0f} server instructions per decision "
+                     f"(target <= {limit:,}): {verdict}")
+    from benchmarks import python_instructions as p
+
+    ours, theirs = python_counts.get(p.DQ_MEMORY), python_counts.get(p.LIMITS_MEMORY)
+    if ours is None or not theirs:
+        lines.append(f"{p.DQ_MEMORY} / {p.LIMITS_MEMORY}: not measured "
+                     f"(target <= {MEMORY_GOAL:.2f}x)")
+    else:
+        ratio = ours / theirs
+        verdict = "PASS" if round(ratio, 2) <= MEMORY_GOAL else "MISS"
+        lines.append(f"{p.DQ_MEMORY} / {p.LIMITS_MEMORY} Python instructions: {ratio:.2f}x "
+                     f"({ours:,.0f} / {theirs:,.0f}; target <= {MEMORY_GOAL:.2f}x): {verdict}")
+    return lines

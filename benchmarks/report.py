@@ -8,7 +8,7 @@ import argparse
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from benchmarks import goals, whole_request
+from benchmarks import engine, goals, whole_request
 from benchmarks.measure import Exactness, Footprint
 
 Classifier = Callable[[str], str]
@@ -117,8 +117,8 @@ def _whole_requests(rows: Sequence[Row], by_key: dict[str, Row]) -> list[str]:
     ]
 
 
-def _goals(rows: Sequence[Row]) -> list[str]:
-    found = goals.evaluate(rows)
+def _goals(rows: Sequence[Row], figures: engine.EngineFigures | None) -> list[str]:
+    found = goals.evaluate(rows, figures)
     table_rows = [[goal.goal, goal.measured, goal.target, goal.verdict] for goal in found]
     return [
         "",
@@ -142,6 +142,7 @@ def render(
     args: argparse.Namespace,
     cores: int,
     seconds: float,
+    figures: engine.EngineFigures | None = None,
 ) -> str:
     by_key = {row.key: row for row in rows}
     threads = args.threads
@@ -241,5 +242,7 @@ def render(
         out += ["", "admitted != limit:", *(f"- {note}" for note in exact_notes)]
     if notes:
         out += ["", "notes:", *(f"- {note}" for note in notes)]
-    out += _goals(rows)
+    if figures is not None:
+        out += engine.table(figures)
+    out += _goals(rows, figures)
     return "\n".join(out)

@@ -31,7 +31,7 @@ from types import FrameType
 
 import redis
 
-from benchmarks import aio, instructions, measure, report, saved
+from benchmarks import aio, engine, instructions, measure, report, saved
 from benchmarks.contenders import BULK, DQ, EXACT, Contender, Decide, all_contenders
 from benchmarks.redis_server import RedisServer
 
@@ -244,6 +244,13 @@ def select(contenders: Sequence[Contender], only: str) -> list[Contender]:
     return [c for c in contenders if c.key in chosen]
 
 
+def wants_engine(only: str) -> bool:
+    """Whether the engine's measurements run: always, unless ``--only`` names rows and
+    not ``engine``. They need limits (the peer of every engine figure)."""
+    found = importlib.util.find_spec("limits") is not None
+    return found and only.lower() in ("", "engine")
+
+
 def _versions(extra: dict[str, str], redis_version: str) -> list[str]:
     def installed(name: str) -> str:
         try:
@@ -306,6 +313,7 @@ def measure_run(args: argparse.Namespace) -> saved.SavedRun:
     started = time.monotonic()
     notes: list[str] = []
     versions: dict[str, str] = {}
+    figures: engine.EngineFigures | None = None
     try:
         with RedisServer() as server:
             from benchmarks import django_settings
@@ -330,6 +338,11 @@ def measure_run(args: argparse.Namespace) -> saved.SavedRun:
                 print("commands, memory and exactness ...", file=sys.stderr)
                 for index, result in enumerate(results):
                     measure_once(admin, server.url, result, index, pool, args)
+                if wants_engine(args.only):
+                    print("the engine ...", file=sys.stderr)
+                    figures = engine.run(
+                        server.url, admin, args.limit, args.decisions, args.rounds
+                    )
             finally:
                 admin.close()
             header = _versions(versions, server.version)
@@ -342,6 +355,7 @@ def measure_run(args: argparse.Namespace) -> saved.SavedRun:
         settings=saved.settings_of(args),
         cores=os.cpu_count() or 0,
         seconds=time.monotonic() - started,
+        engine=figures,
     )
 
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from benchmarks.engine import EngineFigures
 from benchmarks.measure import Exactness, Footprint
 from benchmarks.report import Row, render
 
@@ -37,6 +38,8 @@ class SavedRun:
     """The run's options named in SETTINGS (the rest of the command line is not kept)."""
     cores: int = 0
     seconds: float = 0.0
+    engine: EngineFigures | None = None
+    """The engine's figures (``benchmarks.engine``), when they were measured."""
 
     def arguments(self) -> argparse.Namespace:
         """The options as ``report.render`` reads them from the command line."""
@@ -51,6 +54,7 @@ class SavedRun:
             args=self.arguments(),
             cores=self.cores,
             seconds=self.seconds,
+            figures=self.engine,
         )
 
 
@@ -68,6 +72,7 @@ def to_json(run: SavedRun) -> dict[str, Any]:
         "seconds": run.seconds,
         # asdict turns the footprints' and exactness' dataclasses into dicts as well.
         "rows": [dataclasses.asdict(row) for row in run.rows],
+        "engine": None if run.engine is None else run.engine.to_json(),
     }
 
 
@@ -124,6 +129,7 @@ def from_json(data: Mapping[str, Any]) -> SavedRun:
         settings={str(name): int(value) for name, value in data.get("settings", {}).items()},
         cores=int(data.get("cores", 0)),
         seconds=float(data.get("seconds", 0.0)),
+        engine=None if data.get("engine") is None else EngineFigures.from_json(data["engine"]),
     )
 
 

@@ -13,7 +13,16 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import chart, goals, instructions, run, saved, whole_request
+from benchmarks import (
+    chart,
+    engine,
+    goals,
+    instructions,
+    python_instructions,
+    run,
+    saved,
+    whole_request,
+)
 from benchmarks import contenders as c
 from benchmarks.measure import Exactness, Footprint
 from benchmarks.report import Row
@@ -61,15 +70,63 @@ def _label(key: str) -> str:
 
 
 def test_ratio_goal_passes_on_the_printed_figure_and_misses_above_it():
-    found = _verdicts(
-        [
-            _row(c.DQ_FIXED, 100.4, cpu=10.0),
-            _row(c.LIMITS_FIXED, 100.0, cpu=7.0),
-        ]
+    found = _verdicts([_row(c.DQ_FIXED, 105.4), _row(c.LIMITS_FIXED, 100.0)])
+    assert found[f"p50: {_label(c.DQ_FIXED)} / {_label(c.LIMITS_FIXED)}"] == ("1.05x", goals.PASS)
+    found = _verdicts([_row(c.DQ_FIXED, 105.6), _row(c.LIMITS_FIXED, 100.0)])
+    assert found[f"p50: {_label(c.DQ_FIXED)} / {_label(c.LIMITS_FIXED)}"] == ("1.06x", goals.MISS)
+
+
+def _engine_figures(*, dq_at_64: float, calls: float, connections: float) -> engine.EngineFigures:
+    def at(throughput: float, cpu: float, p50: float) -> dict[str, dict[str, float]]:
+        return {
+            str(tasks): {"throughput": throughput, "cpu_us": cpu, "p50_us": p50}
+            for tasks in engine.TASKS
+        }
+
+    figures = engine.EngineFigures(
+        hammer={
+            engine.DQ: {"denied_p50_us": 4.0, "calls_per_request": calls},
+            engine.LIMITS: {"denied_p50_us": 50.0, "calls_per_request": 1.0},
+        },
+        concurrency={engine.DQ: at(3000.0, 20.0, 104.0), engine.LIMITS: at(2000.0, 20.0, 100.0)},
+        burst={
+            engine.DQ: {
+                "allowed": 100.0, "denied": 900.0, "failed": 0.0, "connections": connections,
+                "seconds": 0.2, "limit": 100.0,
+            }
+        },
     )
-    pair = f"{_label(c.DQ_FIXED)} / {_label(c.LIMITS_FIXED)}"
-    assert found[f"p50: {pair}"] == ("1.00x", goals.PASS)
-    assert found[f"Redis CPU/dec: {pair}"] == ("1.43x", goals.MISS)
+    figures.concurrency[engine.DQ]["64"]["throughput"] = dq_at_64
+    return figures
+
+
+def test_engine_goals_follow_the_figures_they_are_given():
+    passing = {
+        goal.goal: (goal.measured, goal.verdict)
+        for goal in goals.engine_goals(_engine_figures(dq_at_64=4000.0, calls=0.1, connections=4.0))
+    }
+    assert passing == {
+        "async p50 @1 task: django-quota / limits.aio": ("1.04x", goals.PASS),
+        "async dec/s @16 tasks: django-quota / limits.aio": ("1.50x", goals.PASS),
+        "async dec/s @64 tasks: django-quota / limits.aio": ("2.00x", goals.PASS),
+        "Redis CPU/dec @64 tasks: django-quota / limits.aio": ("1.00x", goals.PASS),
+        "repeated denial p50: django-quota / limits": ("0.08x", goals.PASS),
+        "Redis calls per request at 10x the limit: django-quota": ("0.100", goals.PASS),
+        "cold burst of 1000: every one decided, allowed = limit, <= 8 connections": (
+            "0 failed, 100 of 100, 4 connections", goals.PASS
+        ),
+    }
+    missing = {
+        goal.goal: goal.verdict
+        for goal in goals.engine_goals(_engine_figures(dq_at_64=3000.0, calls=0.2, connections=9.0))
+    }
+    assert missing["async dec/s @64 tasks: django-quota / limits.aio"] == goals.MISS
+    assert missing["Redis calls per request at 10x the limit: django-quota"] == goals.MISS
+    assert missing[
+        "cold burst of 1000: every one decided, allowed = limit, <= 8 connections"
+    ] == goals.MISS
+    unmeasured = {goal.verdict for goal in goals.engine_goals(None)}
+    assert unmeasured == {goals.NOT_MEASURED}
 
 
 def test_goal_of_a_row_left_out_is_not_measured():
@@ -309,6 +366,7 @@ def test_saved_run_round_trips_through_json(tmp_path: Path):
         settings={name: index + 1 for index, name in enumerate(saved.SETTINGS)},
         cores=2,
         seconds=12.5,
+        engine=_engine_figures(dq_at_64=4000.0, calls=0.1, connections=4.0),
     )
     path = tmp_path / "run.json"
     saved.write(path, original)
@@ -324,6 +382,7 @@ def test_saved_run_round_trips_through_json(tmp_path: Path):
     assert back.rows[0].footprints[1].by_kind == {"counters": (1, 152)}
     assert back.rows[0].exactness == Exactness(admitted=100, limit=100, attempts=400)
     assert back.report() == original.report()
+    assert "cold burst of 1000, django-quota (worst round): 100 allowed" in back.report()
     saved.write(tmp_path / "again.json", back)
     assert (tmp_path / "again.json").read_bytes() == path.read_bytes()
 
@@ -376,6 +435,36 @@ def test_instruction_table_takes_each_ratio_to_limits_row_of_the_same_algorithm(
     assert lines[3] == "| django-quota token_bucket | 110,000 | 4.00 | 5.00x limits FixedWindow |"
     assert lines[4] == "| django-quota sliding_window | 90,000 | 4.00 |  |"  # its peer not counted
     assert lines[5] == "| limits FixedWindow | 22,000 | 2.00 |  |"
+
+
+def test_instruction_goals_follow_the_counts_they_are_given():
+    counted = [
+        instructions.Counted("django-quota fixed_window", c.DQ_FIXED, 61_000.0, 4.0),
+        instructions.Counted("django-quota sliding_window", c.DQ_SLIDING, 68_000.0, 4.0),
+    ]
+    python_counts = {
+        python_instructions.DQ_MEMORY: 60_000.0, python_instructions.LIMITS_MEMORY: 28_000.0
+    }
+    assert instructions.instruction_goals(counted, python_counts) == [
+        "django-quota fixed_window: 61,000 server instructions per decision "
+        "(target <= 62,000): PASS",
+        "django-quota sliding_window: 68,000 server instructions per decision "
+        "(target <= 67,000): MISS",
+        "django-quota (memory) / limits (memory) Python instructions: 2.14x "
+        "(60,000 / 28,000; target <= 2.00x): MISS",
+    ]
+    assert instructions.instruction_goals([], {})[2] == (
+        "django-quota (memory) / limits (memory): not measured (target <= 2.00x)"
+    )
+
+
+def test_the_python_instruction_counts_run_a_memory_row_to_the_end():
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks.python_instructions", python_instructions.DQ_MEMORY,
+         "5"],
+        cwd=ROOT, capture_output=True, text=True, timeout=120, check=False,
+    )
+    assert done.returncode == 0, done.stderr
 
 
 def test_instructions_count_only_sync_decision_rows_on_redis():
