@@ -5,15 +5,21 @@ nothing it does not remove (``docs/operations.md``)."""
 from __future__ import annotations
 
 import dataclasses
+import re
+import time
 from dataclasses import dataclass
 from typing import Any
 
-from django_quota import policies
+from django.apps import apps as django_apps
+
+from django_quota import conf, policies
 from django_quota.core.errors import BackendError
 from django_quota.core.outcome import CLOCK_UNSAFE
 from django_quota.core.policy import (
+    ALGORITHMS,
     DEFAULT_WINDOW,
     FIXED_WINDOW,
+    SLIDING_LOG,
     TOKEN_BUCKET,
     Policy,
     Window,
@@ -22,6 +28,7 @@ from django_quota.core.policy import (
 from django_quota.core.protocol import Probe
 from django_quota.limiter import Subject, get_limiter
 from django_quota.prepared import ClockUnusable
+from django_quota.scripts import all_scripts
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,40 +86,99 @@ def inspect(policy_id: str, subject: Subject) -> Inspection:
     return Inspection(policy, identity.label, tuple(windows))
 
 
-#: The probe ``quota check`` evaluates: a route-only identity, so its key stays readable
-#: (``<KEY_PREFIX>:{quota-check}:…``), and a one-second window, so it never lingers.
-PROBE_POLICY = Policy(
-    id="quota-check",
-    algorithm=FIXED_WINDOW,
-    windows=(Window(DEFAULT_WINDOW, 2, 1000, 2),),
-    selector=("route",),
-    revision=settings_revision(FIXED_WINDOW, ("route",), (Window(DEFAULT_WINDOW, 2, 1000, 2),)),
-    source="check",
-)
+#: The probe policies' one window: 3 units a second, so that a probe never lingers.
+PROBE_WINDOW = Window(DEFAULT_WINDOW, 3, 1000, 3)
+#: The sliding log's charges, in ms after its peek: the third comes when the first has
+#: left the window and the second has not, so that the script trims the list (LTRIM).
+#: Each with the ``remaining`` it reports.
+LOG_CHARGES = ((0, 2), (600, 1), (1100, 1))
 
 
-def probe() -> Probe:
-    """The probe of ``quota check``: a peek and a charge of :data:`PROBE_POLICY`, built
-    as every evaluation is (this process's clock, prefix and lifetimes)."""
+def probe_policy(algorithm: str) -> Policy:
+    """The probe ``quota check`` evaluates for ``algorithm``: a route-only identity, so
+    its key stays readable (``<KEY_PREFIX>:{quota-check}:…``)."""
+    selector = ("route",)
+    name = "quota-check" if algorithm == FIXED_WINDOW else f"quota-check.{algorithm}"
+    revision = settings_revision(algorithm, selector, (PROBE_WINDOW,))
+    return Policy(name, algorithm, (PROBE_WINDOW,), selector, revision=revision, source="check")
+
+
+def algorithms_in_use() -> list[str]:
+    """The algorithms ``quota check`` probes: the fixed window always, every enabled
+    policy's, and the drop-in DRF throttles' ``DRF_ALGORITHM`` where DRF is installed
+    (``docs/operations.md``)."""
+    used = {FIXED_WINDOW}
+    used |= {policy.algorithm for policy in policies.get_registry().policies.values()}
+    if django_apps.is_installed("rest_framework"):
+        used.add(conf.get_settings().drf_algorithm)
+    return [algorithm for algorithm in ALGORITHMS if algorithm in used]
+
+
+def probe(algorithm: str = FIXED_WINDOW) -> Probe:
+    """The probe of ``algorithm``: a peek and charges of :func:`probe_policy`, built as
+    every evaluation is (this process's clock, prefix and lifetimes). The sliding log's
+    come at the times of :data:`LOG_CHARGES` after now, on this host's clock, so that
+    its list is trimmed as traffic trims it."""
     limiter = get_limiter()
+    policy = probe_policy(algorithm)
     subject = {"route": "quota-check"}
-    peek, charge = (
-        limiter.prepare([PROBE_POLICY], subject, 1, peek=True),
-        limiter.prepare([PROBE_POLICY], subject, 1),
-    )
+    timed: list[tuple[float | None, int]]
+    if algorithm == SLIDING_LOG:
+        start = time.time()
+        timed = [(start + after / 1000, remaining) for after, remaining in LOG_CHARGES]
+    else:
+        timed = [(None, PROBE_WINDOW.limit - 1)]
+
+    def clock_at(moment: float | None) -> Any:
+        return None if moment is None else (lambda: moment)
+
+    peek = limiter.prepare([policy], subject, 1, peek=True, clock=clock_at(timed[0][0]))
     if peek.clock_error is not None:
         raise ClockUnusable(peek.clock_error)
-    peeking, charging = peek.request, charge.request
-    assert peeking is not None and charging is not None
-    return Probe(charging.counters[0], PROBE_POLICY.windows[0].limit, peeking, charging)
+    charges = []
+    for moment, remaining in timed:
+        charge = limiter.prepare([policy], subject, 1, clock=clock_at(moment))
+        assert charge.request is not None
+        charges.append((charge.request, remaining))
+    assert peek.request is not None
+    counter = peek.request.counters[0]
+    return Probe(counter, PROBE_WINDOW.limit, algorithm, peek.request, tuple(charges))
 
 
 def diagnose() -> list[tuple[str, str, str]]:
     """(check, status, detail) rows about the backend, for ``quota check``: the backend
-    runs the :func:`probe` too."""
+    runs the :func:`probe` of every algorithm in use too."""
     backend: Any = get_limiter().backend
     try:
-        checked = probe()
+        checked = [probe(algorithm) for algorithm in algorithms_in_use()]
     except ClockUnusable as exc:
         return [("clock", "error", f"QUOTA['CLOCK'] gives no usable time: {exc}")]
     return list(backend.diagnose(checked))
+
+
+# -- the ACL the scripts need --------------------------------------------------------------
+#: What the client itself sends for an evaluation: the scripts by SHA1, and their load
+#: after a ``NOSCRIPT``.
+EVALUATION_COMMANDS = ("evalsha", "script|load")
+#: What ``quota inspect`` and ``quota check`` send besides (``CONFIG GET``, for the
+#: ``maxmemory-policy`` row, is left out: it would show the server's whole configuration).
+OPERATOR_COMMANDS = ("pttl", "ping")
+_SCRIPT_CALL_RE = re.compile(r"redis\.p?call\(\s*'([A-Za-z]+)'")
+
+
+def script_commands() -> list[str]:
+    """Every command the Lua scripts run (``redis.call``/``redis.pcall``), lower-cased,
+    sorted: read from the scripts themselves."""
+    found: set[str] = set()
+    for source in all_scripts():
+        found |= {name.lower() for name in _SCRIPT_CALL_RE.findall(source.source)}
+    return sorted(found)
+
+
+def acl_setuser(user: str, password: str, key_prefix: str) -> str:
+    """The ``ACL SETUSER`` line of a user that can run every evaluation, reset,
+    ``quota inspect`` and ``quota check`` on keys under ``key_prefix`` and nothing else
+    (``docs/operations.md``)."""
+    commands = [*EVALUATION_COMMANDS, *script_commands(), *OPERATOR_COMMANDS]
+    rules = ["on", f">{password}", f"~{key_prefix}:*", *(f"+{name}" for name in commands)]
+    return f"ACL SETUSER {user} {' '.join(rules)}"

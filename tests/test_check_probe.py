@@ -66,9 +66,12 @@ def test_a_healthy_redis_runs_the_probe_and_leaves_no_key(
     lines, error = check(quota, redis_url)
     assert error is None
     assert [line.split(":", 1)[0] for line in lines] == CHECKS
+    # No policy of the test settings uses another algorithm; DRF is installed: its drop-ins'
+    # DRF_ALGORITHM, the sliding log, is probed too.
     assert row(lines, "evaluation") == (
-        "evaluation: ok - evaluate.lua peeked (2 of 2 left) and charged (1 of 2 left) a "
-        "probe counter, reset.lua reset it, and it was removed"
+        "evaluation: ok - evaluate.lua peeked and charged a probe counter of each algorithm "
+        "in use (fixed_window, sliding_log (3 charges, the list trimmed)), reset.lua reset "
+        "them, and they were removed"
     )
     assert redis_client.keys("*") == []
 
@@ -77,23 +80,30 @@ def test_an_acl_user_without_set_fails_the_check(
     quota: Any, acl_user: Any, redis_client: Any
 ) -> None:
     lines, error = check(quota, acl_user("quota-no-set", "-set"))
-    assert error is not None and error.startswith("evaluation: charge failed (backend_error): ")
+    assert error is not None
+    assert error.startswith("evaluation: charge 1 failed for fixed_window (backend_error): ")
     assert "The user executing the script can't run this command" in error
-    assert row(lines, "evaluation").startswith("evaluation: error - charge failed")
+    assert error.endswith("(the user may not run SET)")
+    assert row(lines, "evaluation").startswith("evaluation: error - charge 1 failed")
     assert row(lines, "connectivity") == "connectivity: ok - PING answered"
     assert redis_client.keys("*") == []
 
 
 def test_an_acl_user_without_time_fails_the_check(quota: Any, acl_user: Any) -> None:
     lines, error = check(quota, acl_user("quota-no-time", "-time"))
-    assert error is not None and error.startswith("evaluation: peek failed (backend_error): ")
+    assert error is not None
+    assert error.startswith("evaluation: peek failed for fixed_window (backend_error): ")
+    assert error.endswith("(the user may not run TIME)")
     assert row(lines, "clock offset").startswith("clock offset: warning - TIME failed")
 
 
 def test_an_acl_user_without_evalsha_fails_the_check(quota: Any, acl_user: Any) -> None:
     lines, error = check(quota, acl_user("quota-no-evalsha", "-evalsha"))
     assert row(lines, "scripts").startswith("scripts: ok - ")  # SCRIPT LOAD is allowed
-    assert error is not None and error.startswith("evaluation: peek failed (backend_error): ")
+    assert error == (
+        "evaluation: peek failed for fixed_window (backend_error): NoPermissionError: this user "
+        "has no permissions to run the 'evalsha' command"
+    )
 
 
 def test_a_wrong_password_fails_the_check(quota: Any, acl_user: Any) -> None:
@@ -120,9 +130,10 @@ def test_a_full_redis_fails_the_check(
 ) -> None:
     lines, error = check(quota, redis_url)
     assert error is not None and error.startswith(
-        "evaluation: charge failed (backend_error): OutOfMemoryError: command not allowed "
-        "when used memory > 'maxmemory'"
+        "evaluation: charge 1 failed for fixed_window (backend_error): OutOfMemoryError: "
+        "command not allowed when used memory > 'maxmemory'"
     )
+    assert "the user may not run" not in error  # a full Redis is no ACL refusal
     assert row(lines, "maxmemory-policy") == "maxmemory-policy: ok - noeviction (maxmemory 1)"
 
 

@@ -538,8 +538,9 @@ def test_quota_check_passes_on_the_cluster(on_cluster: Any) -> None:
     assert all(": ok - " in line for line in lines), lines
     assert lines[0] == "connectivity: ok - PING answered by 3 primaries"
     assert lines[3] == (
-        "evaluation: ok - evaluate.lua peeked (2 of 2 left) and charged (1 of 2 left) a "
-        "probe counter, reset.lua reset it, and it was removed"
+        "evaluation: ok - evaluate.lua peeked and charged a probe counter of each algorithm "
+        "in use (fixed_window, sliding_log (3 charges, the list trimmed)), reset.lua reset "
+        "them, and they were removed"
     )
 
 

@@ -196,7 +196,7 @@ class MemoryBackend:
         """Nothing to load: the memory backend runs the Python model."""
         return []
 
-    def diagnose(self, probe: Probe) -> list[tuple[str, str, str]]:
+    def diagnose(self, probes: Sequence[Probe]) -> list[tuple[str, str, str]]:
         """(check, status, detail) rows for ``quota check`` (the probe has nothing to
         prove here: the model runs in this process)."""
         return [

@@ -428,10 +428,10 @@ class BaseRedisBackend(ScriptedBackend):
         """Send ``command`` to ``node`` (one of :meth:`primaries`); its parsed reply."""
         return self.client.execute_command(*command)
 
-    def diagnose(self, probe: Probe) -> list[Row]:
+    def diagnose(self, probes: Sequence[Probe]) -> list[Row]:
         """(check, status, detail) rows for ``quota check``, over every primary:
-        connectivity, latency, script load, the evaluation ``probe`` (on its counter's
-        primary, :func:`~django_quota.backends.probe.run_probe`), clock offset (the
+        connectivity, latency, script load, the evaluation ``probes`` (one per algorithm
+        in use, :func:`~django_quota.backends.probe.run_probe`), clock offset (the
         worst) and ``maxmemory-policy`` (any that can evict). ``status`` is ``ok``,
         ``warning`` or ``error``."""
         try:
@@ -443,9 +443,9 @@ class BaseRedisBackend(ScriptedBackend):
         by = f" by {len(nodes)} primaries" if self.clustered else ""
         rows: list[Row] = [("connectivity", "ok", f"PING answered{by}")]
         checks = (self._latency, self._scripts, self._evaluation, self._clock, self._maxmemory)
-        return rows + [check(nodes, probe) for check in checks]
+        return rows + [check(nodes, probes) for check in checks]
 
-    def _latency(self, nodes: list[Any], probe: Probe) -> Row:
+    def _latency(self, nodes: list[Any], probes: Sequence[Probe]) -> Row:
         samples = []
         for _ in range(5):
             started = time.perf_counter()
@@ -453,7 +453,7 @@ class BaseRedisBackend(ScriptedBackend):
             samples.append((time.perf_counter() - started) * 1000)
         return ("latency", "ok", f"{statistics.median(samples):.2f} ms median of 5 PINGs")
 
-    def _scripts(self, nodes: list[Any], probe: Probe) -> Row:
+    def _scripts(self, nodes: list[Any], probes: Sequence[Probe]) -> Row:
         try:
             loaded = self.preload()
         except BackendError as exc:
@@ -463,10 +463,10 @@ class BaseRedisBackend(ScriptedBackend):
             detail = f"{detail} (on {len(nodes)} primaries)"
         return ("scripts", "ok", detail)
 
-    def _evaluation(self, nodes: list[Any], probe: Probe) -> Row:
-        return run_probe(self, probe, self.client.delete)
+    def _evaluation(self, nodes: list[Any], probes: Sequence[Probe]) -> Row:
+        return run_probe(self, probes, self.client.delete)
 
-    def _clock(self, nodes: list[Any], probe: Probe) -> Row:
+    def _clock(self, nodes: list[Any], probes: Sequence[Probe]) -> Row:
         try:
             offsets = []
             for node in nodes:
@@ -479,7 +479,7 @@ class BaseRedisBackend(ScriptedBackend):
         against = "worst primary" if self.clustered else "Redis TIME"
         return ("clock offset", status, f"{worst:+.1f} ms ({against} - this host)")
 
-    def _maxmemory(self, nodes: list[Any], probe: Probe) -> Row:
+    def _maxmemory(self, nodes: list[Any], probes: Sequence[Probe]) -> Row:
         try:
             found = []
             for node in nodes:

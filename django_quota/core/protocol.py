@@ -271,14 +271,16 @@ class GroupReply(NamedTuple):
 
 @dataclass(frozen=True, slots=True)
 class Probe:
-    """What ``quota check`` runs on a backend: ``peek`` and then ``charge`` (cost 1) of
-    the one-window ``counter`` with ``limit`` units, both through the real evaluation
-    script; then the counter is reset and removed."""
+    """What ``quota check`` runs on a backend for one ``algorithm`` in use: ``peek``, then
+    each of ``charges`` (cost 1) with the ``remaining`` it must report, all through the
+    real evaluation script, on the one-window ``counter`` of ``limit`` units; then the
+    counter is reset and removed."""
 
     counter: str
     limit: int
+    algorithm: str
     peek: GroupRequest
-    charge: GroupRequest
+    charges: tuple[tuple[GroupRequest, int], ...]
 
 
 def parse_reply(reply: Sequence[int], calls: Sequence[PolicyCall], peek: bool) -> GroupReply:
