@@ -5,11 +5,13 @@ callgrind: the memory backends do no I/O, so their cost is all in the process.
 of ``ROW`` (after a warm-up over every subject); :func:`per_decision` runs it twice under
 ``valgrind --tool=callgrind``, with two decision counts, and divides the difference of
 the totals by the difference of the counts, so that the interpreter's start, imports and
-warm-up cancel out.
+warm-up cancel out (both runs with ``PYTHONHASHSEED=0``: string hashes, hence dict and
+set probing, are then the same from run to run).
 """
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import tempfile
@@ -68,6 +70,8 @@ def _counted(row: str, decisions: int) -> int:
                 sys.executable, "-m", "benchmarks.python_instructions", row, str(decisions),
             ],
             check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=600,
+            # The same hash seed in both runs: dict and set work then repeats exactly.
+            env={**os.environ, "PYTHONHASHSEED": "0"},
         )
         return total_instructions(output.read_text())
 
