@@ -65,7 +65,7 @@ from django_quota.backends.scripting import (
     run_script,
     text,
 )
-from django_quota.core.errors import BackendError
+from django_quota.core.errors import BLAME_NONE, CLUSTERDOWN, TRYAGAIN, BackendError
 from django_quota.core.model import (
     ALGORITHM_CODES,
     CHARGED,
@@ -124,8 +124,16 @@ def classify_cluster(exc: BaseException) -> BackendError:
     while connecting the client (no command sent) is ``backend_timeout`` or
     ``backend_unavailable`` by its cause, else ``backend_error`` (a configuration
     mistake such as a standalone server behind ``CLUSTER``). The rest is :func:`classify`.
+
+    ``CLUSTERDOWN`` and ``TRYAGAIN`` are labelled as such, and never count toward the
+    breaker of the node that answered them: its connections work.
     """
     message = f"{type(exc).__name__}: {exc}"
+    # The node answered: labelled, never counted by its breaker (docs/failures.md).
+    if isinstance(exc, redis_exceptions.ClusterDownError):
+        return BackendError(BACKEND_UNAVAILABLE, message, label=CLUSTERDOWN, blame=BLAME_NONE)
+    if isinstance(exc, redis_exceptions.TryAgainError):
+        return BackendError(BACKEND_UNAVAILABLE, message, label=TRYAGAIN, blame=BLAME_NONE)
     if isinstance(exc, _NOT_RUN):
         return BackendError(BACKEND_UNAVAILABLE, message)
     if isinstance(exc, redis_exceptions.RedisClusterException):
