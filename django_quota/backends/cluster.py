@@ -50,7 +50,7 @@ from redis.backoff import NoBackoff
 from redis.cluster import RedisCluster
 from redis.crc import key_slot
 
-from django_quota.backends.redis import MarkingConnectionPool, peer_hung_up
+from django_quota.backends.redis import MarkingConnectionPool, peer_hung_up, send
 from django_quota.backends.scripting import (
     CONNECT_ERRORS,
     BaseRedisBackend,
@@ -412,6 +412,9 @@ class RedisClusterBackend(BaseRedisBackend):
     ) -> None:
         super().__init__(timeout=timeout, max_inflight=max_inflight, url_options=url_options)
         self.url = pinned_url(url)
+        #: Primaries (``host:port``) whose last direct call failed to connect or read:
+        #: their calls go through redis-py's cluster client until one succeeds.
+        self._suspects: set[str] = set()
 
     # -- clients -----------------------------------------------------------------------
     def _build(self, asynchronous: bool) -> Any:
@@ -489,21 +492,58 @@ class RedisClusterBackend(BaseRedisBackend):
     def run(self, call: Call) -> Any:
         """Run one script call on the primary of its slot. ``NOSCRIPT`` loads the script
         on that primary only (redis-py's ``Script`` would load it on every primary, tying
-        this call to the health of the whole cluster) and runs it again."""
+        this call to the health of the whole cluster) and runs it again.
+
+        The commands go straight to the slot's primary, on its redis-py pool
+        (``get_node_from_key``, ``get_redis_connection``): redis-py's cluster client
+        sleeps 0.25 s before it raises ``CLUSTERDOWN``, longer than the whole default
+        ``DEADLINE``, and no setting turns that off. A ``MOVED`` or ``ASK`` reply (the
+        command did not run) is sent again through the cluster client, which follows it
+        and learns the new owner. After a connection failure the node is suspect: its
+        calls go through the cluster client, which rereads the slot table on its own
+        connection failures (a failover), until one succeeds (docs/cluster.md)."""
         source = self._sources[call.script]
         try:
             client = self.client
+            try:
+                node = client.get_node_from_key(call.keys[0])
+            except redis_exceptions.SlotNotCoveredError:  # redis-py rereads the table
+                return run_script(source, call, self._routed(client, call))
+            name = node.name
+            if name in self._suspects:
+                reply = run_script(source, call, self._routed(client, call))
+                self._suspects.discard(name)
+                return reply
+            pool = client.get_redis_connection(node).connection_pool
+            routed = self._routed(client, call)
 
             def execute(command: tuple[Any, ...]) -> Any:
-                if command[0] == "EVALSHA":
-                    return client.execute_command(*command)
-                node = client.get_node_from_key(call.keys[0])
-                name = " ".join(command[:2])
-                return client.execute_command(name, *command[2:], target_nodes=node)
+                try:
+                    return send(pool, command)
+                except redis_exceptions.AskError:  # and MovedError: it did not run
+                    return routed(command)
 
-            return run_script(source, call, execute)
+            try:
+                return run_script(source, call, execute)
+            except CONNECT_ERRORS:
+                self._suspects.add(name)
+                raise
         except Exception as exc:
             raise classify_cluster(exc) from exc
+
+    @staticmethod
+    def _routed(client: Any, call: Call) -> Callable[[tuple[Any, ...]], Any]:
+        """Send a command of ``call`` through redis-py's cluster client (``EVALSHA``
+        routed by its key, ``SCRIPT LOAD`` to the primary of the call's slot)."""
+
+        def execute(command: tuple[Any, ...]) -> Any:
+            if command[0] == "EVALSHA":
+                return client.execute_command(*command)
+            node = client.get_node_from_key(call.keys[0])
+            name = " ".join(command[:2])
+            return client.execute_command(name, *command[2:], target_nodes=node)
+
+        return execute
 
     async def arun(self, call: Call) -> Any:
         """Async twin of :meth:`run`."""
