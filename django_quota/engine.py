@@ -184,8 +184,8 @@ class Limiter:
                 if blame == BLAME_NONE:  # the node answered: it is reachable
                     breaker.answered(started)
                     state = breaker.success()
-                else:  # refused a new connection while its connections answer
-                    state = None
+                else:  # refused a new connection while its connections answer, or
+                    state = None  # DEADLINE spent before a command could be written
                 breaker.note(error.reason, str(error), label)
             if label:
                 logger.warning(
@@ -208,7 +208,7 @@ class Limiter:
         guard = self.guard(backend.node_of(call))
         self._admit(guard, guard.slots.acquire(self._remaining(started)))
         try:
-            raw = backend.run(call)
+            raw = backend.run(call, started + self.settings.deadline)
         except BackendError as error:
             self._account(guard, error, started)
             raise

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import signal
 import socket
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -30,7 +32,7 @@ from django_quota.core.errors import (
     TRYAGAIN,
     BackendError,
 )
-from tests.faults import RedisProcess, redis_process
+from tests.faults import RedisProcess, proxy_to, redis_process
 from tests.test_admin import STATUS, cells
 
 LIMIT = 1000
@@ -38,15 +40,15 @@ SUBJECT = {"ip": "127.0.0.1"}
 
 
 def configure(quota: Any, url: str, **extra: Any) -> None:
-    quota(
-        REDIS_URL=url,
-        FAILURE_MODE="closed",
-        FAILURE_RETRY_AFTER=5,
-        TIMEOUT=0.5,
-        DEADLINE=1.0,
-        POLICIES={"p": {"windows": f"{LIMIT}/h", "selector": ["ip"]}},
-        **extra,
-    )
+    values: dict[str, Any] = {
+        "REDIS_URL": url,
+        "FAILURE_MODE": "closed",
+        "FAILURE_RETRY_AFTER": 5,
+        "TIMEOUT": 0.5,
+        "DEADLINE": 1.0,
+        "POLICIES": {"p": {"windows": f"{LIMIT}/h", "selector": ["ip"]}},
+    }
+    quota(**{**values, **extra})
 
 
 @contextlib.contextmanager
@@ -203,3 +205,29 @@ def test_the_breaker_excuses_a_refused_connection_only_while_the_node_answers(
     current._account(guard, maxclients, clock.now)
     assert guard.breaker.state == OPEN
     assert [e.label for e in current.recent_errors][-1] == MAXCLIENTS
+
+
+@pytest.mark.redis
+@pytest.mark.skipif(not hasattr(signal, "setitimer"), reason="needs signal.setitimer")
+def test_a_reply_received_as_the_wait_times_out_is_used(quota: Any) -> None:
+    """The reply comes 80 ms after EVALSHA (TIMEOUT 100 ms). A signal at 40 ms runs a
+    handler for 150 ms: when Python goes back to the socket its timeout has passed, and
+    it raises without looking. The reply is in the socket by then: it is read and used,
+    not called indeterminate (DEADLINE = TIMEOUT: no retry to hide it)."""
+    with redis_process() as server, proxy_to(server) as proxy:
+        configure(quota, proxy.url, TIMEOUT=0.1, DEADLINE=0.1)
+        assert django_quota.evaluate("p", SUBJECT).remaining == LIMIT - 1  # pooled, loaded
+        proxy.latency(0.08)
+        previous = signal.signal(signal.SIGALRM, lambda number, frame: time.sleep(0.15))
+        signal.setitimer(signal.ITIMER_REAL, 0.04)
+        try:
+            outcome = django_quota.evaluate("p", SUBJECT)
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, previous)
+        assert (outcome.decision, outcome.reason, outcome.remaining) == (
+            "allowed",
+            None,
+            LIMIT - 2,
+        )
+        assert limiter.recent_errors() == []

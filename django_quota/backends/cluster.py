@@ -489,7 +489,7 @@ class RedisClusterBackend(BaseRedisBackend):
         """One ``EVALSHA`` per hash slot, in order, with refunds (:func:`plan`)."""
         return plan(request, split_by_slot(request, slot_of))
 
-    def run(self, call: Call) -> Any:
+    def run(self, call: Call, deadline: float | None = None) -> Any:
         """Run one script call on the primary of its slot. ``NOSCRIPT`` loads the script
         on that primary only (redis-py's ``Script`` would load it on every primary, tying
         this call to the health of the whole cluster) and runs it again.
@@ -501,8 +501,11 @@ class RedisClusterBackend(BaseRedisBackend):
         command did not run) is sent again through the cluster client, which follows it
         and learns the new owner. After a connection failure the node is suspect: its
         calls go through the cluster client, which rereads the slot table on its own
-        connection failures (a failover), until one succeeds (docs/cluster.md)."""
+        connection failures (a failover), until one succeeds (docs/cluster.md). Each
+        direct command is bounded by ``deadline`` as the standalone backend's are
+        (:func:`~django_quota.backends.redis.send`)."""
         source = self._sources[call.script]
+        timeout = self.timeout
         try:
             client = self.client
             try:
@@ -519,7 +522,7 @@ class RedisClusterBackend(BaseRedisBackend):
 
             def execute(command: tuple[Any, ...]) -> Any:
                 try:
-                    return send(pool, command)
+                    return send(pool, command, deadline, timeout)
                 except redis_exceptions.AskError:  # and MovedError: it did not run
                     return routed(command)
 

@@ -21,7 +21,12 @@ from redis.retry import Retry
 
 from django_quota.backends import unusable_url
 from django_quota.backends.probe import Row, run_probe
-from django_quota.core.errors import BLAME_UNLESS_ANSWERING, MAXCLIENTS, BackendError
+from django_quota.core.errors import (
+    BLAME_SELF,
+    BLAME_UNLESS_ANSWERING,
+    MAXCLIENTS,
+    BackendError,
+)
 from django_quota.core.outcome import (
     BACKEND_ERROR,
     BACKEND_MODE_REDIS,
@@ -122,6 +127,14 @@ def classify(exc: BaseException) -> BackendError:
     else:
         reason = BACKEND_ERROR
     return BackendError(reason, f"{type(exc).__name__}: {exc}")
+
+
+def deadline_spent(command: Sequence[Any]) -> BackendError:
+    """``DEADLINE`` ran out before ``command`` could be written: ``backend_timeout``
+    (nothing ran), never counted by the node's breaker (docs/failures.md)."""
+    return BackendError(
+        BACKEND_TIMEOUT, f"DEADLINE spent before {command[0]} was written", blame=BLAME_SELF
+    )
 
 
 class Call(NamedTuple):
@@ -251,8 +264,11 @@ class ScriptedBackend:
         """The calls deciding ``request`` (one ``EVALSHA`` on a single primary)."""
         return single_plan(request)
 
-    def run(self, call: Call) -> Any:
-        """Run one script call; its raw reply (raises :class:`BackendError`)."""
+    def run(self, call: Call, deadline: float | None = None) -> Any:
+        """Run one script call; its raw reply (raises :class:`BackendError`).
+        ``deadline`` (``time.monotonic()`` seconds): when the evaluation's ``DEADLINE``
+        ends, which bounds each round trip where the backend can (docs/settings.md,
+        "Time budgets")."""
         raise NotImplementedError
 
     async def arun(self, call: Call) -> Any:

@@ -27,8 +27,11 @@ BLAME_NODE = "node"
 #: ... the node answered (an error reply, ``CLUSTERDOWN``, ``TRYAGAIN``): never counts ...
 BLAME_NONE = "none"
 #: ... the node refused a new connection while it is up (``maxclients``): counts only
-#: when none of its connections answered lately.
+#: when none of its connections answered lately ...
 BLAME_UNLESS_ANSWERING = "unless_answering"
+#: ... or the process's own budget ran out (``DEADLINE`` spent before a command could be
+#: written): never counts, proves nothing either way.
+BLAME_SELF = "self"
 
 #: Labels of failures that have a name of their own beside their reason (recent errors,
 #: logs): a server at ``maxclients`` refusing a new connection, a cluster refusing with
@@ -45,9 +48,9 @@ class BackendError(QuotaError):
     ``label`` names a failure that has a name of its own beside its reason
     (:data:`MAXCLIENTS`, :data:`CLUSTERDOWN`, :data:`TRYAGAIN`), for the recent errors
     and the logs; ``blame`` says how it bears on the node's circuit breaker
-    (:data:`BLAME_NODE`, :data:`BLAME_NONE`, :data:`BLAME_UNLESS_ANSWERING`; None: by its
-    reason). Raised by backends only; the limiter turns it into a failed outcome, so it
-    never reaches a view.
+    (:data:`BLAME_NODE`, :data:`BLAME_NONE`, :data:`BLAME_UNLESS_ANSWERING`,
+    :data:`BLAME_SELF`; None: by its reason). Raised by backends only; the limiter turns
+    it into a failed outcome, so it never reaches a view.
     """
 
     def __init__(
