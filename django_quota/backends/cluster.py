@@ -29,8 +29,13 @@ redirections are still followed: a redirected command did not run.
 
 Everything after that is ``indeterminate``, as on a standalone Redis. Cluster refusals
 (``CLUSTERDOWN``, ``TRYAGAIN``, redirections past redis-py's 16 hops, a slot no node
-serves) ran nothing: ``backend_unavailable``. When redis-py's topology refresh fails
-while it handles a command's error, the command's own error decides.
+serves) ran nothing: ``backend_unavailable``; ``CLUSTERDOWN`` and ``TRYAGAIN`` are
+labelled and never counted by a breaker (the node answered). When redis-py's topology
+refresh fails while it handles a command's error, the command's own error decides.
+
+The sync backend sends its commands straight to the slot's primary
+(:meth:`RedisClusterBackend.run`): redis-py's cluster client sleeps 0.25 s before it
+raises ``CLUSTERDOWN``.
 """
 
 from __future__ import annotations
