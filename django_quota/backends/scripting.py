@@ -480,7 +480,9 @@ class BaseRedisBackend(ScriptedBackend):
             for node in nodes:
                 self.command(node, "PING")
         except Exception as exc:
-            return [("connectivity", "error", str(self.classify(exc)))]
+            error = self.classify(exc)
+            label = f"{error.label}: " if error.label else ""  # maxclients, clusterdown…
+            return [("connectivity", "error", f"{label}{error}")]
         by = f" by {len(nodes)} primaries" if self.clustered else ""
         rows: list[Row] = [("connectivity", "ok", f"PING answered{by}")]
         checks = (self._latency, self._scripts, self._evaluation, self._clock, self._maxmemory)
