@@ -291,7 +291,12 @@ class QuotaPolicyAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
             "breaker_nodes": nodes,
             "degraded": worst != CLOSED,
             "recent_errors": [
-                {"at": _utc(error.at), "reason": error.reason, "detail": error.detail}
+                {
+                    "at": _utc(error.at),
+                    "reason": error.reason,
+                    "detail": error.detail,
+                    "label": error.label,
+                }
                 for error in reversed(current.recent_errors)
             ],
             "counts": [

@@ -27,7 +27,7 @@ from django_quota.backends.memory import MemoryBackend
 from django_quota.backends.scripting import adrive, drive
 from django_quota.core.admission import NodeGuard
 from django_quota.core.breaker import BreakerError
-from django_quota.core.errors import BackendError
+from django_quota.core.errors import BLAME_NODE, BLAME_NONE, BLAME_UNLESS_ANSWERING, BackendError
 from django_quota.core.identity import Identity, IdentityError, build_identity
 from django_quota.core.model import (
     GROUP_CLOCK_UNSAFE,
@@ -160,15 +160,41 @@ class Limiter:
             guard.slots.release()
             raise Refused(BACKEND_UNAVAILABLE, f"circuit breaker open for {guard.name}")
 
-    def _account(self, guard: NodeGuard, error: BackendError | None) -> None:
+    def _account(self, guard: NodeGuard, error: BackendError | None, started: float) -> None:
+        """Tell the node's breaker what a call started at ``started`` did
+        (``docs/failures.md``, "The circuit breaker"): only evidence that the node is
+        unreachable or unresponsive counts; an answer, whatever it says, shows that its
+        connections work; a new connection refused at ``maxclients`` counts only when none
+        of them answered lately."""
         breaker = guard.breaker
         if error is None:
+            breaker.answered(started)
             state = breaker.success()
-        elif error.reason in BREAKER_REASONS:
-            state = breaker.failure(error.reason, str(error))
-        else:  # the node answered: it is reachable
-            state = breaker.success()
-            breaker.note(error.reason, str(error))
+        else:
+            blame = error.blame
+            if blame is None:
+                blame = BLAME_NODE if error.reason in BREAKER_REASONS else BLAME_NONE
+            label = error.label or ""
+            counted = blame == BLAME_NODE or (
+                blame == BLAME_UNLESS_ANSWERING and not breaker.answering()
+            )
+            if counted:
+                state = breaker.failure(error.reason, str(error), label)
+            else:
+                if blame == BLAME_NONE:  # the node answered: it is reachable
+                    breaker.answered(started)
+                    state = breaker.success()
+                else:  # refused a new connection while its connections answer, or
+                    state = None  # DEADLINE spent before a command could be written
+                breaker.note(error.reason, str(error), label)
+            if label:
+                logger.warning(
+                    "quota node %s: reason=%s label=%s %s",
+                    guard.name,
+                    error.reason,
+                    label,
+                    "(counted by its circuit breaker)" if counted else "(not counted: it answers)",
+                )
         if state is not None:
             logger.warning("quota circuit breaker %s for node %s", state, guard.name)
 
@@ -182,13 +208,13 @@ class Limiter:
         guard = self.guard(backend.node_of(call))
         self._admit(guard, guard.slots.acquire(self._remaining(started)))
         try:
-            raw = backend.run(call)
+            raw = backend.run(call, started + self.settings.deadline)
         except BackendError as error:
-            self._account(guard, error)
+            self._account(guard, error, started)
             raise
         finally:
             guard.slots.release()
-        self._account(guard, None)
+        self._account(guard, None, started)
         return raw
 
     async def aexecute(self, call: Any, started: float) -> Any:
@@ -199,11 +225,11 @@ class Limiter:
         try:
             raw = await backend.arun(call)
         except BackendError as error:
-            self._account(guard, error)
+            self._account(guard, error, started)
             raise
         finally:
             guard.slots.release()
-        self._account(guard, None)
+        self._account(guard, None, started)
         return raw
 
     # -- prepare ------------------------------------------------------------------------

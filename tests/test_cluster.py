@@ -20,7 +20,7 @@ from django.core.management import call_command
 from redis.cluster import RedisCluster
 
 import django_quota
-from django_quota import limiter, policies
+from django_quota import engine, limiter, policies
 from django_quota.backends.cluster import (
     AsyncMarkingClusterConnection,
     Call,
@@ -676,6 +676,69 @@ def test_a_stopped_node_fails_by_failure_mode_and_never_raises(
     on_cluster(TIMEOUT=0.1, DEADLINE=0.25, POLICIES={"closed": {"windows": "5/h"}})
     back = django_quota.evaluate("closed", lost)  # the node restarted empty
     assert (back.decision, back.remaining) == ("allowed", 4)
+
+
+def _cluster_state(node: Any) -> str:
+    with contextlib.closing(node.client(socket_timeout=1.0)) as client:
+        return str(client.cluster("INFO")["cluster_state"])
+
+
+def test_clusterdown_during_a_failover_leaves_the_healthy_primaries_breakers_closed(
+    quota: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A primary dies; once the others flag it failed (a short node timeout here), they
+    answer CLUSTERDOWN for every slot. Their connections answer: their breakers stay
+    closed, each refusal is labelled, and none waits out redis-py's 0.25 s sleep (the
+    calls go straight to the slot's primary). The dead primary's breaker opens."""
+    with redis_cluster(3, "--cluster-node-timeout", "300") as failing:
+        quota(
+            REDIS_URL=failing.url,
+            CLUSTER=True,
+            TIMEOUT=0.1,
+            DEADLINE=0.25,
+            FAILURE_RETRY_AFTER=30,
+            POLICIES={"p": {"windows": "1000/h", "selector": ["ip"]}},
+        )
+        by_port = {
+            failing.node_of(counter_of("p", s)): s
+            for s in subjects_on_distinct_nodes(failing, "p", "ip")
+        }
+        victim = failing.nodes[1]
+        healthy = [node for node in failing.nodes if node is not victim]
+        for subject in by_port.values():  # pooled connections to every primary
+            assert django_quota.evaluate("p", subject).decision == "allowed"
+        sleeps = 0
+        original = time.sleep
+
+        def counting_sleep(seconds: float) -> None:
+            nonlocal sleeps
+            sleeps += 1
+            original(seconds)
+
+        victim.stop()
+        deadline = time.monotonic() + 20
+        while _cluster_state(healthy[0]) != "fail" or _cluster_state(healthy[1]) != "fail":
+            assert time.monotonic() < deadline, "the cluster never flagged the primary failed"
+            time.sleep(0.05)
+        with caplog.at_level("WARNING", "django_quota"), pytest.MonkeyPatch.context() as patch:
+            patch.setattr(time, "sleep", counting_sleep)  # redis-py's is time.sleep
+            for node in healthy:
+                for _ in range(3 * engine.BREAKER_THRESHOLD):
+                    outcome = django_quota.evaluate("p", by_port[node.port])
+                    assert (outcome.decision, outcome.reason) == (
+                        "failed_closed",
+                        "backend_unavailable",
+                    )
+                breaker = limiter.get_breaker(f"127.0.0.1:{node.port}")
+                assert breaker.state == "closed", node.port
+            for _ in range(engine.BREAKER_THRESHOLD):
+                lost = django_quota.evaluate("p", by_port[victim.port])
+                assert lost.reason == "backend_unavailable"
+        assert sleeps == 0, "redis-py's CLUSTERDOWN sleep was waited out"
+        assert limiter.get_breaker(f"127.0.0.1:{victim.port}").state == "open"
+        labels = [error.label for error in limiter.recent_errors()]
+        assert labels.count("clusterdown") >= len(labels) - engine.BREAKER_THRESHOLD - 1
+        assert "label=clusterdown (not counted: it answers)" in caplog.text
 
 
 def test_a_timeout_is_never_retried_behind_the_librarys_back(

@@ -102,7 +102,7 @@ class RecordingConnection:
     def send_command(self, *args: Any) -> None:
         self.commands.append(args)
 
-    def read_response(self) -> int:
+    def read_response(self, **options: Any) -> int:  # timeout=, disconnect_on_error=
         return 7
 
 

@@ -67,8 +67,9 @@ class ScriptBackend(Backend, Protocol):
         thrown in as ``BackendError``), returns the reply."""
         ...
 
-    def run(self, call: Any) -> Any:
-        """Run one call; its raw reply."""
+    def run(self, call: Any, deadline: float | None = None) -> Any:
+        """Run one call; its raw reply. ``deadline``: when the evaluation's ``DEADLINE``
+        ends (``time.monotonic()`` seconds), or None."""
         ...
 
     async def arun(self, call: Any) -> Any:

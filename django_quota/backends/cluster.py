@@ -29,8 +29,13 @@ redirections are still followed: a redirected command did not run.
 
 Everything after that is ``indeterminate``, as on a standalone Redis. Cluster refusals
 (``CLUSTERDOWN``, ``TRYAGAIN``, redirections past redis-py's 16 hops, a slot no node
-serves) ran nothing: ``backend_unavailable``. When redis-py's topology refresh fails
-while it handles a command's error, the command's own error decides.
+serves) ran nothing: ``backend_unavailable``; ``CLUSTERDOWN`` and ``TRYAGAIN`` are
+labelled and never counted by a breaker (the node answered). When redis-py's topology
+refresh fails while it handles a command's error, the command's own error decides.
+
+The sync backend sends its commands straight to the slot's primary
+(:meth:`RedisClusterBackend.run`): redis-py's cluster client sleeps 0.25 s before it
+raises ``CLUSTERDOWN``.
 """
 
 from __future__ import annotations
@@ -50,7 +55,7 @@ from redis.backoff import NoBackoff
 from redis.cluster import RedisCluster
 from redis.crc import key_slot
 
-from django_quota.backends.redis import MarkingConnectionPool, peer_hung_up
+from django_quota.backends.redis import MarkingConnectionPool, peer_hung_up, send
 from django_quota.backends.scripting import (
     CONNECT_ERRORS,
     BaseRedisBackend,
@@ -65,7 +70,7 @@ from django_quota.backends.scripting import (
     run_script,
     text,
 )
-from django_quota.core.errors import BackendError
+from django_quota.core.errors import BLAME_NONE, CLUSTERDOWN, TRYAGAIN, BackendError
 from django_quota.core.model import (
     ALGORITHM_CODES,
     CHARGED,
@@ -124,8 +129,16 @@ def classify_cluster(exc: BaseException) -> BackendError:
     while connecting the client (no command sent) is ``backend_timeout`` or
     ``backend_unavailable`` by its cause, else ``backend_error`` (a configuration
     mistake such as a standalone server behind ``CLUSTER``). The rest is :func:`classify`.
+
+    ``CLUSTERDOWN`` and ``TRYAGAIN`` are labelled as such, and never count toward the
+    breaker of the node that answered them: its connections work.
     """
     message = f"{type(exc).__name__}: {exc}"
+    # The node answered: labelled, never counted by its breaker (docs/failures.md).
+    if isinstance(exc, redis_exceptions.ClusterDownError):
+        return BackendError(BACKEND_UNAVAILABLE, message, label=CLUSTERDOWN, blame=BLAME_NONE)
+    if isinstance(exc, redis_exceptions.TryAgainError):
+        return BackendError(BACKEND_UNAVAILABLE, message, label=TRYAGAIN, blame=BLAME_NONE)
     if isinstance(exc, _NOT_RUN):
         return BackendError(BACKEND_UNAVAILABLE, message)
     if isinstance(exc, redis_exceptions.RedisClusterException):
@@ -404,6 +417,9 @@ class RedisClusterBackend(BaseRedisBackend):
     ) -> None:
         super().__init__(timeout=timeout, max_inflight=max_inflight, url_options=url_options)
         self.url = pinned_url(url)
+        #: Primaries (``host:port``) whose last direct call failed to connect or read:
+        #: their calls go through redis-py's cluster client until one succeeds.
+        self._suspects: set[str] = set()
 
     # -- clients -----------------------------------------------------------------------
     def _build(self, asynchronous: bool) -> Any:
@@ -478,24 +494,64 @@ class RedisClusterBackend(BaseRedisBackend):
         """One ``EVALSHA`` per hash slot, in order, with refunds (:func:`plan`)."""
         return plan(request, split_by_slot(request, slot_of))
 
-    def run(self, call: Call) -> Any:
+    def run(self, call: Call, deadline: float | None = None) -> Any:
         """Run one script call on the primary of its slot. ``NOSCRIPT`` loads the script
         on that primary only (redis-py's ``Script`` would load it on every primary, tying
-        this call to the health of the whole cluster) and runs it again."""
+        this call to the health of the whole cluster) and runs it again.
+
+        The commands go straight to the slot's primary, on its redis-py pool
+        (``get_node_from_key``, ``get_redis_connection``): redis-py's cluster client
+        sleeps 0.25 s before it raises ``CLUSTERDOWN``, longer than the whole default
+        ``DEADLINE``, and no setting turns that off. A ``MOVED`` or ``ASK`` reply (the
+        command did not run) is sent again through the cluster client, which follows it
+        and learns the new owner. After a connection failure the node is suspect: its
+        calls go through the cluster client, which rereads the slot table on its own
+        connection failures (a failover), until one succeeds (docs/cluster.md). Each
+        direct command is bounded by ``deadline`` as the standalone backend's are
+        (:func:`~django_quota.backends.redis.send`)."""
         source = self._sources[call.script]
+        timeout = self.timeout
         try:
             client = self.client
+            try:
+                node = client.get_node_from_key(call.keys[0])
+            except redis_exceptions.SlotNotCoveredError:  # redis-py rereads the table
+                return run_script(source, call, self._routed(client, call))
+            name = node.name
+            if name in self._suspects:
+                reply = run_script(source, call, self._routed(client, call))
+                self._suspects.discard(name)
+                return reply
+            pool = client.get_redis_connection(node).connection_pool
+            routed = self._routed(client, call)
 
             def execute(command: tuple[Any, ...]) -> Any:
-                if command[0] == "EVALSHA":
-                    return client.execute_command(*command)
-                node = client.get_node_from_key(call.keys[0])
-                name = " ".join(command[:2])
-                return client.execute_command(name, *command[2:], target_nodes=node)
+                try:
+                    return send(pool, command, deadline, timeout)
+                except redis_exceptions.AskError:  # and MovedError: it did not run
+                    return routed(command)
 
-            return run_script(source, call, execute)
+            try:
+                return run_script(source, call, execute)
+            except CONNECT_ERRORS:
+                self._suspects.add(name)
+                raise
         except Exception as exc:
             raise classify_cluster(exc) from exc
+
+    @staticmethod
+    def _routed(client: Any, call: Call) -> Callable[[tuple[Any, ...]], Any]:
+        """Send a command of ``call`` through redis-py's cluster client (``EVALSHA``
+        routed by its key, ``SCRIPT LOAD`` to the primary of the call's slot)."""
+
+        def execute(command: tuple[Any, ...]) -> Any:
+            if command[0] == "EVALSHA":
+                return client.execute_command(*command)
+            node = client.get_node_from_key(call.keys[0])
+            name = " ".join(command[:2])
+            return client.execute_command(name, *command[2:], target_nodes=node)
+
+        return execute
 
     async def arun(self, call: Call) -> Any:
         """Async twin of :meth:`run`."""

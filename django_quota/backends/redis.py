@@ -9,6 +9,7 @@ import contextlib
 import os
 import select
 import socket
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -28,10 +29,12 @@ from django_quota.backends.scripting import (
     arun_script,
     classify,
     client_options,
+    deadline_spent,
     is_connect_failure,
     mark_connect_failure,
     run_script,
 )
+from django_quota.core.errors import BackendError
 
 __all__ = [
     "NOSCRIPT_ATTEMPTS",
@@ -322,15 +325,23 @@ class RedisBackend(BaseRedisBackend):
         """The node a call runs on: a standalone or Sentinel primary is one node."""
         return "default"
 
-    def run(self, call: Call) -> Any:
-        """Run one script call (``EVALSHA``; ``NOSCRIPT`` loads the script and retries)."""
+    def run(self, call: Call, deadline: float | None = None) -> Any:
+        """Run one script call (``EVALSHA``; ``NOSCRIPT`` loads the script and retries),
+        each command bounded by ``deadline`` as :func:`send` says."""
         pool = self.client.connection_pool
         source = self._sources[call.script]
+        timeout = self.timeout
         try:
+            evalsha = ("EVALSHA", source.sha1, len(call.keys), *call.keys, *call.args)
             try:
-                return send(pool, ("EVALSHA", source.sha1, len(call.keys), *call.keys, *call.args))
+                return send(pool, evalsha, deadline, timeout)
             except redis_exceptions.NoScriptError:
-                return run_script(source, call, lambda command: send(pool, command), missing=True)
+                return run_script(
+                    source,
+                    call,
+                    lambda command: send(pool, command, deadline, timeout),
+                    missing=True,
+                )
         except Exception as exc:
             raise classify(exc) from exc
 
@@ -407,7 +418,16 @@ def write(connection: Any, packed: bytes) -> None:
     connection.send_packed_command([packed])
 
 
-def send(pool: Any, command: tuple[Any, ...]) -> Any:
+#: How long a reply found in the socket as its wait timed out may take to read whole (s).
+LATE_REPLY_GRACE = 0.001
+
+
+def send(
+    pool: Any,
+    command: tuple[Any, ...],
+    deadline: float | None = None,
+    timeout: float | None = None,
+) -> Any:
     """Send one command on a connection of ``pool`` and read its raw reply.
 
     What ``Redis.execute_command`` does for us, without its per-command bookkeeping
@@ -416,20 +436,43 @@ def send(pool: Any, command: tuple[Any, ...]) -> Any:
     whole reply (it failed, timed out, or was interrupted between the write and the
     read) is disconnected before it returns to the pool, so that the next command
     starts afresh and never reads this one's late reply; an error reply leaves it in
-    step. The
-    command is packed by hiredis when it is installed: redis-py's own packer wraps the
-    same call in about 2 µs of argument checks (it splits a command name given as text
-    on spaces, copies each argument) that our commands never need.
+    step. The command is packed by hiredis when it is installed: redis-py's own packer
+    wraps the same call in about 2 µs of argument checks (it splits a command name given
+    as text on spaces, copies each argument) that our commands never need.
+
+    ``deadline`` (``time.monotonic()`` seconds, the end of the evaluation's
+    ``DEADLINE``) bounds the command: once it has passed, nothing is written
+    (:func:`~django_quota.backends.scripting.deadline_spent`), and the reply is awaited
+    until then when that is sooner than the socket's own ``timeout`` (``TIMEOUT``).
+    A reply that is in the socket when its wait times out (a signal handler ran past
+    the timeout, say) is read and used (docs/settings.md, "Time budgets").
     """
     connection = pool.get_connection()
     try:
+        wait: float | None = None
+        if deadline is not None:
+            left = deadline - time.monotonic()
+            if left <= 0:  # the wait for a slot or the connect took the rest
+                raise deadline_spent(command)
+            if timeout is None or left < timeout:
+                wait = left
         if pack_command is None:
             connection.send_command(*command)
         else:
             write(connection, pack_command(command))
-        return connection.read_response()
+        try:
+            if wait is None:
+                return connection.read_response(disconnect_on_error=False)
+            return connection.read_response(timeout=wait, disconnect_on_error=False)
+        except redis_exceptions.TimeoutError:
+            if not connection.can_read(timeout=0):
+                raise
+            # It came as the wait ended: the command ran, its reply is here.
+            return connection.read_response(timeout=LATE_REPLY_GRACE, disconnect_on_error=False)
     except redis_exceptions.ResponseError:
         raise  # an error reply, read whole: the connection is in step
+    except BackendError:
+        raise  # nothing was written: the connection is in step
     except BaseException:
         # Broken, timed out, or interrupted between the write and the read (an exception
         # from a signal handler, Ctrl-C): the reply may still come, and must never be

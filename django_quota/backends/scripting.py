@@ -21,7 +21,12 @@ from redis.retry import Retry
 
 from django_quota.backends import unusable_url
 from django_quota.backends.probe import Row, run_probe
-from django_quota.core.errors import BackendError
+from django_quota.core.errors import (
+    BLAME_SELF,
+    BLAME_UNLESS_ANSWERING,
+    MAXCLIENTS,
+    BackendError,
+)
 from django_quota.core.outcome import (
     BACKEND_ERROR,
     BACKEND_MODE_REDIS,
@@ -47,15 +52,28 @@ _REFUSALS = (
 )
 
 
+#: What a Redis at ``maxclients`` sends a new connection, then closes it (redis-py raises
+#: it as a ``ConnectionError`` with this text).
+MAXCLIENTS_REPLY = "max number of clients reached"
+
+
+def is_maxclients(exc: BaseException) -> bool:
+    """Whether ``exc`` is a server at ``maxclients`` refusing a new connection: it
+    accepted the connection, answered with that error and closed it, reading nothing."""
+    return isinstance(exc, redis_exceptions.ConnectionError) and MAXCLIENTS_REPLY in str(exc)
+
+
 class ConnectFailed(redis_exceptions.ConnectionError):
     """Raised by our pools when no connection could be had: nothing was written.
 
-    ``timed_out`` tells a connect timeout from a refusal (or a full pool).
+    ``timed_out`` tells a connect timeout from a refusal (or a full pool);
+    ``maxclients`` a server at ``maxclients`` refusing the new connection.
     """
 
     def __init__(self, cause: BaseException) -> None:
         super().__init__(f"{type(cause).__name__}: {cause}")
         self.timed_out = isinstance(cause, redis_exceptions.TimeoutError | TimeoutError)
+        self.maxclients = is_maxclients(cause)
 
 
 def is_connect_failure(exc: BaseException) -> bool:
@@ -83,9 +101,21 @@ def classify(exc: BaseException) -> BackendError:
     have run. ``WRONGPASS``, ``NOAUTH``, ``NOPERM``, ``OOM`` and every other error reply
     (``BUSY``, ``READONLY``…) are ``backend_error``: the server answered, so the local
     fallback never takes over from a misconfigured one.
+
+    A server at ``maxclients`` refusing a new connection is ``backend_unavailable``
+    labelled :data:`~django_quota.core.errors.MAXCLIENTS`: it refused before reading
+    anything, so nothing ran, and it counts toward the node's breaker only when none of
+    the node's connections answered lately (``docs/failures.md``, "The circuit breaker").
     """
     if isinstance(exc, BackendError):
         return exc
+    if exc.maxclients if isinstance(exc, ConnectFailed) else is_maxclients(exc):
+        return BackendError(
+            BACKEND_UNAVAILABLE,
+            f"{type(exc).__name__}: {exc}",
+            label=MAXCLIENTS,
+            blame=BLAME_UNLESS_ANSWERING,
+        )
     if isinstance(exc, ConnectFailed):
         reason = BACKEND_TIMEOUT if exc.timed_out else BACKEND_UNAVAILABLE
     elif isinstance(exc, redis_exceptions.BusyLoadingError):
@@ -97,6 +127,14 @@ def classify(exc: BaseException) -> BackendError:
     else:
         reason = BACKEND_ERROR
     return BackendError(reason, f"{type(exc).__name__}: {exc}")
+
+
+def deadline_spent(command: Sequence[Any]) -> BackendError:
+    """``DEADLINE`` ran out before ``command`` could be written: ``backend_timeout``
+    (nothing ran), never counted by the node's breaker (docs/failures.md)."""
+    return BackendError(
+        BACKEND_TIMEOUT, f"DEADLINE spent before {command[0]} was written", blame=BLAME_SELF
+    )
 
 
 class Call(NamedTuple):
@@ -226,8 +264,11 @@ class ScriptedBackend:
         """The calls deciding ``request`` (one ``EVALSHA`` on a single primary)."""
         return single_plan(request)
 
-    def run(self, call: Call) -> Any:
-        """Run one script call; its raw reply (raises :class:`BackendError`)."""
+    def run(self, call: Call, deadline: float | None = None) -> Any:
+        """Run one script call; its raw reply (raises :class:`BackendError`).
+        ``deadline`` (``time.monotonic()`` seconds): when the evaluation's ``DEADLINE``
+        ends, which bounds each round trip where the backend can (docs/settings.md,
+        "Time budgets")."""
         raise NotImplementedError
 
     async def arun(self, call: Call) -> Any:
@@ -439,7 +480,9 @@ class BaseRedisBackend(ScriptedBackend):
             for node in nodes:
                 self.command(node, "PING")
         except Exception as exc:
-            return [("connectivity", "error", str(self.classify(exc)))]
+            error = self.classify(exc)
+            label = f"{error.label}: " if error.label else ""  # maxclients, clusterdown…
+            return [("connectivity", "error", f"{label}{error}")]
         by = f" by {len(nodes)} primaries" if self.clustered else ""
         rows: list[Row] = [("connectivity", "ok", f"PING answered{by}")]
         checks = (self._latency, self._scripts, self._evaluation, self._clock, self._maxmemory)

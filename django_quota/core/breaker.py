@@ -18,11 +18,14 @@ HALF_OPEN = "half_open"
 
 @dataclass(frozen=True, slots=True)
 class BreakerError:
-    """One recorded backend failure: when (epoch seconds) and its reason."""
+    """One recorded backend failure: when (epoch seconds), its reason, the driver's
+    message, and its label when it has a name of its own (``maxclients``,
+    ``clusterdown``, ``tryagain``; ``docs/failures.md``), else ``""``."""
 
     at: float
     reason: str
     detail: str
+    label: str = ""
 
 
 class CircuitBreaker:
@@ -53,6 +56,9 @@ class CircuitBreaker:
         self._opened_at = 0.0
         self._probing = False
         self._probe_started = 0.0
+        #: When (``clock``) a call that the node answered last started: a lower bound of
+        #: when the node last answered (-inf: never).
+        self.answered_at = float("-inf")
         #: Recent failures, of every kind (:meth:`failure` and :meth:`note`), newest last;
         #: possibly shared with other breakers of the same limiter.
         self.recent_errors: deque[BreakerError] = (
@@ -103,16 +109,29 @@ class CircuitBreaker:
                 return CLOSED
             return None
 
-    def note(self, reason: str, detail: str = "") -> None:
-        """Record a failure that does not count against the node (the server answered:
-        an error reply, a clock refusal), for the status page."""
-        with self._lock:
-            self.recent_errors.append(BreakerError(self._wall_clock(), reason, detail))
+    def answered(self, started: float) -> None:
+        """Record that the node answered a call started at ``started`` (``clock``
+        seconds): its connections work. One attribute write, no lock: a race keeps one of
+        two close times."""
+        if started > self.answered_at:
+            self.answered_at = started
 
-    def failure(self, reason: str, detail: str = "") -> str | None:
+    def answering(self) -> bool:
+        """Whether the node answered a call started within the last ``cool_down``
+        seconds (docs/failures.md, "The circuit breaker")."""
+        return self._clock() - self.answered_at < self.cool_down
+
+    def note(self, reason: str, detail: str = "", label: str = "") -> None:
+        """Record a failure that does not count against the node (the server answered:
+        an error reply, a clock refusal; or it refused a new connection while its
+        connections answer), for the status page."""
+        with self._lock:
+            self.recent_errors.append(BreakerError(self._wall_clock(), reason, detail, label))
+
+    def failure(self, reason: str, detail: str = "", label: str = "") -> str | None:
         """Record a failed call; return the new state when it changed."""
         with self._lock:
-            self.recent_errors.append(BreakerError(self._wall_clock(), reason, detail))
+            self.recent_errors.append(BreakerError(self._wall_clock(), reason, detail, label))
             self._failures += 1
             self._probing = False
             if self._state == HALF_OPEN or (
@@ -129,4 +148,5 @@ class CircuitBreaker:
             self._state = CLOSED
             self._failures = 0
             self._probing = False
+            self.answered_at = float("-inf")
             self.recent_errors.clear()

@@ -21,14 +21,47 @@ class ConfigurationError(QuotaError, ValueError):
         self.hint = hint
 
 
+#: How a failure bears on its node's circuit breaker (``docs/failures.md``, "The circuit
+#: breaker"): the node is unreachable or did not answer within ``TIMEOUT`` (counts) ...
+BLAME_NODE = "node"
+#: ... the node answered (an error reply, ``CLUSTERDOWN``, ``TRYAGAIN``): never counts ...
+BLAME_NONE = "none"
+#: ... the node refused a new connection while it is up (``maxclients``): counts only
+#: when none of its connections answered lately ...
+BLAME_UNLESS_ANSWERING = "unless_answering"
+#: ... or the process's own budget ran out (``DEADLINE`` spent before a command could be
+#: written): never counts, proves nothing either way.
+BLAME_SELF = "self"
+
+#: Labels of failures that have a name of their own beside their reason (recent errors,
+#: logs): a server at ``maxclients`` refusing a new connection, a cluster refusing with
+#: ``CLUSTERDOWN`` or ``TRYAGAIN``.
+MAXCLIENTS = "maxclients"
+CLUSTERDOWN = "clusterdown"
+TRYAGAIN = "tryagain"
+
+
 class BackendError(QuotaError):
     """A backend could not decide; ``reason`` is one of the failure reasons of
     ``docs/failures.md``.
 
-    Raised by backends only; the limiter turns it into a failed outcome, so it never
-    reaches a view.
+    ``label`` names a failure that has a name of its own beside its reason
+    (:data:`MAXCLIENTS`, :data:`CLUSTERDOWN`, :data:`TRYAGAIN`), for the recent errors
+    and the logs; ``blame`` says how it bears on the node's circuit breaker
+    (:data:`BLAME_NODE`, :data:`BLAME_NONE`, :data:`BLAME_UNLESS_ANSWERING`,
+    :data:`BLAME_SELF`; None: by its reason). Raised by backends only; the limiter turns
+    it into a failed outcome, so it never reaches a view.
     """
 
-    def __init__(self, reason: str, message: str = "") -> None:
+    def __init__(
+        self,
+        reason: str,
+        message: str = "",
+        *,
+        label: str | None = None,
+        blame: str | None = None,
+    ) -> None:
         super().__init__(message or reason)
         self.reason = reason
+        self.label = label
+        self.blame = blame
