@@ -19,7 +19,7 @@ from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path
 
-from django_quota import conf, limiter, metrics, policies, references
+from django_quota import conf, limiter, metrics, operations, policies, references
 from django_quota.backends import connection_url
 from django_quota.core.breaker import CLOSED, HALF_OPEN, OPEN
 from django_quota.core.errors import BackendError, ConfigurationError
@@ -267,6 +267,7 @@ class QuotaPolicyAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         worst = max(nodes.values(), key=_BREAKER_SEVERITY.index, default=CLOSED)
         backend = current.backend
         counts = sorted(metrics.outcome_counts().items())
+        eviction, eviction_error = _eviction() if settings.backend == "redis" else ([], None)
         context = {
             **self.admin_site.each_context(request),
             "title": "Quota status",
@@ -304,8 +305,31 @@ class QuotaPolicyAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
                 for key, value in counts
             ],
             "started_at": metrics.started_at,
+            "eviction": eviction,
+            "eviction_error": eviction_error,
         }
         return TemplateResponse(request, "django_quota/admin/status.html", context)
+
+
+def _eviction() -> tuple[list[dict[str, object]], str | None]:
+    """Each Redis primary's eviction rows for the status page, or the failure that kept
+    them from being read."""
+    try:
+        readings = operations.eviction()
+    except BackendError as exc:
+        return [], f"{exc.reason}: {exc}"
+    return [
+        {
+            "node": reading.node,
+            "policy": reading.policy,
+            "maxmemory": reading.maxmemory,
+            "evicting": reading.evicting,
+            "evicted_keys": reading.evicted_keys,
+            "evicted_since": reading.evicted_since_first_read,
+            "first_read": _utc(reading.first_read),
+        }
+        for reading in readings
+    ], None
 
 
 def _utc(epoch_seconds: float) -> str:

@@ -22,6 +22,7 @@ class DjangoQuotaConfig(AppConfig):
 
         django_checks.register(checks.check_settings)
         django_checks.register(checks.check_drf_rates)
+        django_checks.register(checks.check_eviction)
 
         setting_changed.connect(conf.reset_on_setting_change, dispatch_uid="quota-settings-changed")
         # What is built from settings: the registry with the generated policies, and the

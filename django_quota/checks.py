@@ -11,6 +11,7 @@ from django.conf import settings as django_settings
 from django.core.checks import CheckMessage, Error, Warning
 from django.utils.module_loading import import_string
 
+from django_quota import conf
 from django_quota.conf import QuotaSettings, parse_settings
 from django_quota.core.policy import AUTO, Policy, generated_policy_id
 from django_quota.messages import Checks, Message
@@ -288,6 +289,32 @@ def _warnings(parsed: QuotaSettings) -> list[CheckMessage]:
     ):
         reported.append(_warning(Checks.MIDDLEWARE_MISSING, middleware=MIDDLEWARE_PATH))
     return reported
+
+
+def check_eviction(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """W009: a reachable Redis backend that may evict keys (``docs/operations.md``,
+    "Eviction"). Quiet for the memory backend, for settings that do not parse (E001-E005
+    say why), and for a Redis this process cannot reach or may not ask ``INFO``: this
+    check reports eviction only (``quota check`` reports connectivity)."""
+    try:
+        if conf.get_settings().backend != "redis":
+            return []
+        from django_quota import operations
+
+        readings = operations.eviction()
+    except Exception:  # unreachable, refused, or settings in error: not this check's
+        return []
+    return [
+        _warning(
+            Checks.REDIS_EVICTS,
+            node=reading.node,
+            policy=reading.policy,
+            maxmemory=reading.maxmemory,
+            evicted=reading.evicted_keys,
+        )
+        for reading in readings
+        if reading.evicting
+    ]
 
 
 def check_drf_rates(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:

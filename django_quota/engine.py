@@ -113,6 +113,8 @@ class Limiter:
         self.recent_errors: deque[BreakerError] = deque(maxlen=20)
         #: Undefined policy ids already logged (``limiter.policy_unknown``): once each.
         self.unknown_logged: set[str] = set()
+        #: Each primary's first ``evicted_keys`` reading and its time (``operations.eviction``).
+        self.first_evicted: dict[str, tuple[int, float]] = {}
         self._guards: dict[str, NodeGuard] = {}
         self._lock = threading.Lock()
         self._compiled: dict[int, Compiled] = {}

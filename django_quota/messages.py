@@ -36,6 +36,7 @@ W_CLIENT_CLOCK = "django_quota.W005"
 W_MIDDLEWARE_MISSING = "django_quota.W006"
 W_RESOLVER_BEFORE_AUTHENTICATION = "django_quota.W007"
 W_REDIS_URL_IGNORED = "django_quota.W008"
+W_REDIS_EVICTS = "django_quota.W009"
 
 
 @dataclass(frozen=True, slots=True)
@@ -252,6 +253,15 @@ class Checks:
         "policies have routes but QuotaMiddleware is not in MIDDLEWARE: they apply only "
         "through throttles and decorators",
         "add {middleware!r} after AuthenticationMiddleware",
+    )
+    REDIS_EVICTS = Message(
+        W_REDIS_EVICTS,
+        "the Redis of node {node!r} has maxmemory-policy {policy} with maxmemory {maxmemory}: "
+        "it can evict live counters, which resets their limits ({evicted} keys evicted since "
+        "it started)",
+        "set maxmemory-policy noeviction on the rate-limit Redis (CONFIG SET "
+        "maxmemory-policy noeviction, and in its redis.conf), or give the counters a Redis "
+        "of their own",
     )
     REDIS_URL_IGNORED = Message(
         W_REDIS_URL_IGNORED,

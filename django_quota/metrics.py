@@ -90,8 +90,8 @@ class _Counts:
     """
 
     __slots__ = (
-        "backend_children", "families", "families_lock", "health", "latency", "lock",
-        "outcome_children", "outcomes",
+        "backend_children", "evicted", "families", "families_lock", "health", "latency",
+        "lock", "outcome_children", "outcomes",
     )
 
     def __init__(self) -> None:
@@ -111,6 +111,8 @@ class _Counts:
         self.families_lock = threading.Lock()
         self.outcome_children: dict[_SeriesKey, Any] = {}
         self.backend_children: dict[tuple[str, str], tuple[Any, Any]] = {}
+        #: node -> the keys its Redis has evicted since it started, as last read
+        self.evicted: dict[str, float] = {}
 
     # The counting below is written out in each method, not shared by a helper: both run
     # on every decision, and a helper would add a call to each.
@@ -193,6 +195,11 @@ _counts = _Counts()
 
 def _create(name: str) -> Any:
     assert prometheus_client is not None
+    if name == "evicted":
+        # Every worker reads the same server: the largest reading is the latest.
+        return prometheus_client.Gauge(
+            EVICTED, _HELP[name], _LABELS[name], multiprocess_mode="max"
+        )
     if name == "latency":
         return prometheus_client.Histogram(
             "django_quota_backend_latency_seconds",
@@ -291,6 +298,18 @@ def record_backend(backend_mode: str, reason: str, seconds: float) -> None:
         children[1].observe(seconds)
 
 
+def record_evicted(node: str, evicted_keys: int) -> None:
+    """The keys the Redis of ``node`` has evicted since it started, as just read
+    (``django_quota.operations.eviction``): the ``django_quota_backend_evicted_keys``
+    gauge."""
+    if prometheus_client is None:
+        return
+    with _counts.lock:
+        _counts.evicted[node] = float(evicted_keys)
+    if MULTIPROCESS:
+        _counts.family("evicted").labels(node).set(evicted_keys)
+
+
 def outcome_counts() -> dict[tuple[str, str, str], int]:
     """(policy, decision, reason) -> count since this process started."""
     return _counts.outcome_totals()
@@ -305,13 +324,23 @@ class Collector:
     def collect(self) -> Iterator[Any]:
         """Yield the families (prometheus_client ``Metric`` objects)."""
         assert prometheus_client is not None
-        from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
+        from prometheus_client.core import (
+            CounterMetricFamily,
+            GaugeMetricFamily,
+            HistogramMetricFamily,
+        )
         from prometheus_client.utils import floatToGoString
 
         # prometheus_client's own switch: PROMETHEUS_DISABLE_CREATED_SERIES at its import,
         # or disable_created_metrics() since.
         created = bool(getattr(prometheus_client.metrics, "_use_created", True))
         counters, latency = _counts.snapshot()
+        with _counts.lock:
+            evicted = sorted(_counts.evicted.items())
+        gauge = GaugeMetricFamily(EVICTED, _HELP["evicted"], labels=_LABELS["evicted"])
+        for node, value in evicted:
+            gauge.add_metric([node], value)
+        yield gauge
         for name, samples in counters:
             family = CounterMetricFamily(_FAMILIES[name], _HELP[name], labels=_LABELS[name])
             for labels, count, since in samples:
@@ -345,11 +374,16 @@ _HELP = {
     "outcomes": "Rate-limit decisions by policy, decision, reason, selector and backend mode.",
     "health": "Backend calls by backend mode and result (ok or a failure reason).",
     "latency": "Time of one backend call (one EVALSHA on Redis), in seconds.",
+    "evicted": "Keys the Redis primary has evicted since it started (INFO stats), as last "
+    "read by this process: any increase may have reset limits.",
 }
+#: The eviction gauge's name (read when the metrics view is scraped).
+EVICTED = "django_quota_backend_evicted_keys"
 _LABELS = {
     "outcomes": ["policy", "decision", "reason", "selector_dimensions", "backend_mode"],
     "health": ["backend_mode", "reason"],
     "latency": ["backend_mode"],
+    "evicted": ["node"],
 }
 
 if prometheus_client is not None and not MULTIPROCESS:

@@ -12,7 +12,7 @@ from typing import Any
 
 from django.apps import apps as django_apps
 
-from django_quota import conf, policies
+from django_quota import conf, metrics, policies
 from django_quota.core.errors import BackendError
 from django_quota.core.outcome import CLOCK_UNSAFE
 from django_quota.core.policy import (
@@ -156,13 +156,63 @@ def diagnose() -> list[tuple[str, str, str]]:
     return list(backend.diagnose(checked))
 
 
+# -- eviction ------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Eviction:
+    """What a Redis primary may do to counters under memory pressure (``docs/operations.md``,
+    "Eviction"): its ``maxmemory-policy`` and ``maxmemory``, the keys it has evicted since it
+    started (``INFO stats``), and how many of those came since this process first read
+    them (at ``first_read``, epoch seconds)."""
+
+    node: str
+    policy: str
+    maxmemory: int
+    evicted_keys: int
+    evicted_since_first_read: int
+    first_read: float
+
+    @property
+    def evicting(self) -> bool:
+        """Whether the primary may evict live counters: a policy other than
+        ``noeviction`` under a ``maxmemory`` limit."""
+        return self.policy != "noeviction" and self.maxmemory != 0
+
+
+def eviction() -> list[Eviction]:
+    """Every primary's :class:`Eviction`, read now; ``[]`` for the memory backend. Raises
+    :class:`BackendError` when a primary cannot be read (unreachable, or an ACL without
+    ``INFO``). Each reading is also the ``django_quota_backend_evicted_keys`` gauge's."""
+    limiter = get_limiter()
+    backend: Any = limiter.backend
+    read = getattr(backend, "memory_info", None)
+    if read is None:
+        return []
+    try:
+        found = read()
+    except BackendError:
+        raise
+    except Exception as exc:
+        raise backend.classify(exc) from exc
+    now = time.time()
+    first = limiter.first_evicted
+    readings = []
+    for node, policy, maxmemory, evicted in found:
+        baseline, since = first.setdefault(node, (evicted, now))
+        if evicted < baseline:  # the server restarted: its count started again
+            baseline, since = first[node] = (0, now)
+        metrics.record_evicted(node, evicted)
+        readings.append(Eviction(node, policy, maxmemory, evicted, evicted - baseline, since))
+    return readings
+
+
 # -- the ACL the scripts need --------------------------------------------------------------
 #: What the client itself sends for an evaluation: the scripts by SHA1, and their load
 #: after a ``NOSCRIPT``.
 EVALUATION_COMMANDS = ("evalsha", "script|load")
-#: What ``quota inspect`` and ``quota check`` send besides (``CONFIG GET``, for the
+#: What ``quota inspect``, ``quota check``, the eviction check, the status page and the
+#: metrics view send besides (``CONFIG GET``, for the
 #: ``maxmemory-policy`` row, is left out: it would show the server's whole configuration).
-OPERATOR_COMMANDS = ("pttl", "ping")
+OPERATOR_COMMANDS = ("pttl", "ping", "info")
 _SCRIPT_CALL_RE = re.compile(r"redis\.p?call\(\s*'([A-Za-z]+)'")
 
 

@@ -11,7 +11,19 @@ from __future__ import annotations
 
 from django.http import HttpRequest, HttpResponse
 
+from django_quota import conf, operations
 from django_quota.metrics import MULTIPROCESS
+
+
+def refresh_eviction() -> None:
+    """Read every Redis primary's ``evicted_keys`` for this scrape's
+    ``django_quota_backend_evicted_keys``; a primary that cannot be read keeps its last
+    reading (the failure is for ``quota check`` and the status page to tell)."""
+    try:
+        if conf.get_settings().backend == "redis":
+            operations.eviction()
+    except Exception:  # never fail a scrape: the other families are still worth reading
+        return
 
 
 def metrics(request: HttpRequest) -> HttpResponse:
@@ -21,6 +33,7 @@ def metrics(request: HttpRequest) -> HttpResponse:
         from prometheus_client import multiprocess
     except ImportError:
         return HttpResponse("prometheus_client is not installed\n", status=404)
+    refresh_eviction()
     if MULTIPROCESS:
         registry = prometheus_client.CollectorRegistry()
         multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]

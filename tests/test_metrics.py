@@ -282,12 +282,12 @@ def test_the_collector_exposes_what_prometheus_client_s_own_metrics_would(
 
     theirs = CollectorRegistry()
     shim = types.SimpleNamespace(**vars(prometheus_client))
-    for name in ("Counter", "Histogram"):
+    for name in ("Counter", "Gauge", "Histogram"):
         setattr(shim, name, partial(getattr(prometheus_client, name), registry=theirs))
     monkeypatch.setattr(metrics, "prometheus_client", shim)
     monkeypatch.setattr(metrics, "MULTIPROCESS", True)  # count both ways at once
     for name in ("families", "outcome_children", "backend_children", "outcomes",
-                 "health", "latency"):
+                 "health", "latency", "evicted"):
         monkeypatch.setattr(metrics._counts, name, {})
     quota(POLICIES={
         "col-a": {"windows": "2/m", "selector": ["user"]},
@@ -300,6 +300,7 @@ def test_the_collector_exposes_what_prometheus_client_s_own_metrics_would(
     for seconds in (0.0, 0.0005, 0.0006, 0.001, 0.3, 1.0, 2.5):
         metrics.record_backend("redis", "ok", seconds)
     metrics.record_backend("redis", "backend_timeout", 0.25)
+    metrics.record_evicted("127.0.0.1:7000", 12)  # a reading of a cluster primary
     ours = CollectorRegistry()
     ours.register(metrics.Collector())
     expected = _samples(theirs)

@@ -1,7 +1,8 @@
 """``docs/metrics.md`` against ``django_quota.metrics``: the page's family table is what
 the module exposes (names, types, label names, read from a registry after a real
-evaluation, through its collector and through its multiprocess-mode metrics), its
-label-value table names the code's vocabulary, and its bucket list is the histogram's.
+evaluation and an eviction reading, through its collector and through its
+multiprocess-mode metrics), its label-value table names the code's vocabulary, and its
+bucket list is the histogram's.
 Also what the page says of the circuit breaker: while it is open no backend call is
 made, so neither the health counter nor the latency histogram moves, and the outcomes
 carry ``backend_unavailable``."""
@@ -55,8 +56,10 @@ def registered(
         monkeypatch.setattr(metrics._counts, "families", {})
         monkeypatch.setattr(metrics._counts, "outcome_children", {})
         monkeypatch.setattr(metrics._counts, "backend_children", {})
+    monkeypatch.setattr(metrics._counts, "evicted", {})
     quota(POLICIES={"ref-metrics": {"windows": "5/m", "selector": ["user", "ip"]}})
     django_quota.evaluate("ref-metrics", {"user": "7", "ip": "203.0.113.9"})
+    metrics.record_evicted("default", 0)  # what a Redis backend's first reading records
     found: dict[str, tuple[str, set[str]]] = {}
     for family in registry.collect():
         exposed = family.name + "_total" if family.type == "counter" else family.name
@@ -81,6 +84,7 @@ def test_the_family_table_is_what_the_module_registers(
         "django_quota_outcomes_total",
         "django_quota_backend_health_total",
         "django_quota_backend_latency_seconds",
+        "django_quota_backend_evicted_keys",
     }
 
 

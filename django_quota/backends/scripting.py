@@ -469,6 +469,25 @@ class BaseRedisBackend(ScriptedBackend):
         """Send ``command`` to ``node`` (one of :meth:`primaries`); its parsed reply."""
         return self.client.execute_command(*command)
 
+    def memory_info(self) -> list[tuple[str, str, int, int]]:
+        """``(node, maxmemory-policy, maxmemory, evicted_keys)`` of every primary, from
+        ``INFO memory`` and ``INFO stats`` (raises what redis-py raises). A standalone or
+        Sentinel primary is named ``default``, a cluster's by host and port."""
+        found = []
+        for node in self.primaries():
+            memory = self.command(node, "INFO", "memory")
+            stats = self.command(node, "INFO", "stats")
+            name = node.name if self.clustered else "default"
+            found.append(
+                (
+                    name,
+                    text(memory.get("maxmemory_policy", "unknown")),
+                    int(memory.get("maxmemory", 0)),
+                    int(stats.get("evicted_keys", 0)),
+                )
+            )
+        return found
+
     def diagnose(self, probes: Sequence[Probe]) -> list[Row]:
         """(check, status, detail) rows for ``quota check``, over every primary:
         connectivity, latency, script load, the evaluation ``probes`` (one per algorithm
