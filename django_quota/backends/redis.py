@@ -273,7 +273,7 @@ class RedisBackend(BaseRedisBackend):
         try:
             loop = asyncio.get_running_loop()
             pipeline = self._async_clients.get(loop)
-            if pipeline is None:
+            if pipeline is None or self.client_factory is not None:
                 if self.client_factory is not None:
                     return await self._arun_on_client(call)
                 young = self.young(loop)
