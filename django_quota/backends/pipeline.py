@@ -1,5 +1,5 @@
 """Async commands pipelined on a few connections per event loop and node
-(``docs/failures.md``, "Connections").
+(``docs/failures.md``, "Async connections").
 
 A :class:`Pipeline` belongs to one event loop and one node. It keeps at most
 :data:`CONNECTIONS` connections that take new commands (:class:`Pipe`), made and
@@ -330,14 +330,16 @@ class Pipe:
 
 
 def _broken(exc: BaseException) -> BaseException:
-    if isinstance(exc, redis_exceptions.ConnectionError | redis_exceptions.TimeoutError):
-        return type(exc)(*exc.args)
+    """What a written command's caller gets when its connection broke: a lost connection
+    (``indeterminate``: it may have run)."""
     return redis_exceptions.ConnectionError(f"connection lost: {type(exc).__name__}: {exc}")
 
 
 def _unwritten(exc: BaseException, connecting: bool) -> BaseException:
+    """What a command never written gets: :class:`ConnectFailed` (nothing ran), or the
+    handshake's error reply itself (the server answered and refused this client)."""
     if connecting and not is_connect_failure(exc) and isinstance(exc, Exception):
-        return type(exc)(*exc.args)  # the handshake's error reply: the server refused us
+        return exc
     if isinstance(exc, ConnectFailed):
         return exc
     cause = exc if isinstance(exc, Exception) else redis_exceptions.ConnectionError("closed")

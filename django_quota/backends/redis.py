@@ -232,7 +232,7 @@ class RedisBackend(BaseRedisBackend):
             client = client_class(connection_pool=pool)
         if asynchronous:
             # The pool only makes the connections (redis-py's handshake, TLS, Sentinel's
-            # discovery); the pipeline keeps them (docs/failures.md, "Connections").
+            # discovery); the pipeline keeps them (docs/failures.md, "Async connections").
             return Pipeline(client.connection_pool.make_connection, self.timeout, owner=client)
         return client
 

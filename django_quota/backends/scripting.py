@@ -267,7 +267,7 @@ def sources() -> dict[str, ScriptSource]:
 MAX_ASYNC_CLIENTS = 64
 #: A loop's decisions run on the process's synchronous client, in a worker thread, until
 #: it has started this many, or has two in flight at once; then it gets pipelined
-#: connections of its own (docs/failures.md, "Connections"). An async view under WSGI
+#: connections of its own (docs/failures.md, "Async connections"). An async view under WSGI
 #: (a new loop per request) so reuses the process's connections.
 PIPELINE_AFTER = 8
 
