@@ -20,6 +20,7 @@ import pytest
 import django_quota
 from django_quota import limiter
 from django_quota.backends import redis as redis_backend
+from django_quota.backends import scripting
 
 SUBJECT = {"ip": "192.0.2.77"}
 
@@ -102,18 +103,30 @@ def test_a_forked_child_makes_its_own_connection(on_redis: Any, redis_client: An
     assert django_quota.evaluate("p", SUBJECT).remaining == 997
 
 
-def test_async_a_connection_given_back_is_taken_again(on_redis: Any) -> None:
+@pytest.fixture(params=["thread", "pipelined"])
+def async_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Which async path a new loop's decisions take: the sync client in a worker thread (a
+    loop's first decisions), or the loop's own pipelined connections."""
+    if request.param == "pipelined":
+        monkeypatch.setattr(scripting, "PIPELINE_AFTER", 0)
+    return str(request.param)
+
+
+def test_async_decisions_of_one_loop_share_one_connection(on_redis: Any) -> None:
     async def run() -> tuple[int, int]:
         for _ in range(30):
             assert (await django_quota.aevaluate("p", SUBJECT)).decision == "allowed"
-        pool = limiter.get_backend()._async().connection_pool
-        return len(pool._idle), len(pool._in_use_connections)
+        pipeline = limiter.get_backend()._async()
+        return pipeline.opened, len(pipeline.pipes)
 
-    assert asyncio.run(run()) == (1, 1)  # one connection did all 30
+    # The loop's first decisions ran on the sync client (one connection), the rest on
+    # one pipelined connection of the loop's own.
+    assert asyncio.run(run()) == (1, 1)
+    assert len(on_redis._idle) == 1
 
 
 def test_async_a_connection_the_server_closed_while_idle_is_replaced_before_any_write(
-    on_redis: Any, redis_client: Any
+    on_redis: Any, redis_client: Any, async_path: str
 ) -> None:
     async def run() -> Any:
         assert (await django_quota.aevaluate("p", SUBJECT)).remaining == 999
@@ -136,7 +149,9 @@ def _configure_proxied(quota: Any, url: str, **extra: Any) -> None:
 
 
 @pytest.mark.redis
-def test_a_slow_link_every_round_trip_of_which_fits_timeout_is_decided_async(quota: Any) -> None:
+def test_a_slow_link_every_round_trip_of_which_fits_timeout_is_decided_async(
+    quota: Any, async_path: str
+) -> None:
     """Each reply 60 ms late, ``TIMEOUT`` 0.1 s: a new connection's connect and handshake
     take several round trips, each within ``TIMEOUT``, as the command's does. Async must
     decide as sync does: on a new event loop (a new client, so a new connection) and
@@ -162,66 +177,68 @@ def test_a_slow_link_every_round_trip_of_which_fits_timeout_is_decided_async(quo
 
 
 @pytest.mark.redis
-def test_a_checkout_cut_short_gives_its_connection_back(quota: Any) -> None:
-    """A pooled connection the server closed is discarded during the checkout; when the
-    call's timeout (another task holding the loop) cuts the checkout there, the
-    connection still goes back to redis-py: the loop's pool is not exhausted by
-    ``MAX_INFLIGHT`` such calls, and every taken connection is idle once nothing runs."""
-    import time
-
+def test_pipelined_connections_the_server_closed_are_dropped_not_piled_up(
+    quota: Any, async_path: str
+) -> None:
+    """A pipelined connection the server closed while the loop sat idle is found closed
+    before anything is written on it (a zero-timeout ``poll``), dropped, and replaced:
+    after repeated closures the loop holds one connection, and every decision is made on
+    its first attempt."""
     from tests.faults import redis_process
 
     with redis_process() as server:
-        _configure_proxied(quota, server.url, TIMEOUT=0.1, DEADLINE=0.25, MAX_INFLIGHT=2)
+        _configure_proxied(quota, server.url, TIMEOUT=0.5, DEADLINE=1.0)
         admin = server.client()
 
-        async def hog() -> None:
-            time.sleep(0.2)  # another task holds the loop past TIMEOUT
-
-        async def run() -> tuple[int, int, Any]:
-            pool = limiter.get_backend()._async().connection_pool
-            for _ in range(2):
-                assert (await django_quota.aevaluate("p", SUBJECT)).decision == "allowed"
+        async def run() -> tuple[list[Any], int]:
+            outcomes = []
+            for _ in range(3):
+                outcomes.append(await django_quota.aevaluate("p", SUBJECT))
                 admin.client_kill_filter(_type="normal", skipme=True)
                 time.sleep(0.05)  # the idle connection now reads as end of file
-                call = asyncio.ensure_future(django_quota.aevaluate("p", SUBJECT))
-                blocker = asyncio.ensure_future(hog())
-                await call
-                await blocker
-            await asyncio.sleep(0.3)
-            after = await django_quota.aevaluate("p", SUBJECT)
-            return len(pool._in_use_connections), len(pool._idle), after
+            outcomes.append(await django_quota.aevaluate("p", SUBJECT))
+            pipeline = limiter.get_backend()._async_clients.get(asyncio.get_running_loop())
+            return outcomes, 0 if pipeline is None else len(pipeline.pipes)
 
-        in_use, idle, after = asyncio.run(run())
-        assert in_use == idle
-        assert (after.decision, after.reason) == ("allowed", None)
+        outcomes, pipes = asyncio.run(run())
+        assert [(o.decision, o.reason) for o in outcomes] == [("allowed", None)] * 4
+        assert pipes == (1 if async_path == "pipelined" else 0)
+        assert list(limiter.get_limiter().recent_errors) == []
 
 
 @pytest.mark.redis
-def test_peer_hung_up_sees_what_the_loop_has_not_read_yet(quota: Any) -> None:
-    """``peer_hung_up`` (the asyncio checkout's check) is False for an idle open
-    connection, True once the server closed it even though the loop has not run since,
-    True for a closing transport, and polls a new transport afresh after a reconnect."""
+def test_peer_hung_up_sees_what_the_loop_has_not_read_yet(
+    quota: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``peer_hung_up`` (the cluster connections' check; the pipelines' ``readable`` does
+    the same) is False for an idle open connection, True once the server closed it even
+    though the loop has not run since, True for a closing transport, and polls a new
+    transport afresh after a reconnect."""
     import time
 
     from django_quota.backends.redis import peer_hung_up
     from tests.faults import redis_process
 
+    monkeypatch.setattr(scripting, "PIPELINE_AFTER", 0)
     with redis_process() as server:
         _configure_proxied(quota, server.url)
         admin = server.client()
 
         async def run() -> list[bool]:
             assert (await django_quota.aevaluate("p", SUBJECT)).decision == "allowed"
-            pool = limiter.get_backend()._async().connection_pool
-            (connection,) = pool._idle
+            pipeline = limiter.get_backend()._async()
+            (pipe,) = pipeline.pipes
+            connection = pipe.connection
             seen = [peer_hung_up(connection), peer_hung_up(connection)]
+            assert not pipe.readable()
             first_probe = connection._quota_probe
             admin.client_kill_filter(_type="normal", skipme=True)
             time.sleep(0.05)  # the loop does not run: it has read nothing
             seen.append(peer_hung_up(connection))
+            assert pipe.readable()
             assert (await django_quota.aevaluate("p", SUBJECT)).decision == "allowed"
-            (again,) = pool._idle
+            (again_pipe,) = pipeline.pipes
+            again = again_pipe.connection
             seen.append(peer_hung_up(again))
             assert again._quota_probe is not first_probe  # a new transport, a new poll
             again._writer.transport.close()
@@ -362,13 +379,16 @@ def test_a_command_interrupted_before_its_reply_leaves_nothing_for_the_next(
 def test_async_a_command_interrupted_before_its_reply_leaves_nothing_for_the_next(
     redis_url: str,
 ) -> None:
-    from django_quota.backends.redis import AsyncMarkingConnectionPool, asend
+    """``asend``, the path of a ``client_factory``'s asyncio client."""
+    import redis.asyncio
+
+    from django_quota.backends.redis import asend
 
     async def scenario() -> None:
-        pool = AsyncMarkingConnectionPool.from_url(redis_url)
+        pool = redis.asyncio.ConnectionPool.from_url(redis_url)
         try:
             assert await asend(pool, ("PING",), 2.0) == b"PONG"
-            (connection,) = pool._idle
+            (connection,) = pool._available_connections
 
             async def interrupted(*args: Any, **kwargs: Any) -> Any:
                 raise _Interrupted

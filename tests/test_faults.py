@@ -23,6 +23,7 @@ from django.test import Client
 
 import django_quota
 from django_quota import engine, limiter
+from django_quota.backends import scripting
 from django_quota.backends.redis import RedisBackend
 from django_quota.core.breaker import CLOSED, HALF_OPEN, OPEN, CircuitBreaker
 from django_quota.core.model import GROUP_REPLAYED
@@ -77,6 +78,15 @@ class Env:
     proxy: Proxy
     admin: redis.Redis
     busy: Any = None
+
+
+@pytest.fixture(params=["thread", "pipelined"])
+def async_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Which async path a new loop's decisions take: the sync client in a worker thread (a
+    loop's first decisions), or the loop's own pipelined connections."""
+    if request.param == "pipelined":
+        monkeypatch.setattr(scripting, "PIPELINE_AFTER", 0)
+    return str(request.param)
 
 
 @pytest.fixture
@@ -749,7 +759,9 @@ def test_a_lost_probe_does_not_keep_the_breaker_half_open() -> None:
     assert breaker.success() == CLOSED
 
 
-def test_cancelled_async_probe_does_not_need_a_restart(env: Env, quota: Any) -> None:
+def test_cancelled_async_probe_does_not_need_a_restart(
+    env: Env, quota: Any, async_path: str
+) -> None:
     configure(quota, env.proxy.url)
     env.proxy.blackhole()
     for _ in range(engine.BREAKER_THRESHOLD):
@@ -854,7 +866,12 @@ def test_local_fallback_never_decides_clock_unsafe(env: Env, quota: Any) -> None
     ],
 )
 def test_async_twin_classifies_faults_as_the_sync_path(
-    env: Env, quota: Any, name: str, inject: Callable[[Env], None], expect: tuple[str, ...]
+    env: Env,
+    quota: Any,
+    name: str,
+    inject: Callable[[Env], None],
+    expect: tuple[str, ...],
+    async_path: str,
 ) -> None:
     roomy = ROOMY if "drop_reply" in name else {}  # the replay, not the latency, is tested
     configure(quota, env.server.url if name == "BUSY script" else env.proxy.url, **roomy)
@@ -895,12 +912,12 @@ NEW_CONNECTION_FAULTS = [fault for fault in FAULTS if not fault.pooled]
     "fault", NEW_CONNECTION_FAULTS, ids=[fault.name for fault in NEW_CONNECTION_FAULTS]
 )
 def test_async_new_connection_faults_are_classified_as_the_sync_path(
-    env: Env, quota: Any, fault: Fault
+    env: Env, quota: Any, fault: Fault, async_path: str
 ) -> None:
-    """A new event loop makes a new async client, so its first call connects: the one
-    ``asyncio.timeout`` of ``asend`` that bounds the checkout too must give a fault
-    before ``EVALSHA`` was written its reason (``backend_timeout`` for a connect or
-    handshake that never answers), as the sync path's socket timeouts do."""
+    """A new event loop's first call runs on the sync client in a worker thread, or, when
+    pipelined, connects a new connection of the loop's own: a fault before ``EVALSHA`` was
+    written gets its reason (``backend_timeout`` for a connect or handshake that never
+    answers) on either path, as the sync path's socket timeouts do."""
     configure(quota, env.proxy.url if fault.through_proxy else env.server.url)
     reason = fault.reason(env) if callable(fault.reason) else fault.reason
     fault.inject(env)

@@ -5,7 +5,6 @@ and every driver error turned into one :class:`BackendError` there and nowhere e
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import select
 import socket
@@ -21,6 +20,8 @@ from redis.asyncio.sentinel import SentinelConnectionPool as AsyncSentinelConnec
 from redis.backoff import NoBackoff
 from redis.sentinel import SentinelConnectionPool
 
+from django_quota.backends.pipeline import Pipeline
+from django_quota.backends.pipeline import pack_command as pack_command
 from django_quota.backends.scripting import (
     NOSCRIPT_ATTEMPTS,
     BaseRedisBackend,
@@ -30,7 +31,6 @@ from django_quota.backends.scripting import (
     classify,
     client_options,
     deadline_spent,
-    is_connect_failure,
     mark_connect_failure,
     run_script,
 )
@@ -117,29 +117,6 @@ def _peeked(sock: Any) -> bool:
     return True
 
 
-class _AsyncMarkConnectFailures:
-    """Async twin of :class:`_MarkConnectFailures`; also replaces a pooled connection the
-    server closed while the event loop was idle (:func:`peer_hung_up`), so that a stopped
-    server is ``backend_unavailable`` rather than ``indeterminate``."""
-
-    async def get_connection(self, *args: Any, **kwargs: Any) -> Any:
-        try:
-            connection = await super().get_connection(*args, **kwargs)  # type: ignore[misc]
-        except Exception as exc:
-            mark_connect_failure(exc)
-            raise
-        if peer_hung_up(connection):
-            try:
-                await connection.disconnect()
-                await connection.connect()
-            except BaseException as exc:
-                await self.release(connection)  # type: ignore[attr-defined]
-                if is_connect_failure(exc):
-                    raise ConnectFailed(exc) from exc
-                raise
-        return connection
-
-
 class _IdleStack:
     """Pool mixin: connections given back wait in a last-in first-out stack of the pool's
     own, and are taken from it again with the checks redis-py's ``get_connection`` makes
@@ -197,56 +174,6 @@ class MarkingSentinelConnectionPool(_MarkConnectFailures, SentinelConnectionPool
     """redis-py's Sentinel pool, telling connect failures apart."""
 
 
-#: What a pooled connection's ``can_read`` raises when it is not usable.
-_UNREADABLE = (redis_exceptions.ConnectionError, redis_exceptions.TimeoutError, OSError)
-
-
-class _AsyncIdleStack:
-    """Async twin of :class:`_IdleStack`, with the asyncio checks: connected, no end of
-    file the event loop has not read yet (:func:`peer_hung_up`), nothing unread. redis-py's
-    asyncio checkout (its ``asyncio.Lock`` twice, the state counters) cost 10.3 µs here of
-    which the checks are about 4."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._idle: list[Any] = []
-
-    async def get_connection(self, *args: Any, **kwargs: Any) -> Any:
-        idle = self._idle
-        while idle:
-            connection = idle.pop()
-            usable = False
-            try:
-                if connection.is_connected and not peer_hung_up(connection):
-                    with contextlib.suppress(*_UNREADABLE):
-                        usable = not await connection.can_read()
-                if usable:
-                    return connection
-                await connection.disconnect(nowait=True)
-            finally:
-                # Whatever interrupts the checkout here (a cancel, a timeout), a connection
-                # taken off the stack and not handed out goes back to redis-py: else it
-                # would count as in use for good, and MAX_INFLIGHT of them exhaust the pool.
-                if not usable:
-                    await super().release(connection)  # type: ignore[misc]
-            break
-        return await super().get_connection(*args, **kwargs)  # type: ignore[misc]
-
-    async def release(self, connection: Any) -> None:
-        self._idle.append(connection)
-
-
-class AsyncMarkingConnectionPool(
-    _AsyncIdleStack, _AsyncMarkConnectFailures, redis_asyncio.ConnectionPool
-):
-    """redis-py's asyncio pool, telling connect failures apart, with its own stack of idle
-    connections (:class:`_AsyncIdleStack`)."""
-
-
-class AsyncMarkingSentinelConnectionPool(_AsyncMarkConnectFailures, AsyncSentinelConnectionPool):
-    """redis-py's asyncio Sentinel pool, telling connect failures apart."""
-
-
 #: Connection options a URL may not override (docs/settings.md).
 PINNED_OPTIONS = ("retry", "socket_timeout", "socket_connect_timeout")
 
@@ -290,27 +217,33 @@ class RedisBackend(BaseRedisBackend):
                 socket_connect_timeout=self.timeout,
             )
             pool_class: Any = (
-                AsyncMarkingSentinelConnectionPool
-                if asynchronous
-                else MarkingSentinelConnectionPool
+                AsyncSentinelConnectionPool if asynchronous else MarkingSentinelConnectionPool
             )
-            return sentinel.master_for(
+            client = sentinel.master_for(
                 self.sentinel["SERVICE"], connection_pool_class=pool_class, **options
             )
-        assert self.url is not None
-        pool_class = AsyncMarkingConnectionPool if asynchronous else MarkingConnectionPool
-        pool = pool_class.from_url(self.url, **options)
-        # redis-py lets URL query options (?socket_timeout=, ?max_connections=) override
-        # keyword arguments; our retries, timeouts and pool size must hold anyway.
-        for name in PINNED_OPTIONS:
-            pool.connection_kwargs[name] = options[name]
-        pool.max_connections = options["max_connections"]
-        client_class = redis_asyncio.Redis if asynchronous else redis.Redis
-        return client_class(connection_pool=pool)
+        else:
+            assert self.url is not None
+            pool_class = redis_asyncio.ConnectionPool if asynchronous else MarkingConnectionPool
+            pool = pool_class.from_url(self.url, **options)
+            # redis-py lets URL query options (?socket_timeout=, ?max_connections=) override
+            # keyword arguments; our retries, timeouts and pool size must hold anyway.
+            for name in PINNED_OPTIONS:
+                pool.connection_kwargs[name] = options[name]
+            pool.max_connections = options["max_connections"]
+            client_class = redis_asyncio.Redis if asynchronous else redis.Redis
+            client = client_class(connection_pool=pool)
+        if asynchronous:
+            # The pool only makes the connections (redis-py's handshake, TLS, Sentinel's
+            # discovery); the pipeline keeps them (docs/failures.md, "Async connections").
+            return Pipeline(client.connection_pool.make_connection, self.timeout, owner=client)
+        return client
 
     def _async_connections(self, client: Any) -> list[Any]:
-        """Every connection an asyncio client holds (a ``redis.asyncio.Redis`` pool's, or
-        each node's of a ``redis.asyncio.cluster.RedisCluster``)."""
+        """Every connection a loop's :class:`Pipeline` (or a ``client_factory``'s asyncio
+        client) holds."""
+        if isinstance(client, Pipeline):
+            return client.connections()
         pool = getattr(client, "connection_pool", None)
         if pool is not None:
             return [
@@ -346,20 +279,51 @@ class RedisBackend(BaseRedisBackend):
             raise classify(exc) from exc
 
     async def arun(self, call: Call) -> Any:
-        """Async twin of :meth:`run`."""
+        """Async twin of :meth:`run`: on the running loop's :class:`Pipeline`, or, while
+        the loop is young (:meth:`young`), on :meth:`run` in a worker thread."""
         try:
-            pool = self._async().connection_pool
+            loop = asyncio.get_running_loop()
+            pipeline = self._async_clients.get(loop)
+            if pipeline is None or self.client_factory is not None:
+                if self.client_factory is not None:
+                    return await self._arun_on_client(call)
+                young = self.young(loop)
+                if young is not None:
+                    return await self.in_thread(loop, young, call)
+                pipeline = self._async()
             source = self._sources[call.script]
-            timeout = self.timeout
             evalsha = ("EVALSHA", source.sha1, len(call.keys), *call.keys, *call.args)
             try:
-                return await asend(pool, evalsha, timeout)
+                return await pipeline.execute(evalsha)
             except redis_exceptions.NoScriptError:
-                return await arun_script(
-                    source, call, lambda command: asend(pool, command, timeout), missing=True
-                )
+                return await arun_script(source, call, pipeline.execute, missing=True)
         except Exception as exc:
             raise classify(exc) from exc
+
+    async def _arun_on_client(self, call: Call) -> Any:
+        """:meth:`arun` on a ``client_factory``'s asyncio client (a test's fakeredis)."""
+        pool = self._async().connection_pool
+        source = self._sources[call.script]
+        timeout = self.timeout
+        evalsha = ("EVALSHA", source.sha1, len(call.keys), *call.keys, *call.args)
+        try:
+            return await asend(pool, evalsha, timeout)
+        except redis_exceptions.NoScriptError:
+            return await arun_script(
+                source, call, lambda command: asend(pool, command, timeout), missing=True
+            )
+
+    def _retire(self, loop: asyncio.AbstractEventLoop, client: Any, *, close_live: bool) -> None:
+        """Close a loop's pipeline in that loop when it still may run; else close the
+        sockets directly (:func:`~django_quota.backends.scripting.abandon`)."""
+        if isinstance(client, Pipeline) and not loop.is_closed():
+            try:
+                loop.call_soon_threadsafe(client.close)
+            except RuntimeError:  # closed meanwhile
+                pass
+            else:
+                return
+        super()._retire(loop, client, close_live=close_live)
 
     def preload(self) -> list[tuple[str, str]]:
         """``SCRIPT LOAD`` every script; return (name, SHA1) pairs."""
@@ -371,16 +335,6 @@ class RedisBackend(BaseRedisBackend):
         except Exception as exc:
             raise classify(exc) from exc
         return loaded
-
-
-#: hiredis's RESP packer (the ``hiredis`` extra), else None.
-pack_command: Callable[[tuple[Any, ...]], bytes] | None
-try:
-    from hiredis import pack_command as _hiredis_pack_command
-except ImportError:  # pragma: no cover - the oldest-versions lane has no hiredis
-    pack_command = None
-else:
-    pack_command = _hiredis_pack_command
 
 
 def write(connection: Any, packed: bytes) -> None:
@@ -484,8 +438,9 @@ def send(
 
 
 async def asend(pool: Any, command: tuple[Any, ...], timeout: float) -> Any:
-    """Async twin of :func:`send`; the command (its write and its read) is bounded by
-    ``timeout`` seconds.
+    """Async twin of :func:`send` for a ``client_factory``'s asyncio client (pipelined
+    connections are :class:`Pipeline`'s); the command (its write and its read) is bounded
+    by ``timeout`` seconds.
 
     A connection is had as redis-py has it, its connect and handshake bounded by the
     pool's socket timeouts. The command then runs inside one ``asyncio.timeout`` with

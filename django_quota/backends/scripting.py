@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import statistics
 import threading
 import time
+import weakref
 from collections.abc import Awaitable, Callable, Generator, Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, NamedTuple, TypeVar
 
 from redis import exceptions as redis_exceptions
@@ -303,6 +306,11 @@ def sources() -> dict[str, ScriptSource]:
 #: Async clients kept at once (one per live event loop); clients of closed loops are
 #: closed and forgotten whenever a new loop needs one.
 MAX_ASYNC_CLIENTS = 64
+#: A loop's decisions run on the process's synchronous client, in a worker thread, until
+#: it has started this many, or has two in flight at once; then it gets pipelined
+#: connections of its own (docs/failures.md, "Async connections"). An async view under WSGI
+#: (a new loop per request) so reuses the process's connections.
+PIPELINE_AFTER = 8
 
 
 def client_options(timeout: float, max_inflight: int) -> dict[str, Any]:
@@ -339,6 +347,19 @@ def abandon(connections: Iterable[Any]) -> None:
             raw.close()
 
 
+#: Every Redis backend of the process: reset in a forked child (``_after_fork``).
+_BACKENDS: weakref.WeakSet[BaseRedisBackend] = weakref.WeakSet()
+
+
+def _reset_after_fork() -> None:
+    for backend in list(_BACKENDS):
+        backend._after_fork()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_reset_after_fork)
+
+
 def text(value: Any) -> str:
     """A reply's value as text (redis-py gives bytes, or a number)."""
     return value.decode() if isinstance(value, bytes) else str(value)
@@ -373,7 +394,13 @@ class BaseRedisBackend(ScriptedBackend):
         self._lock = threading.Lock()
         self._client: Any = None
         self._async_clients: dict[asyncio.AbstractEventLoop, Any] = {}
+        #: Loops without a client yet: [decisions started, decisions in flight].
+        self._young: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, list[int]] = (
+            weakref.WeakKeyDictionary()
+        )
+        self._threads: ThreadPoolExecutor | None = None
         self._sources = sources()
+        _BACKENDS.add(self)
 
     # -- clients -----------------------------------------------------------------------
     def _build(self, asynchronous: bool) -> Any:
@@ -425,12 +452,60 @@ class BaseRedisBackend(ScriptedBackend):
 
     def _forget_closed_loops(self) -> None:
         """Close the connections of async clients whose loop has closed, and forget them;
-        past :data:`MAX_ASYNC_CLIENTS` live ones, forget the oldest too (their
-        connections close with their loop's transports)."""
+        past :data:`MAX_ASYNC_CLIENTS` live ones, forget the oldest too (:meth:`_retire`)."""
         for loop in [loop for loop in self._async_clients if loop.is_closed()]:
-            abandon(self._async_connections(self._async_clients.pop(loop)))
+            self._retire(loop, self._async_clients.pop(loop), close_live=False)
         while len(self._async_clients) >= MAX_ASYNC_CLIENTS:
-            self._async_clients.pop(next(iter(self._async_clients)))
+            oldest = next(iter(self._async_clients))
+            self._retire(oldest, self._async_clients.pop(oldest), close_live=False)
+
+    def _retire(self, loop: asyncio.AbstractEventLoop, client: Any, *, close_live: bool) -> None:
+        """Close the connections of a forgotten async ``client`` of ``loop``: a closed
+        loop's directly (:func:`abandon`), and a live loop's too when ``close_live``
+        (else they close with the loop's transports)."""
+        if close_live or loop.is_closed():
+            abandon(self._async_connections(client))
+
+    # -- young loops: on the synchronous client, in a worker thread ------------------------
+    def young(self, loop: asyncio.AbstractEventLoop) -> list[int] | None:
+        """``loop``'s counts ([started, in flight]) while its decisions still run in a
+        worker thread (:data:`PIPELINE_AFTER`), else None."""
+        counts = self._young.get(loop)
+        if counts is None:
+            counts = self._young[loop] = [0, 0]
+        if counts[0] >= PIPELINE_AFTER or counts[1]:
+            return None
+        return counts
+
+    async def in_thread(
+        self, loop: asyncio.AbstractEventLoop, counts: list[int], call: Call
+    ) -> Any:
+        """Run ``call`` with :meth:`run` (the process's synchronous client and its pool)
+        in one of the backend's worker threads; ``counts`` are the loop's (:meth:`young`)."""
+        counts[0] += 1
+        counts[1] += 1
+        try:
+            return await loop.run_in_executor(self._executor(), self.run, call)
+        finally:
+            counts[1] -= 1
+
+    def _executor(self) -> ThreadPoolExecutor:
+        executor = self._threads
+        if executor is None:
+            with self._lock:
+                if self._threads is None:
+                    self._threads = ThreadPoolExecutor(
+                        max_workers=self.max_inflight, thread_name_prefix="django-quota"
+                    )
+                executor = self._threads
+        return executor
+
+    def _after_fork(self) -> None:
+        """In a forked child: never touch the parent's async connections or threads."""
+        self._lock = threading.Lock()
+        self._async_clients = {}
+        self._young = weakref.WeakKeyDictionary()
+        self._threads = None
 
     @property
     def async_client_count(self) -> int:
@@ -438,15 +513,19 @@ class BaseRedisBackend(ScriptedBackend):
         return len(self._async_clients)
 
     def close(self) -> None:
-        """Disconnect the synchronous client; async clients die with their loops."""
+        """Disconnect the synchronous client, close every loop's async connections (in
+        their loop when it may still run) and stop the worker threads once idle."""
         client, self._client = self._client, None
         if client is not None:
             with contextlib.suppress(Exception):  # closing never raises into setting_changed
                 client.close()
         with self._lock:
             clients, self._async_clients = self._async_clients, {}
-        for async_client in clients.values():
-            abandon(self._async_connections(async_client))
+            threads, self._threads = self._threads, None
+        for loop, async_client in clients.items():
+            self._retire(loop, async_client, close_live=True)
+        if threads is not None:
+            threads.shutdown(wait=False)
 
     def ttl_ms(self, counter: str) -> int:
         """``PTTL`` of ``counter`` (-2: no such key). Not on the hot path."""

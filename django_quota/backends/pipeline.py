@@ -1,0 +1,434 @@
+"""Async commands pipelined on a few connections per event loop and node
+(``docs/failures.md``, "Async connections").
+
+A :class:`Pipeline` belongs to one event loop and one node. It keeps at most
+:data:`CONNECTIONS` connections that take new commands (:class:`Pipe`), made and
+connected by redis-py (``pool.make_connection()``, then ``connect()``: the handshake, TLS,
+``AUTH``, ``SELECT`` and a Sentinel's primary discovery stay redis-py's), and writes the
+commands of concurrent callers onto them as they come: a command sent to a connection with
+nothing in flight goes out at once, the others submitted during one turn of the loop go
+out together in one write at the next. One reader task per connection reads the replies
+in order (``read_response``) and answers the callers first in, first out. A burst of
+callers needs no connection each: ``MAX_INFLIGHT`` bounds the decisions queued, not
+sockets.
+
+Deadlines never disconnect a connection that still answers. A command whose reply is not
+there ``TIMEOUT`` seconds after its write fails its caller as late (``indeterminate``),
+but stays in line: its reply, when it comes, is read and dropped, so no later caller ever
+reads it as its own. Before it is declared late, the reader gets its turn (a reply the
+kernel already holds, or the loop already read, is used: a loop that was busy when the
+reply came is not the node's fault). A connection with a late command takes no new ones;
+if it stays silent for another ``TIMEOUT`` it is closed. A broken connection fails every
+command on it: those written as ``indeterminate``, those never written as
+:class:`~django_quota.backends.scripting.ConnectFailed` (nothing was written).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import select
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+from redis import exceptions as redis_exceptions
+
+from django_quota.backends.scripting import ConnectFailed, is_connect_failure
+
+#: hiredis's RESP packer (the ``hiredis`` extra), else None (redis-py's packs).
+pack_command: Callable[[tuple[Any, ...]], bytes] | None
+try:
+    from hiredis import pack_command as _hiredis_pack_command
+except ImportError:  # pragma: no cover - the oldest-versions lane has no hiredis
+    pack_command = None
+else:
+    pack_command = _hiredis_pack_command
+
+__all__ = ["CONNECTIONS", "MAX_CONNECTIONS", "Late", "Pipe", "Pipeline", "socket_of"]
+
+#: Connections per event loop and node that take new commands.
+CONNECTIONS = 4
+#: Connections per event loop and node at most, those waiting for a late reply included.
+MAX_CONNECTIONS = 2 * CONNECTIONS
+#: A new connection is opened (up to :data:`CONNECTIONS`) when every usable one has at
+#: least this many commands unanswered.
+SPREAD = 1
+#: Turns of the loop a deadline waits at most for a reply the kernel already holds.
+RECHECKS = 3
+
+#: Replies that are whole (the connection stays in step): an error reply, ``LOADING``.
+_WHOLE_ERRORS = (redis_exceptions.ResponseError, redis_exceptions.BusyLoadingError)
+_poll: Callable[[], Any] | None = getattr(select, "poll", None)
+_POLL_EVENTS = getattr(select, "POLLIN", 1) | getattr(select, "POLLPRI", 2)
+
+
+class Late(TimeoutError):
+    """No reply within ``TIMEOUT`` of the write: the command may have run."""
+
+
+def socket_of(connection: Any) -> Any:
+    """The socket under a connected redis-py asyncio connection's transport, or None.
+
+    The one use of redis-py's private state here: the connection's stream writer
+    (``_writer``), whose transport's ``get_extra_info("socket")`` is asyncio's public API.
+    """
+    transport = getattr(getattr(connection, "_writer", None), "transport", None)
+    if transport is None or transport.is_closing():
+        return None
+    return transport.get_extra_info("socket")
+
+
+class _Entry:
+    """One command: its caller's future, its bytes, when its reply is due."""
+
+    __slots__ = ("deadline", "future", "late", "packed")
+
+    def __init__(self, future: asyncio.Future[Any], packed: bytes) -> None:
+        self.future = future
+        self.packed = packed
+        self.deadline = 0.0
+        self.late = False
+
+
+class Pipe:
+    """One pipelined connection of a :class:`Pipeline`: commands written (``pending``, in
+    order) and not yet written (``queued``), a reader task, and a writer task for the
+    commands that come while others are in flight."""
+
+    def __init__(self, pipeline: Pipeline, connection: Any) -> None:
+        self.pipeline = pipeline
+        self.connection = connection
+        self.loop = pipeline.loop
+        self.timeout = pipeline.timeout
+        self.pending: deque[_Entry] = deque()
+        self.queued: list[_Entry] = []
+        #: Connected, its reader running.
+        self.ready = False
+        self.closed = False
+        #: The first ``late`` entries of ``pending`` failed as late; their replies are owed.
+        self.late = 0
+        self.writing = False
+        #: Replies read so far (a connection with late commands must keep answering).
+        self.replies = 0
+        self._stalled_at = 0.0
+        self._stalled_replies = 0
+        self._timer: asyncio.TimerHandle | None = None
+        self._wake: asyncio.Future[None] | None = None
+        self._poller: Any = None
+        self._writer: asyncio.Task[None] | None = None
+        self._reader = self.loop.create_task(self._run())
+
+    @property
+    def load(self) -> int:
+        """Commands unanswered or unwritten."""
+        return len(self.pending) + len(self.queued)
+
+    # -- writing ----------------------------------------------------------------------
+    async def send(self, entry: _Entry) -> None:
+        """Write ``entry`` now when nothing is in flight here, else queue it for the
+        writer (one write for every command queued during this turn of the loop)."""
+        if self.ready and not self.writing and not self.pending and not self.queued:
+            entry.deadline = self.loop.time() + self.timeout
+            self.pending.append(entry)
+            await self._write([entry.packed])
+        else:
+            self.queued.append(entry)
+            self._wake_writer()
+
+    async def _write(self, packed: list[bytes]) -> None:
+        self.writing = True
+        try:
+            await self.connection.send_packed_command(packed, check_health=False)
+        except BaseException as exc:
+            # redis-py has disconnected: what was written may have run (indeterminate).
+            self.abort(exc)
+            if not isinstance(exc, Exception):
+                raise
+        else:
+            if self._timer is None:
+                self._arm()
+        finally:
+            self.writing = False
+        if self.queued:
+            self._wake_writer()
+
+    def _wake_writer(self) -> None:
+        wake = self._wake
+        if wake is not None and not wake.done():
+            wake.set_result(None)
+
+    async def _write_queued(self) -> None:
+        loop = self.loop
+        while not self.closed:
+            if not self.queued or self.writing:
+                self._wake = loop.create_future()
+                await self._wake
+                continue
+            batch = [entry for entry in self.queued if not entry.future.done()]
+            self.queued = []
+            if not batch:
+                continue  # every caller gave up before the write: nothing to send
+            deadline = loop.time() + self.timeout
+            for entry in batch:
+                entry.deadline = deadline
+            self.pending.extend(batch)
+            await self._write([entry.packed for entry in batch])
+
+    # -- reading ----------------------------------------------------------------------
+    async def _run(self) -> None:
+        connection = self.connection
+        try:
+            await connection.connect()
+        except BaseException as exc:
+            self.abort(exc, connecting=True)
+            with contextlib.suppress(Exception):
+                await connection.disconnect(nowait=True)
+            if not isinstance(exc, Exception):
+                raise
+            return
+        disowned = False
+        try:
+            # No per-read timer: deadlines are the pipe's own (redis-py bounded the connect
+            # and the handshake with the socket timeouts).
+            connection.socket_timeout = None
+            self.ready = True
+            self._writer = self.loop.create_task(self._write_queued())
+            read = connection.read_response
+            pending = self.pending
+            while True:
+                failed = False
+                try:
+                    reply = await read(disconnect_on_error=False)
+                except _WHOLE_ERRORS as error:
+                    reply, failed = error, True
+                if not pending:
+                    raise redis_exceptions.ConnectionError("a reply came for no command")
+                self.replies += 1
+                entry = pending.popleft()
+                if entry.late:
+                    self.late -= 1
+                    continue
+                future = entry.future
+                if not future.done():
+                    if failed:
+                        future.set_exception(reply)
+                    else:
+                        future.set_result(reply)
+        except GeneratorExit:
+            # Its loop closed with the task pending: nothing can be awaited or scheduled.
+            self.closed = disowned = True
+            raise
+        except BaseException as exc:
+            self.abort(exc)
+            if not isinstance(exc, Exception | asyncio.CancelledError):
+                raise
+        finally:
+            if not disowned:
+                with contextlib.suppress(Exception):
+                    await connection.disconnect(nowait=True)
+
+    def readable(self) -> bool:
+        """Whether the kernel holds bytes (or an end of file) the loop has not read yet:
+        a zero-timeout ``poll`` of the connection's socket."""
+        poller = self._poller
+        if poller is None:
+            sock = socket_of(self.connection)
+            if sock is None or _poll is None:
+                return self.connection.is_connected is False
+            descriptor = sock.fileno()
+            if descriptor < 0:
+                return True
+            poller = _poll()
+            poller.register(descriptor, _POLL_EVENTS)
+            self._poller = poller
+        return bool(poller.poll(0))
+
+    # -- deadlines ----------------------------------------------------------------------
+    def _arm(self) -> None:
+        """One timer per pipe: at the first deadline not yet passed, or at the check that
+        a pipe with late commands still answers."""
+        pending = self.pending
+        late = self.late
+        when: float | None = self._stalled_at if late else None
+        if late < len(pending):
+            due = pending[late].deadline
+            when = due if when is None else min(when, due)
+        self._timer = None if when is None else self.loop.call_at(when, self._due)
+
+    def _due(self) -> None:
+        self._timer = None
+        if self.closed:
+            return
+        now = self.loop.time()
+        if self.late and now >= self._stalled_at:
+            if self.replies == self._stalled_replies:
+                error = redis_exceptions.TimeoutError(
+                    f"no reply for {self.timeout} s after a late one: connection closed"
+                )
+                self.abort(error)
+                return
+            self._stalled_at = now + self.timeout
+            self._stalled_replies = self.replies
+        late = self.late
+        if late < len(self.pending) and self.pending[late].deadline <= now:
+            # Give the reader its turn first: a reply already received is used.
+            self.loop.call_soon(self._recheck, 1)
+            return
+        self._arm()
+
+    def _recheck(self, turn: int) -> None:
+        if self.closed:
+            return
+        if turn < RECHECKS and self.readable():
+            self.loop.call_soon(self._recheck, turn + 1)
+            return
+        now = self.loop.time()
+        pending = self.pending
+        was_late = self.late
+        index = was_late
+        while index < len(pending) and pending[index].deadline <= now:
+            entry = pending[index]
+            entry.late = True
+            future = entry.future
+            if not future.done():
+                future.set_exception(
+                    Late(f"no reply within TIMEOUT ({self.timeout} s) of the write")
+                )
+            index += 1
+        self.late = index
+        if index > was_late and not was_late:
+            self._stalled_at = now + self.timeout
+            self._stalled_replies = self.replies
+        self._arm()
+
+    # -- closing ------------------------------------------------------------------------
+    def abort(self, exc: BaseException, *, connecting: bool = False) -> None:
+        """Close this pipe for good: its written commands fail as ``indeterminate``, those
+        never written as :class:`ConnectFailed` (or with the handshake's error reply)."""
+        if self.closed:
+            return
+        self.closed = True
+        self.ready = False
+        self.pipeline.forget(self)
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        pending, self.pending = self.pending, deque()
+        queued, self.queued = self.queued, []
+        for entry in pending:
+            if not entry.future.done():
+                entry.future.set_exception(_broken(exc))
+        for entry in queued:
+            if not entry.future.done():
+                entry.future.set_exception(_unwritten(exc, connecting))
+        self._wake_writer()
+        current = asyncio.current_task(self.loop)
+        for task in (self._reader, self._writer):
+            if task is not None and task is not current:
+                task.cancel()
+
+
+def _broken(exc: BaseException) -> BaseException:
+    """What a written command's caller gets when its connection broke: a lost connection
+    (``indeterminate``: it may have run)."""
+    return redis_exceptions.ConnectionError(f"connection lost: {type(exc).__name__}: {exc}")
+
+
+def _unwritten(exc: BaseException, connecting: bool) -> BaseException:
+    """What a command never written gets: :class:`ConnectFailed` (nothing ran), or the
+    handshake's error reply itself (the server answered and refused this client)."""
+    if connecting and not is_connect_failure(exc) and isinstance(exc, Exception):
+        return exc
+    if isinstance(exc, ConnectFailed):
+        return exc
+    cause = exc if isinstance(exc, Exception) else redis_exceptions.ConnectionError("closed")
+    return ConnectFailed(cause)
+
+
+class Pipeline:
+    """The pipelined connections of one event loop to one node; see the module's text.
+
+    ``make_connection`` makes a new, unconnected redis-py asyncio connection (a pool's
+    ``make_connection``); ``timeout`` is ``TIMEOUT``.
+    """
+
+    def __init__(
+        self, make_connection: Callable[[], Any], timeout: float, owner: Any = None
+    ) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.make_connection = make_connection
+        self.timeout = timeout
+        self._pack: Callable[[tuple[Any, ...]], bytes] = pack_command or self._redis_pack
+        self._packer: Any = None
+        #: What must live as long as the connections (the redis-py client of the pool).
+        self.owner = owner
+        self.pipes: list[Pipe] = []
+        #: Connections opened so far.
+        self.opened = 0
+
+    def forget(self, pipe: Pipe) -> None:
+        """Drop a closed pipe."""
+        with contextlib.suppress(ValueError):
+            self.pipes.remove(pipe)
+
+    def _choose(self) -> Pipe:
+        best: Pipe | None = None
+        best_load = 0
+        usable = 0
+        for pipe in list(self.pipes):
+            if pipe.late:
+                continue
+            load = pipe.load
+            if not load:
+                if pipe.ready and pipe.readable():
+                    # Idle, yet the kernel holds something: the server closed it (or sent
+                    # stray bytes) while the loop did not run. Nothing is written on it.
+                    pipe.abort(redis_exceptions.ConnectionError("closed by the server"))
+                    continue
+                return pipe
+            usable += 1
+            if best is None or load < best_load:
+                best, best_load = pipe, load
+        if (
+            (best is None or best_load >= SPREAD)
+            and usable < CONNECTIONS
+            and len(self.pipes) < MAX_CONNECTIONS
+        ):
+            self.opened += 1
+            pipe = Pipe(self, self.make_connection())
+            self.pipes.append(pipe)
+            return pipe
+        if best is None:
+            raise ConnectFailed(
+                redis_exceptions.TimeoutError(
+                    "every connection to the node has a command past TIMEOUT"
+                )
+            )
+        return best
+
+    def _redis_pack(self, command: tuple[Any, ...]) -> bytes:
+        """redis-py's packer (without hiredis), on a connection never connected."""
+        packer = self._packer
+        if packer is None:
+            packer = self._packer = self.make_connection()
+        return b"".join(packer.pack_command(*command))
+
+    async def execute(self, command: tuple[Any, ...]) -> Any:
+        """Send ``command`` on one of the loop's connections to the node; its reply."""
+        pipe = self._choose()
+        future: asyncio.Future[Any] = self.loop.create_future()
+        await pipe.send(_Entry(future, self._pack(command)))
+        try:
+            return await future
+        except Late as exc:
+            raise Late(f"{exc}: {command[0]}") from None
+
+    def close(self) -> None:
+        """Close every connection (in the loop's thread): their commands fail."""
+        for pipe in list(self.pipes):
+            pipe.abort(redis_exceptions.ConnectionError("the backend was closed"))
+
+    def connections(self) -> list[Any]:
+        """The redis-py connections held now."""
+        return [pipe.connection for pipe in self.pipes]

@@ -1,0 +1,342 @@
+"""Async decisions pipelined on a few connections per event loop and node
+(``django_quota/backends/pipeline.py``, docs/failures.md "Connections"), on real
+redis-servers started here: a cold burst needs no connection per decision, async views
+under WSGI reuse the process's connections, a reply received while the loop was busy is
+used, and a late reply is read and dropped without costing its connection."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+import redis.asyncio.connection as async_connection
+from django.http import HttpRequest, HttpResponse
+from django.test import Client
+from django.urls import path
+
+import django_quota
+from django_quota import limiter
+from django_quota.backends import pipeline as pipeline_module
+from django_quota.backends import scripting
+from django_quota.decorators import quota as quota_view
+from tests.faults import RedisProcess, redis_process
+
+pytestmark = pytest.mark.redis
+
+SUBJECT = {"ip": "192.0.2.60"}
+
+
+@quota_view(rate="1000/h", algorithm="fixed_window", selector="ip")
+async def limited_async(request: HttpRequest) -> HttpResponse:
+    return HttpResponse("async ok")
+
+
+urlpatterns = [path("limited-async/", limited_async)]
+
+
+@pytest.fixture
+def server() -> Iterator[RedisProcess]:
+    with redis_process() as started:
+        yield started
+
+
+@pytest.fixture
+def pipelined(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every loop gets pipelined connections from its first decision (no worker thread)."""
+    monkeypatch.setattr(scripting, "PIPELINE_AFTER", 0)
+
+
+def connections_received(server: RedisProcess) -> int:
+    """``total_connections_received`` of ``server``, read on a connection of its own
+    (counted: each read adds one)."""
+    with contextlib.closing(server.client()) as admin:
+        return int(admin.info("stats")["total_connections_received"])
+
+
+def configure(quota: Any, server: RedisProcess, limit: int = 1000, **extra: Any) -> None:
+    quota(
+        REDIS_URL=server.url,
+        FAILURE_MODE="closed",
+        LOCAL_FALLBACK={"ENABLED": False},
+        POLICIES={"p": {"algorithm": "fixed_window", "windows": f"{limit}/h", "selector": ["ip"]}},
+        **extra,
+    )
+
+
+def breaker_failures() -> int:
+    return sum(guard.breaker._failures for guard in limiter.get_limiter().guards().values())
+
+
+# -- a cold burst -----------------------------------------------------------------------------
+def test_a_cold_burst_of_1000_is_decided_exactly_on_at_most_8_connections(
+    quota: Any, server: RedisProcess
+) -> None:
+    limit = 100
+    configure(quota, server, limit, TIMEOUT=1.0, DEADLINE=10.0)
+    before = connections_received(server)
+
+    async def burst() -> list[Any]:
+        calls = [django_quota.aevaluate("p", SUBJECT) for _ in range(1000)]
+        return await asyncio.gather(*calls)
+
+    outcomes = asyncio.run(burst())
+    opened = connections_received(server) - before - 1  # the second admin read
+    decisions = [outcome.decision for outcome in outcomes]
+    assert decisions.count("allowed") == limit
+    assert decisions.count("denied") == 1000 - limit
+    assert [o.reason for o in outcomes if o.decision not in ("allowed", "denied")] == []
+    assert 1 <= opened <= 8, opened
+    assert list(limiter.get_limiter().recent_errors) == []
+
+
+# -- async views under WSGI --------------------------------------------------------------------
+@pytest.mark.urls(__name__)
+def test_async_views_under_wsgi_reuse_the_process_connections(
+    quota: Any, server: RedisProcess
+) -> None:
+    quota(REDIS_URL=server.url)
+    client = Client(REMOTE_ADDR="192.0.2.61")
+    before = connections_received(server)
+    remaining = []
+    for _ in range(200):
+        response = client.get("/limited-async/")  # WSGI: each async view in a new loop
+        assert response.status_code == 200
+        (outcome,) = django_quota.outcomes(response.wsgi_request)
+        remaining.append(outcome.remaining)
+    opened = connections_received(server) - before - 1
+    assert remaining == list(range(999, 799, -1))
+    assert opened <= 20, opened
+
+
+def test_loops_that_decide_once_each_open_no_connection_each(
+    quota: Any, server: RedisProcess
+) -> None:
+    configure(quota, server)
+    before = connections_received(server)
+    outcomes = [asyncio.run(django_quota.aevaluate("p", SUBJECT)) for _ in range(100)]
+    opened = connections_received(server) - before - 1
+    assert [o.remaining for o in outcomes] == list(range(999, 899, -1))
+    assert opened <= 2, opened
+    assert limiter.get_backend().async_client_count == 0  # type: ignore[attr-defined]
+
+
+# -- deadlines ---------------------------------------------------------------------------------
+def test_a_reply_received_while_the_loop_was_busy_past_timeout_is_used(
+    quota: Any, server: RedisProcess, pipelined: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The loop is blocked (a synchronous sleep) for three ``TIMEOUT`` right after the
+    write; Redis answers at once. The reply is there when the deadline fires: it decides,
+    and the node's breaker counts nothing."""
+    configure(quota, server, TIMEOUT=0.2, DEADLINE=0.3)
+    real_send = async_connection.AbstractConnection.send_packed_command
+
+    async def send_then_block(self: Any, *args: Any, **kwargs: Any) -> None:
+        await real_send(self, *args, **kwargs)
+        time.sleep(0.6)  # the event loop is busy elsewhere
+
+    async def scenario() -> Any:
+        assert (await django_quota.aevaluate("p", SUBJECT)).remaining == 999  # connected
+        monkeypatch.setattr(
+            async_connection.AbstractConnection, "send_packed_command", send_then_block
+        )
+        return await django_quota.aevaluate("p", SUBJECT)
+
+    outcome = asyncio.run(scenario())
+    assert (outcome.decision, outcome.reason, outcome.remaining) == ("allowed", None, 998)
+    assert breaker_failures() == 0
+    assert list(limiter.get_limiter().recent_errors) == []
+
+
+def test_a_late_reply_is_read_and_dropped_and_the_connection_serves_the_next(
+    quota: Any, server: RedisProcess, pipelined: None
+) -> None:
+    """``EVALSHA`` held by ``CLIENT PAUSE`` past ``TIMEOUT``: ``indeterminate``. Its reply
+    comes later, on the same connection; it is read and dropped, and the next decision on
+    that connection reads its own reply (the late script ran: 997, not 998)."""
+    configure(quota, server, TIMEOUT=0.5, DEADLINE=0.6)
+    admin = server.client()
+    admin.ping()  # connected before the count
+
+    async def scenario() -> tuple[Any, Any, int]:
+        assert (await django_quota.aevaluate("p", SUBJECT)).remaining == 999
+        opened = connections_received(server)
+        admin.client_pause(750, all=False)  # WRITE: holds the EVALSHA, not the handshake
+        late = await django_quota.aevaluate("p", SUBJECT)
+        await asyncio.sleep(0.6)  # the paused script runs; its reply is read and dropped
+        after = await django_quota.aevaluate("p", SUBJECT)
+        return late, after, connections_received(server) - opened - 1
+
+    try:
+        late, after, opened = asyncio.run(scenario())
+    finally:
+        admin.close()
+    assert (late.decision, late.reason) == ("failed_closed", "indeterminate")
+    assert (after.decision, after.reason, after.remaining) == ("allowed", None, 997)
+    assert opened == 0  # the same connection answered
+
+
+def test_a_connection_silent_after_a_late_reply_is_closed_and_replaced(
+    quota: Any, server: RedisProcess, pipelined: None
+) -> None:
+    configure(quota, server, TIMEOUT=0.2, DEADLINE=0.25)
+    admin = server.client()
+
+    async def scenario() -> tuple[Any, list[Any], Any]:
+        assert (await django_quota.aevaluate("p", SUBJECT)).remaining == 999
+        pipeline = limiter.get_backend()._async()  # type: ignore[attr-defined]
+        (first,) = pipeline.pipes
+        admin.client_pause(1500, all=False)
+        late = await django_quota.aevaluate("p", SUBJECT)
+        await asyncio.sleep(0.6)  # silent for TIMEOUT after the late one: closed
+        closed = [first.closed, first in pipeline.pipes]
+        await asyncio.sleep(1.0)  # the pause is over
+        return late, closed, await django_quota.aevaluate("p", SUBJECT)
+
+    try:
+        late, closed, after = asyncio.run(scenario())
+    finally:
+        admin.close()
+    assert late.reason == "indeterminate"
+    assert closed == [True, False]
+    # Whether the paused script ran once its client was gone is not knowable from here.
+    assert (after.decision, after.reason) == ("allowed", None)
+    assert after.remaining in (997, 998)
+
+
+# -- one connection, many callers --------------------------------------------------------------
+def test_a_cancelled_caller_reply_is_read_and_dropped(
+    server: RedisProcess, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A caller cancelled after its write: its reply is still read (and dropped), so the
+    next command on the connection reads its own."""
+    monkeypatch.setattr(pipeline_module, "CONNECTIONS", 1)
+    slow = (
+        "local s = redis.call('TIME') local n repeat n = redis.call('TIME') until "
+        "(n[1] - s[1]) * 1000000 + (n[2] - s[2]) > 200000 return 'first'"
+    )
+
+    async def scenario() -> tuple[Any, int]:
+        pool = redis.asyncio.ConnectionPool.from_url(server.url, protocol=2)
+        pipeline = pipeline_module.Pipeline(pool.make_connection, 2.0)
+        assert await pipeline.execute(("PING",)) == b"PONG"
+        call = asyncio.ensure_future(pipeline.execute(("EVAL", slow, 0)))
+        await asyncio.sleep(0.05)  # written, its reply not there yet
+        call.cancel()
+        second = await pipeline.execute(("ECHO", "second"))
+        pipeline.close()
+        return second, pipeline.opened
+
+    assert asyncio.run(scenario()) == (b"second", 1)
+
+
+def test_concurrent_commands_share_a_few_connections_and_error_replies_stay_their_own(
+    server: RedisProcess,
+) -> None:
+    async def scenario() -> tuple[list[Any], int]:
+        pool = redis.asyncio.ConnectionPool.from_url(server.url, protocol=2)
+        pipeline = pipeline_module.Pipeline(pool.make_connection, 2.0)
+        commands = [("ECHO", str(i)) if i % 7 else ("EVALSHA", "0" * 40, 0) for i in range(200)]
+        replies = await asyncio.gather(
+            *(pipeline.execute(c) for c in commands), return_exceptions=True
+        )
+        opened = pipeline.opened
+        pipeline.close()
+        return replies, opened
+
+    replies, opened = asyncio.run(scenario())
+    for i, reply in enumerate(replies):
+        if i % 7:
+            assert reply == str(i).encode()
+        else:
+            assert isinstance(reply, redis.exceptions.NoScriptError)
+    assert 1 <= opened <= pipeline_module.CONNECTIONS
+
+
+def test_a_broken_connection_fails_written_commands_as_lost_and_the_rest_as_unwritten(
+    server: RedisProcess,
+) -> None:
+    """Written commands whose connection breaks may have run (a connection error:
+    ``indeterminate``); commands never written are ``ConnectFailed`` (nothing ran)."""
+    slow = (
+        "local s = redis.call('TIME') local n repeat n = redis.call('TIME') until "
+        "(n[1] - s[1]) * 1000000 + (n[2] - s[2]) > 300000 return 'done'"
+    )
+
+    async def scenario() -> tuple[Any, Any]:
+        pool = redis.asyncio.ConnectionPool.from_url(server.url, protocol=2)
+        pipeline = pipeline_module.Pipeline(pool.make_connection, 5.0)
+        assert await pipeline.execute(("PING",)) == b"PONG"
+        (pipe,) = pipeline.pipes
+        written = asyncio.ensure_future(pipeline.execute(("EVAL", slow, 0)))
+        await asyncio.sleep(0.05)
+        entry = pipeline_module._Entry(asyncio.get_running_loop().create_future(), b"")
+        pipe.queued.append(entry)  # as if it came while a write was under way
+        pipe.abort(redis.exceptions.ConnectionError("reset by peer"))
+        results = await asyncio.gather(written, entry.future, return_exceptions=True)
+        return results[0], results[1]
+
+    written, unwritten = asyncio.run(scenario())
+    assert type(written) is redis.exceptions.ConnectionError  # lost: it may have run
+    assert isinstance(unwritten, scripting.ConnectFailed)
+    assert scripting.classify(written).reason == "indeterminate"
+    assert scripting.classify(unwritten).reason == "backend_unavailable"
+
+
+def test_noscript_is_recovered_on_the_pipelined_path(
+    quota: Any, server: RedisProcess, pipelined: None
+) -> None:
+    configure(quota, server)
+    admin = server.client()
+
+    async def scenario() -> list[Any]:
+        first = await django_quota.aevaluate("p", SUBJECT)
+        admin.script_flush()
+        burst = await asyncio.gather(*(django_quota.aevaluate("p", SUBJECT) for _ in range(20)))
+        return [first, *burst]
+
+    try:
+        outcomes = asyncio.run(scenario())
+    finally:
+        admin.close()
+    assert sorted(o.remaining for o in outcomes) == list(range(979, 1000))
+    assert {(o.decision, o.reason) for o in outcomes} == {("allowed", None)}
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_forked_child_never_uses_the_parent_pipelined_connections(
+    quota: Any, server: RedisProcess, pipelined: None
+) -> None:
+    configure(quota, server)
+    loop = asyncio.new_event_loop()
+    try:
+        assert loop.run_until_complete(django_quota.aevaluate("p", SUBJECT)).remaining == 999
+        backend = limiter.get_backend()
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: the same loop object, but none of the parent's sockets
+            code = 1
+            try:
+                held = backend.async_client_count  # type: ignore[attr-defined]
+                outcome = loop.run_until_complete(django_quota.aevaluate("p", SUBJECT))
+                os.write(write, f"{held} {outcome.decision} {outcome.remaining}".encode())
+                code = 0
+            finally:
+                os._exit(code)
+        os.close(write)
+        reported = os.read(read, 100).decode()
+        os.close(read)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        assert reported == "0 allowed 998"
+        # The parent's connection still works: the child never wrote on its socket.
+        assert loop.run_until_complete(django_quota.aevaluate("p", SUBJECT)).remaining == 997
+    finally:
+        limiter.get_backend().close()
+        loop.run_until_complete(asyncio.sleep(0.01))  # the pipeline closes in its loop
+        loop.close()
