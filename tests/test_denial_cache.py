@@ -632,3 +632,23 @@ def test_a_valid_denial_cache_passes_the_check(settings: Any) -> None:
     assert conf.get_settings().denial_cache == conf.DenialCacheSettings(False, 1, 0.5)
     settings.QUOTA = {"REDIS_URL": REDIS_URL, "HMAC_KEY": HMAC_KEY}
     assert conf.get_settings().denial_cache == conf.DenialCacheSettings(True, 4096, 5.0)
+
+
+def test_the_admin_reset_forgets_the_refusal(admin_client: Any, quota: Any, redis_url: str) -> None:
+    from tests import test_admin
+
+    quota(REDIS_URL=redis_url, POLICY_SOURCES=test_admin.SOURCES)
+    try:
+        row = test_admin.create_policy("dc-admin", windows=(("default", 1, 3600),))
+        subject = {"ip": test_admin.IP}
+        modes = [django_quota.evaluate("dc-admin", subject).backend_mode for _ in range(3)]
+        assert modes == ["redis", "redis", "cache"]
+        response = test_admin.act(
+            admin_client, "reset_counters", row, ip=test_admin.IP, apply="Reset"
+        )
+        assert "Reset dc-admin: 1 window(s) had state." in response.content.decode()
+        assert len(cache_of(limiter.get_limiter())) == 0
+        outcome = django_quota.evaluate("dc-admin", subject)
+        assert (outcome.decision, outcome.backend_mode) == ("allowed", "redis")
+    finally:
+        limiter.settings_changed()
