@@ -43,6 +43,8 @@ HEADER_STYLES = ("ietf", "legacy", "both", "none")
 BACKENDS = ("redis", "memory")
 POLICY_SOURCE_NAMES = ("settings", "database")
 CLOCKS = ("redis", "client")
+#: The shortest ``DENIAL_CACHE["MAX_TTL"]``, one millisecond (the backend's resolution).
+MIN_DENIAL_CACHE_TTL = 0.001
 #: The largest FAILURE_RETRY_AFTER, one day: it is both the 503's Retry-After and the
 #: breaker's cool-down, during which no call reaches Redis, so a larger value is far more
 #: likely a mistake (milliseconds, say) than a wish.
@@ -57,6 +59,16 @@ class LocalFallback:
 
     enabled: bool
     max_entries: int
+
+
+@dataclass(frozen=True, slots=True)
+class DenialCacheSettings:
+    """``DENIAL_CACHE``: whether refusals Redis gave are answered again by this process
+    (``docs/failures.md``), how many are kept and for how long at most (seconds)."""
+
+    enabled: bool
+    max_entries: int
+    max_ttl: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +90,7 @@ class QuotaSettings:
     failure_mode: str
     failure_retry_after: int
     local_fallback: LocalFallback
+    denial_cache: DenialCacheSettings
     memory_max_entries: int
     dedup_ttl: float
     cleanup_grace: float
@@ -199,6 +212,29 @@ def _local_fallback(value: Any, reader: Reader) -> LocalFallback:
     return LocalFallback(enabled, entries)
 
 
+def _denial_cache(value: Any, reader: Reader) -> DenialCacheSettings:
+    """``{"ENABLED": bool, "MAX_ENTRIES": int, "MAX_TTL": seconds}``; a missing or invalid
+    entry takes the default's."""
+    default = reader.default
+    if not isinstance(value, Mapping) or set(value) - set(default):
+        raise Invalid(Problems.EXPECTED_DENIAL_CACHE)
+    enabled = value.get("ENABLED", default["ENABLED"])
+    entries = value.get("MAX_ENTRIES", default["MAX_ENTRIES"])
+    max_ttl = value.get("MAX_TTL", default["MAX_TTL"])
+    if not isinstance(enabled, bool):
+        reader.report(Problems.EXPECTED_TRUE_OR_FALSE, f"{reader.key}['ENABLED']")
+        enabled = default["ENABLED"]
+    if not is_int(entries) or entries < 1:
+        reader.report(Problems.EXPECTED_POSITIVE_INTEGER, f"{reader.key}['MAX_ENTRIES']")
+        entries = default["MAX_ENTRIES"]
+    try:
+        max_ttl = number(MIN_DENIAL_CACHE_TTL)(max_ttl, reader)
+    except Invalid as invalid:
+        reader.report(invalid.message, f"{reader.key}['MAX_TTL']", **invalid.values)
+        max_ttl = float(default["MAX_TTL"])
+    return DenialCacheSettings(enabled, entries, max_ttl)
+
+
 def _secret(value: Any, reader: Reader) -> str | bytes:
     if not isinstance(value, str | bytes) or len(value) < 16:
         raise Invalid(Problems.EXPECTED_HMAC_KEY)
@@ -261,6 +297,7 @@ FIELDS = (
     Field("FAILURE_MODE", "closed", choice(FAILURE_MODES)),
     Field("FAILURE_RETRY_AFTER", 1, integer(1, MAX_FAILURE_RETRY_AFTER)),
     Field("LOCAL_FALLBACK", {"ENABLED": False, "MAX_ENTRIES": 10000}, _local_fallback),
+    Field("DENIAL_CACHE", {"ENABLED": True, "MAX_ENTRIES": 4096, "MAX_TTL": 5.0}, _denial_cache),
     Field("MEMORY_MAX_ENTRIES", 4096, integer(1)),
     Field("DEDUP_TTL", 5.0, number(0.001)),
     Field("CLEANUP_GRACE", 1.0, number(0, allow_zero=True)),

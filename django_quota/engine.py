@@ -16,7 +16,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Generator, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterable, KeysView, Mapping, Sequence
 from typing import Any, cast
 
 from django.utils.module_loading import import_string
@@ -27,18 +27,23 @@ from django_quota.backends.memory import MemoryBackend
 from django_quota.backends.scripting import adrive, drive
 from django_quota.core.admission import NodeGuard
 from django_quota.core.breaker import BreakerError
+from django_quota.core.denials import DenialCache
 from django_quota.core.errors import BLAME_NODE, BLAME_NONE, BLAME_UNLESS_ANSWERING, BackendError
 from django_quota.core.identity import Identity, IdentityError, build_identity
 from django_quota.core.model import (
     GROUP_CLOCK_UNSAFE,
+    GROUP_DECIDED,
     GROUP_INDETERMINATE,
     GROUP_REPLAYED,
     PACKABLE,
+    REFUSED,
     UNCHARGED,
     PolicyCall,
 )
 from django_quota.core.outcome import (
+    BACKEND_MODE_CACHE,
     BACKEND_MODE_FALLBACK,
+    BACKEND_MODE_REDIS,
     BACKEND_TIMEOUT,
     BACKEND_UNAVAILABLE,
     CLOCK_UNSAFE,
@@ -82,6 +87,11 @@ IDENTITY_CACHE_SIZE = 4096
 COMPILED_CACHE_SIZE = 1024
 
 
+def _hash_tag(counter: str) -> str:
+    """The ``{hash tag}`` of a counter key (its Redis Cluster slot)."""
+    return counter[counter.index("{") : counter.index("}") + 1]
+
+
 class Refused(BackendError):
     """The limiter itself did not call a node: its in-flight bound stayed full for the
     rest of ``DEADLINE``, or its circuit breaker is open. Not a failure of the node."""
@@ -94,8 +104,8 @@ Steps = Generator[Any, Any, list[Outcome]]
 class Limiter:
     """Everything one settings generation decides with: the backend, the local fallback,
     one :class:`~django_quota.core.admission.NodeGuard` per backend node, compiled
-    policies and remembered identities. Built by :func:`get_limiter`, dropped when a
-    watched setting changes."""
+    policies, remembered identities and refusals (the denial cache). Built by
+    :func:`get_limiter`, dropped when a watched setting changes."""
 
     def __init__(self, settings: conf.QuotaSettings, backend: Backend) -> None:
         self.settings = settings
@@ -109,6 +119,20 @@ class Limiter:
             MemoryBackend(settings.local_fallback_max_entries, mode=BACKEND_MODE_FALLBACK)
             if settings.local_fallback_enabled
             else None
+        )
+        denial = settings.denial_cache
+        #: Refusals Redis gave, answered again without a call (``docs/failures.md``):
+        #: None when ``DENIAL_CACHE`` is off, and for a backend without I/O.
+        self.denials = (
+            DenialCache(denial.max_entries, denial.max_ttl)
+            if denial.enabled and self.backend_mode == BACKEND_MODE_REDIS and not self.local
+            else None
+        )
+        #: The counter keys of the groups the denial cache remembers, a live view (empty
+        #: without a cache): one lookup tells a request or a write that no remembered
+        #: refusal concerns it.
+        self.denied_counters: KeysView[str] = (
+            {}.keys() if self.denials is None else self.denials.counters.keys()
         )
         self.recent_errors: deque[BreakerError] = deque(maxlen=20)
         #: Undefined policy ids already logged (``limiter.policy_unknown``): once each.
@@ -440,18 +464,69 @@ class Limiter:
                 prepared.peek or status == GROUP_REPLAYED
             ):
                 prepared.group_denied = (policy.id,)
+            elif result.status == REFUSED and backend_mode == BACKEND_MODE_REDIS:
+                self._remember_denial(prepared, reply)
             return [outcome]
         uncharged: list[str] = []
+        refused = False
         for index, result in zip(prepared.sent, results, strict=True):
             policy = compiled[index].policy
             outcomes[index] = outcome_from_result(policy, result, backend_mode, evaluation_id)
             if result.status == UNCHARGED:
                 uncharged.append(policy.id)
+            elif result.status == REFUSED:
+                refused = True
         if uncharged and not (prepared.peek or status == GROUP_REPLAYED):
             prepared.group_denied = tuple(uncharged)
+        if refused and backend_mode == BACKEND_MODE_REDIS:
+            self._remember_denial(prepared, reply)
         if len(outcomes) == len(prepared.sent):  # every policy decided by the backend
             return cast("list[Outcome]", outcomes.copy())
         return [outcome for outcome in outcomes if outcome is not None]
+
+    # -- the denial cache ---------------------------------------------------------------
+    def _remember_denial(self, prepared: Prepared, reply: GroupReply) -> None:
+        """Remember a refusal Redis decided for the denial cache, when the group may be
+        answered again (``docs/failures.md``): not a peek, every policy enforced, and on
+        a Redis Cluster one hash slot (a group split over slots reports its refunded
+        policies' numbers best effort)."""
+        denials = self.denials
+        request = prepared.request
+        if denials is None or request is None or prepared.peek or reply.status != GROUP_DECIDED:
+            return
+        for compiled in prepared.compiled:
+            if compiled.policy.shadow:
+                return
+        for call in request.calls:
+            if not call.enforce:
+                return
+        if self.settings.cluster and len({_hash_tag(key) for key in request.counters}) > 1:
+            return
+        denials.remember(request, reply.results, prepared.started)
+
+    def _cached(self, prepared: Prepared, request: GroupRequest) -> list[Outcome] | None:
+        """The outcomes of a remembered refusal of ``request``'s group, when it tells
+        them exactly now, else None. Never for a peek, nor for an evaluation that may
+        repeat an earlier one (a caller's id): the backend's ledgers must be searched."""
+        denials = self.denials
+        if denials is None or prepared.peek or request.may_repeat:
+            return None
+        reply = denials.answer(request, time.monotonic())
+        if reply is None:
+            return None
+        return self.interpret(prepared, reply, BACKEND_MODE_CACHE)
+
+    def _written(self, request: GroupRequest) -> None:
+        """Forget the refusals of every group holding a counter ``request`` wrote, or may
+        have written (a failed call): their numbers are no longer those remembered."""
+        if self.denials is not None and not request.peek:
+            self.denials.forget(request.counters)
+
+    def forget_denials(self, counters: Iterable[str]) -> None:
+        """Forget every remembered refusal of a group holding one of ``counters`` (they
+        were reset)."""
+        if self.denials is not None:
+            self.denials.forget(counters)
 
     def failed(self, prepared: Prepared, reason: str, backend_mode: str) -> list[Outcome]:
         """Apply each sent policy's failure mode for ``reason``."""
@@ -526,8 +601,12 @@ class Limiter:
                     error = BackendError(
                         INDETERMINATE, f"retry of an indeterminate call failed: {error}"
                     )
+                if not self.denied_counters.isdisjoint(request.counters):
+                    self._written(request)
                 self._observe_failure(prepared, error)
                 return self.degraded(prepared, error)
+            if not self.denied_counters.isdisjoint(request.counters):
+                self._written(request)
             self._observe_reply(prepared, reply)
             return self.interpret(prepared, reply, self.backend_mode)
 
@@ -564,15 +643,18 @@ class Limiter:
         return self.interpret(prepared, reply, self.backend_mode)
 
     def _without_io(self, prepared: Prepared) -> list[Outcome] | None:
-        """The outcomes when no backend call is needed (nothing to send, or the memory
-        backend's model), else None."""
+        """The outcomes when no backend call is needed (nothing to send, the memory
+        backend's model, or a refusal the denial cache answers), else None."""
         if prepared.clock_error is not None:
             self.recent_errors.append(BreakerError(time.time(), CLOCK_UNSAFE, prepared.clock_error))
             return self.failed(prepared, CLOCK_UNSAFE, self.backend_mode)
-        if prepared.request is None:
+        request = prepared.request
+        if request is None:
             return [outcome for outcome in prepared.outcomes if outcome is not None]
         if self.local:
             return self.decide_locally(prepared)
+        if request.counters[0] in self.denied_counters:  # a refusal of this group, maybe
+            return self._cached(prepared, request)
         return None
 
     def _recorded(self, prepared: Prepared, outcomes: list[Outcome]) -> list[Outcome]:

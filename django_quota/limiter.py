@@ -247,8 +247,9 @@ def _reset_fallback(counter: str, window_count: int) -> int:
 
 def reset(policy_id: str, subject: Subject) -> int:
     """Delete every window of ``subject``'s counter for the policy's current revision, in
-    the backend and in this process's fallback; return how many windows had state (an
-    ``int``, 0 when there was none).
+    the backend and in this process's fallback, and forget this process's remembered
+    refusals of every group holding it (the denial cache, ``docs/failures.md``); return
+    how many windows had state (an ``int``, 0 when there was none).
 
     Raises :class:`~django_quota.policies.UnknownPolicy` when no source defines
     ``policy_id``, ``ValueError`` for a missing or invalid identity, and
@@ -256,7 +257,11 @@ def reset(policy_id: str, subject: Subject) -> int:
     :func:`evaluate`, a reset has no failure mode to fall back on).
     """
     counter, window_count = _reset_target(policy_id, subject)
-    return max(get_backend().reset(counter, window_count), _reset_fallback(counter, window_count))
+    try:
+        cleared = get_backend().reset(counter, window_count)
+    finally:  # the counter may be gone even when the reply was lost
+        get_limiter().forget_denials((counter,))
+    return max(cleared, _reset_fallback(counter, window_count))
 
 
 async def areset(policy_id: str, subject: Subject) -> int:
@@ -264,7 +269,11 @@ async def areset(policy_id: str, subject: Subject) -> int:
     await policies.aget_registry()
     counter, window_count = _reset_target(policy_id, subject)
     local = _reset_fallback(counter, window_count)
-    return max(await get_backend().areset(counter, window_count), local)
+    try:
+        cleared = await get_backend().areset(counter, window_count)
+    finally:  # the counter may be gone even when the reply was lost
+        get_limiter().forget_denials((counter,))
+    return max(cleared, local)
 
 
 

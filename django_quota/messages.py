@@ -104,6 +104,9 @@ class Problems:
     EXPECTED_LOCAL_FALLBACK = Message(
         E_INVALID_VALUE, "expected {{'ENABLED': bool, 'MAX_ENTRIES': int}}"
     )
+    EXPECTED_DENIAL_CACHE = Message(
+        E_INVALID_VALUE, "expected {{'ENABLED': bool, 'MAX_ENTRIES': int, 'MAX_TTL': seconds}}"
+    )
     EXPECTED_TRUE_OR_FALSE = Message(E_INVALID_VALUE, "expected True or False")
     EXPECTED_POSITIVE_INTEGER = Message(E_INVALID_VALUE, "expected a positive integer")
     EXPECTED_HMAC_KEY = Message(

@@ -206,6 +206,8 @@ def test_a_full_redis_under_noeviction_still_denies_and_only_charges_fail(
     quota(
         REDIS_URL=server.url,
         LOCAL_FALLBACK={"ENABLED": True},
+        # Every refusal below must be Redis's own, not one this process remembers.
+        DENIAL_CACHE={"ENABLED": False},
         POLICIES={"p": fixed(3, routes=["/api"])},
     )
     assert [django_quota.evaluate("p", exhausted).remaining for _ in range(3)] == [2, 1, 0]

@@ -114,7 +114,10 @@ def test_the_enumerated_label_values_are_the_code_vocabulary() -> None:
         "", "<window>" + outcome.QUOTA_EXHAUSTED_SUFFIX, *outcome.FIXED_REASONS,
         metrics.GROUP_DENIED,
     }
-    assert listed[(outcomes, "backend_mode")] == modes | {outcome.BACKEND_MODE_FALLBACK}
+    assert listed[(outcomes, "backend_mode")] == modes | {
+        outcome.BACKEND_MODE_FALLBACK,
+        outcome.BACKEND_MODE_CACHE,
+    }
     assert listed[(health, "reason")] == {metrics.OK, *outcome.FAILURE_REASONS}
     assert listed[(health, "backend_mode")] == modes
     assert listed[(latency, "backend_mode")] == modes

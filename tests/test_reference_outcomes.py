@@ -69,7 +69,7 @@ def test_the_backend_mode_table_lists_every_mode_once() -> None:
     modes = table(page(PAGE), "Backend modes").column("backend_mode")
     assert len(modes) == len(set(modes))
     assert set(modes) == backend_modes()
-    assert backend_modes() == {"redis", "memory", "fallback"}
+    assert backend_modes() == {"redis", "memory", "fallback", "cache"}
 
 
 def test_the_certainty_table_lists_every_certainty() -> None:

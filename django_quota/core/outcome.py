@@ -49,6 +49,8 @@ FIXED_REASONS = frozenset(
 BACKEND_MODE_REDIS = "redis"
 BACKEND_MODE_MEMORY = "memory"
 BACKEND_MODE_FALLBACK = "fallback"
+#: A refusal Redis gave, answered again by this process (``QUOTA["DENIAL_CACHE"]``).
+BACKEND_MODE_CACHE = "cache"
 
 
 def is_known_reason(reason: str | None) -> bool:
@@ -108,8 +110,9 @@ class Outcome:
     * ``windows``: every window's :class:`WindowState`, in declaration order (empty when
       the backend did not decide).
     * ``certainty``: ``"approximate"`` for the sliding window counter, else ``"exact"``.
-    * ``backend_mode``: ``"redis"``, ``"memory"`` or ``"fallback"`` (the local fallback
-      decided).
+    * ``backend_mode``: ``"redis"``, ``"memory"``, ``"fallback"`` (the local fallback
+      decided) or ``"cache"`` (a refusal Redis gave, answered again by this process:
+      ``docs/failures.md``).
     * ``evaluation_id``: the evaluation's id (the caller's, or a fresh random one); empty
       for an outcome decided before any backend call (skipped, an identity error,
       ``cost_exceeds_limit``, ``policy_unknown``).
