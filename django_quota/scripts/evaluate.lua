@@ -125,9 +125,15 @@ end
 local fingerprint, packed = ARGV[1], ARGV[2]
 
 -- The header in one call (a C call costs more than the numbers it returns): mode, n, then
--- the low six bytes of now + 1, max regression + 1, DEDUP_TTL and the grace.
+-- the low six bytes of now + 1, max regression + 1, DEDUP_TTL and the grace (a variant
+-- reads its one policy and window in the same call).
 local mode, n_high, n_low, _, _, h1, h2, h3, h4, h5, h6, _, _, r1, r2, r3, r4, r5, r6,
-  _, _, e1, e2, e3, e4, e5, e6, _, _, g1, g2, g3, g4, g5, g6 = byte(packed, 1, 35)
+  _, _, e1, e2, e3, e4, e5, e6, _, _, g1, g2, g3, g4, g5, g6 = byte(packed, 1, 35)  --@ general
+  --+ _, _, e1, e2, e3, e4, e5, e6, _, _, g1, g2, g3, g4, g5, g6,
+  --+ algorithm, enforce, m_high, m_low, _, _, c1, c2, c3, c4, c5, c6,
+  --+ _, _, l1, l2, l3, l4, l5, l6, _, _, p1, p2, p3, p4, p5, p6 = byte(packed, 1, 63)  --@ fixed_window or sliding_window or sliding_log
+  --+ _, _, l1, l2, l3, l4, l5, l6, _, _, p1, p2, p3, p4, p5, p6, _, _, q1, q2, q3, q4, q5, q6 =  --@ token_bucket
+    --+ byte(packed, 1, 71)  --@ token_bucket
 local n = n_high * 256 + n_low  --@ general
 local now = -1
 if mode >= 4 then  -- the client's clock
@@ -298,12 +304,10 @@ local log_index = n + 1  -- KEYS index of the next sliding log  --@ general
 local commit = not peek
 for i = 1, n do  --@ general
 --+ local i = 1
-  -- The policy and its first window in one call.
-  local algorithm, enforce, m_high, m_low, _, _, c1, c2, c3, c4, c5, c6,
-    _, _, l1, l2, l3, l4, l5, l6, _, _, p1, p2, p3, p4, p5, p6, _, _, q1, q2, q3, q4, q5, q6 =
+  -- The policy and its first window in one call.  --@ general
+  local algorithm, enforce, m_high, m_low, _, _, c1, c2, c3, c4, c5, c6,  --@ general
+    _, _, l1, l2, l3, l4, l5, l6, _, _, p1, p2, p3, p4, p5, p6, _, _, q1, q2, q3, q4, q5, q6 =  --@ general
     byte(packed, offset, offset + 35)  --@ general
-    --+ byte(packed, 36, 71)  --@ token_bucket
-    --+ byte(packed, 36, 63)  -- no capacity  --@ fixed_window or sliding_window or sliding_log
   local m = m_high * 256 + m_low  --@ general
   local call_cost = ((((c1 * 256 + c2) * 256 + c3) * 256 + c4) * 256 + c5) * 256 + c6
   local first = offset + 12  --@ general
@@ -637,8 +641,18 @@ for i = 1, n do  --@ general
       local a1 = (a - a2) / 256
       if b then  --@ general
 --@ if general or sliding_window or token_bucket
+        local b6 = b % 256  -- split48(b) written out
+        b = (b - b6) / 256
+        local b5 = b % 256
+        b = (b - b5) / 256
+        local b4 = b % 256
+        b = (b - b4) / 256
+        local b3 = b % 256
+        b = (b - b3) / 256
+        local b2 = b % 256
+        local b1 = (b - b2) / 256
         stored = count_byte .. entries_kept .. fingerprint .. char(t3, t4, t5, t6, d1, d2, d3,
-          d4, d5, d6, t1, t2, t3, t4, t5, t6, a1, a2, a3, a4, a5, a6, split48(b))
+          d4, d5, d6, t1, t2, t3, t4, t5, t6, a1, a2, a3, a4, a5, a6, b1, b2, b3, b4, b5, b6)
 --@ end
       else  --@ general
 --@ if general or fixed_window or sliding_log
