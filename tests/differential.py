@@ -10,15 +10,28 @@ from typing import Any
 
 from django_quota.backends.memory import MemoryBackend
 from django_quota.backends.redis import RedisBackend
+from django_quota.backends.scripting import Call
 from django_quota.core.errors import BackendError
 from django_quota.core.model import PolicyCall, State
 from django_quota.core.protocol import GroupReply, GroupRequest, decode_counter, log_key
+from django_quota.scripts.shapes import SINGLE_WINDOW_SCRIPTS
 
 #: The most windows a generated policy has (tests/test_differential.py).
 MAX_WINDOWS = 3
 
-#: Sequences run per (algorithm or "group", engine), printed at the end of the session.
+#: Sequences run per (algorithm or "group", engine), and steps run per ("step:" and the
+#: script that decided them, engine), printed at the end of the session.
 SEQUENCES: Counter[tuple[str, str]] = Counter()
+
+
+def expected_script(request: GroupRequest) -> str:
+    """The script that must decide ``request`` (docs/architecture.md#the-script-protocol):
+    one policy with one window its algorithm's variant of ``evaluate.lua``, any other
+    group the general script."""
+    calls = request.calls
+    if len(calls) == 1 and len(calls[0].windows) == 1:
+        return SINGLE_WINDOW_SCRIPTS[calls[0].algorithm]
+    return "evaluate"
 
 
 class ModelEngine:
@@ -66,6 +79,15 @@ class RedisEngine:
         self.backend = RedisBackend(
             url=None, timeout=5.0, max_inflight=4, client_factory=lambda _async: client
         )
+        #: The script of every call this engine ran, in order.
+        self.scripts: list[str] = []
+        run = self.backend.run
+
+        def recording(call: Call) -> Any:
+            self.scripts.append(call.script)
+            return run(call)
+
+        self.backend.run = recording  # type: ignore[method-assign]
 
     def reset(self) -> None:
         self.client.flushall()

@@ -513,7 +513,15 @@ def test_quota_preload_loads_every_script_on_every_primary(
     on_cluster()
     _flush_scripts(cluster)
     scripts = all_scripts()
-    assert {s.name for s in scripts} == {"evaluate", "reset", "refund"}
+    assert {s.name for s in scripts} == {
+        "evaluate",
+        "evaluate_fixed_window",
+        "evaluate_sliding_window",
+        "evaluate_token_bucket",
+        "evaluate_sliding_log",
+        "reset",
+        "refund",
+    }
     out = io.StringIO()
     call_command("quota", "preload", stdout=out, no_color=True)
     assert out.getvalue() == "".join(f"{s.name} {s.sha1}\n" for s in scripts)
@@ -865,7 +873,7 @@ def test_a_failed_refund_is_logged_and_keeps_the_charge(
     request = _two_slot_request(quota)
     failure = BackendError("indeterminate", "timeout")
     reply, calls = _scripted(request, [_reply(1), _reply(0), failure])
-    assert [c.script for c in calls] == ["evaluate", "evaluate", "refund"]
+    assert [c.script for c in calls] == ["evaluate_fixed_window", "evaluate_fixed_window", "refund"]
     assert calls[2].keys == [request.counters[0]]
     # n, the evaluation's fingerprint; per policy: fixed, cost, now, m; P
     assert calls[2].args == [1, request.fingerprint, 1, 1, 1_000, 1, 3_600_000]
@@ -877,15 +885,16 @@ def test_clock_unsafe_in_a_later_slot_refunds_and_fails_the_group(quota: Any) ->
     request = _two_slot_request(quota)
     reply, calls = _scripted(request, [_reply(1), [1], 1])
     assert reply == GroupReply(GROUP_CLOCK_UNSAFE, ())
-    assert [c.script for c in calls] == ["evaluate", "evaluate", "refund"]
+    assert [c.script for c in calls] == ["evaluate_fixed_window", "evaluate_fixed_window", "refund"]
 
 
 @pytest.mark.parametrize(
     ("reason", "scripts"),
     [
-        ("backend_unavailable", ["evaluate", "evaluate", "refund"]),
-        ("backend_error", ["evaluate", "evaluate", "refund"]),
-        ("indeterminate", ["evaluate", "evaluate"]),  # the retry replays; no refund yet
+        ("backend_unavailable", ["evaluate_fixed_window", "evaluate_fixed_window", "refund"]),
+        ("backend_error", ["evaluate_fixed_window", "evaluate_fixed_window", "refund"]),
+        # the retry replays; no refund yet
+        ("indeterminate", ["evaluate_fixed_window", "evaluate_fixed_window"]),
     ],
 )
 def test_a_failure_in_a_later_slot_fails_the_group(
@@ -901,7 +910,9 @@ def test_slots_after_a_denial_run_dry_and_charge_nothing(quota: Any) -> None:
     request = _two_slot_request(quota, order="ba")
     veto = [1_000, 0]  # now, then its view (used): its cost of 2 never fits its limit of 1
     reply, calls = _scripted(request, [_reply(0), [*_reply(2), *veto]])
-    assert [c.script for c in calls] == ["evaluate", "evaluate"]
+    # one policy per slot runs the fixed-window script; the dry run, two with its veto,
+    # the general one
+    assert [c.script for c in calls] == ["evaluate_fixed_window", "evaluate"]
     veto_counter = calls[1].keys[-1]
     assert veto_counter == f"{request.counters[1]}:veto"
     assert slot_of(veto_counter) == slot_of(request.counters[1])

@@ -19,7 +19,7 @@ from django_quota.core.model import PolicyCall
 from django_quota.core.policy import ALGORITHMS, Window
 from django_quota.core.protocol import GroupReply, GroupRequest, fingerprint
 from django_quota.core.rates import MAX_PERIOD_MS, MAX_PRODUCT
-from tests.differential import SEQUENCES, ModelEngine, RedisEngine
+from tests.differential import SEQUENCES, ModelEngine, RedisEngine, expected_script
 
 EXAMPLES = int(os.environ.get("QUOTA_DIFFERENTIAL_EXAMPLES", "150"))
 START_MS = 1_764_000_000_000
@@ -30,8 +30,8 @@ DEDUP_TTLS_MS = [HUGE_GRACE_MS, 2_000, 0]
 
 
 @st.composite
-def windows(draw: Any, algorithm: str) -> tuple[Window, ...]:
-    count = draw(st.integers(1, 3))
+def windows(draw: Any, algorithm: str, counts: tuple[int, int] = (1, 3)) -> tuple[Window, ...]:
+    count = draw(st.integers(*counts))
     out = []
     for index in range(count):
         period = draw(st.sampled_from(PERIODS_MS))
@@ -50,9 +50,11 @@ def windows(draw: Any, algorithm: str) -> tuple[Window, ...]:
 
 
 @st.composite
-def policy_calls(draw: Any, algorithm: str | None = None) -> tuple[str, tuple[Window, ...], bool]:
+def policy_calls(
+    draw: Any, algorithm: str | None = None, counts: tuple[int, int] = (1, 3)
+) -> tuple[str, tuple[Window, ...], bool]:
     chosen = algorithm or draw(st.sampled_from(ALGORITHMS))
-    return chosen, draw(windows(chosen)), draw(st.booleans())
+    return chosen, draw(windows(chosen, counts)), draw(st.booleans())
 
 
 #: A step that follows the previous reply: wait exactly one of its times, +-1 ms.
@@ -149,6 +151,11 @@ def _run(
             cleanup_grace_ms=HUGE_GRACE_MS,
         )
         replies: list[GroupReply | str] = [engine.evaluate(request) for engine in engines]
+        script = expected_script(request)
+        for engine in engines[1:]:  # each ran the script of the group's shape, once
+            assert engine.scripts[-1:] == [script], f"{engine.name} ran {engine.scripts[-1:]}"
+            engine.scripts.clear()
+            SEQUENCES[(f"step:{script}", engine.name)] += 1
         expected = last = replies[0]
         for engine, reply in zip(engines[1:], replies[1:], strict=True):
             assert reply == expected, (
@@ -171,16 +178,24 @@ def _run(
         SEQUENCES[(label, engine.name)] += 1
 
 
+#: Window counts of one policy: one (the algorithm's own script) or several (the general).
+SHAPES = {"one window": (1, 1), "several windows": (2, 3)}
+
+
+@pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
-def test_lua_matches_model_for_one_policy(engines: list[Any], algorithm: str) -> None:
+def test_lua_matches_model_for_one_policy(engines: list[Any], algorithm: str, shape: str) -> None:
+    """Each step asserts the script that ran (_run): with one window, the variant of
+    evaluate.lua generated for the algorithm; with several, the general script."""
+
     @settings(
-        max_examples=EXAMPLES,
+        max_examples=max(1, EXAMPLES // 2),
         deadline=None,
         suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
     )
     @given(data=st.data())
     def check(data: Any) -> None:
-        policy = data.draw(policy_calls(algorithm))
+        policy = data.draw(policy_calls(algorithm, SHAPES[shape]))
         max_limit = max(window.capacity for window in policy[1])
         sequence = data.draw(steps(min(max_limit, 20)))
         regression = data.draw(st.sampled_from([-1, -1, 0, 1_000]))

@@ -39,7 +39,8 @@ from django_quota.core.outcome import (
 )
 from django_quota.core.protocol import GroupReply, GroupRequest, Probe, parse_reply, reset_keys
 from django_quota.core.windows import new_tuple
-from django_quota.scripts import ScriptSource, load
+from django_quota.scripts import ScriptSource, all_scripts
+from django_quota.scripts.shapes import SINGLE_WINDOW_SCRIPTS
 
 #: EVALSHA attempts when SCRIPT FLUSH keeps racing the reload (each one ran nothing).
 NOSCRIPT_ATTEMPTS = 8
@@ -150,8 +151,14 @@ class Call(NamedTuple):
 
 
 def evaluate_call(request: GroupRequest) -> Call:
-    """The ``evaluate.lua`` call deciding ``request``."""
-    return new_tuple(Call, ("evaluate", request.keys(), request.args()))
+    """The call deciding ``request``: one policy with one window runs the variant of
+    ``evaluate.lua`` made for its algorithm, any other group the general script
+    (:mod:`django_quota.scripts.shapes`); the same KEYS, ARGV and reply either way."""
+    calls = request.calls
+    script = "evaluate"
+    if len(calls) == 1 and len(calls[0].windows) == 1:
+        script = SINGLE_WINDOW_SCRIPTS[calls[0].algorithm]
+    return new_tuple(Call, (script, request.keys(), request.args()))
 
 
 def parse(reply: Any, request: GroupRequest) -> GroupReply:
@@ -298,8 +305,9 @@ class ScriptedBackend:
 
 
 def sources() -> dict[str, ScriptSource]:
-    """Every script by name."""
-    return {name: load(name) for name in ("evaluate", "reset", "refund")}
+    """Every script by name: ``evaluate.lua``, its variants per policy shape, ``reset.lua``
+    and ``refund.lua`` (what ``preload`` loads)."""
+    return {source.name: source for source in all_scripts()}
 
 
 # -- the clients of a Redis backend ---------------------------------------------------------

@@ -1,4 +1,5 @@
-"""The Lua scripts, read once from this package's ``*.lua`` files by name.
+"""The Lua scripts, read once from this package's ``*.lua`` files by name, and the
+variants of ``evaluate.lua`` generated from it per policy shape (:mod:`.shapes`).
 
 Each file opens with a header listing its KEYS, ARGV (with units) and reply shape.
 """
@@ -10,7 +11,13 @@ from dataclasses import dataclass
 from functools import cache
 from importlib import resources
 
-SCRIPT_NAMES = ("evaluate", "reset", "refund")
+from django_quota.scripts.shapes import SINGLE_WINDOW_SCRIPTS, single_window
+
+#: The generated variants of ``evaluate.lua``, by name: the algorithm of their one policy.
+_VARIANTS = {name: algorithm for algorithm, name in SINGLE_WINDOW_SCRIPTS.items()}
+
+#: Every script: the general ``evaluate.lua``, its variants, then ``reset`` and ``refund``.
+SCRIPT_NAMES = ("evaluate", *SINGLE_WINDOW_SCRIPTS.values(), "reset", "refund")
 
 
 @dataclass(frozen=True, slots=True)
@@ -22,12 +29,18 @@ class ScriptSource:
     sha1: str
 
 
+def _read(name: str) -> str:
+    return resources.files(__package__).joinpath(f"{name}.lua").read_text(encoding="utf-8")
+
+
 @cache
 def load(name: str) -> ScriptSource:
-    """Read ``<name>.lua`` from this package (``KeyError`` for an unknown name)."""
+    """Read ``<name>.lua`` from this package, or generate the variant ``name`` of
+    ``evaluate.lua`` (``KeyError`` for an unknown name)."""
     if name not in SCRIPT_NAMES:
         raise KeyError(f"no script named {name!r}; known: {', '.join(SCRIPT_NAMES)}")
-    source = resources.files(__package__).joinpath(f"{name}.lua").read_text(encoding="utf-8")
+    algorithm = _VARIANTS.get(name)
+    source = _read(name) if algorithm is None else single_window(_read("evaluate"), algorithm)
     return ScriptSource(name, source, hashlib.sha1(source.encode()).hexdigest())
 
 

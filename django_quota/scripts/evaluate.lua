@@ -84,15 +84,28 @@ the window denies, for the binary search over the counts that finds its wait); w
 have left, LLEN, a binary search (LINDEX) for the oldest inside and the LINDEX of its
 count. So O(log L) commands, and O(1) per charge whatever its cost; an allowed charge
 with nothing left is LINDEX, LRANGE, LPUSH and PEXPIRE.
+
+Shapes (django_quota/scripts/shapes.py, docs/architecture.md#the-script-protocol): this
+file is the general script, run as it is for any group. The common call, one policy with
+one window, runs a variant generated from this file per algorithm (evaluate_fixed_window,
+evaluate_sliding_window, evaluate_token_bucket, evaluate_sliding_log): the same KEYS,
+ARGV, reply and writes, without the loops over policies and windows, the dispatch on the
+algorithm and the other algorithms' code. The generator reads three kinds of comment: a
+line "--@ if EXPR" (then "--@ elif EXPR", "--@ else", "--@ end") keeps the lines up to the
+next one only in the scripts where EXPR holds; "--@ EXPR" ending a line of code keeps that
+line only there; a line "--+ code" is code of the variants only (a comment here). EXPR is
+names joined by "or": general (this script) or an algorithm (true here, and in its own
+variant).
 ]]
 
 local byte, char, sub, format = string.byte, string.char, string.sub, string.format
-local floor, max = math.floor, math.max
+local floor = math.floor  --@ general or sliding_window or token_bucket or sliding_log
+local max = math.max  --@ sliding_log
 
 local LEDGER_SIZE = 8
 local ENTRY = 9  -- bytes of a ledger entry: 5 of fingerprint, 4 of charge time
 local STAMP = 4294967296
-local LOG_MODULUS = 1000000000000  -- sliding-log counts wrap here (model.LOG_MODULUS)
+local LOG_MODULUS = 1000000000000  -- sliding-log counts wrap here (model.LOG_MODULUS)  --@ sliding_log
 
 -- The six bytes of x (0 <= x < 2^48), most significant first: remainders and exact
 -- divisions by 256, no C call (char(split48(x)) is x as a u48).
@@ -112,10 +125,16 @@ end
 local fingerprint, packed = ARGV[1], ARGV[2]
 
 -- The header in one call (a C call costs more than the numbers it returns): mode, n, then
--- the low six bytes of now + 1, max regression + 1, DEDUP_TTL and the grace.
+-- the low six bytes of now + 1, max regression + 1, DEDUP_TTL and the grace (a variant
+-- reads its one policy and window in the same call).
 local mode, n_high, n_low, _, _, h1, h2, h3, h4, h5, h6, _, _, r1, r2, r3, r4, r5, r6,
-  _, _, e1, e2, e3, e4, e5, e6, _, _, g1, g2, g3, g4, g5, g6 = byte(packed, 1, 35)
-local n = n_high * 256 + n_low
+  _, _, e1, e2, e3, e4, e5, e6, _, _, g1, g2, g3, g4, g5, g6 = byte(packed, 1, 35)  --@ general
+  --+ _, _, e1, e2, e3, e4, e5, e6, _, _, g1, g2, g3, g4, g5, g6,
+  --+ algorithm, enforce, m_high, m_low, _, _, c1, c2, c3, c4, c5, c6,
+  --+ _, _, l1, l2, l3, l4, l5, l6, _, _, p1, p2, p3, p4, p5, p6 = byte(packed, 1, 63)  --@ fixed_window or sliding_window or sliding_log
+  --+ _, _, l1, l2, l3, l4, l5, l6, _, _, p1, p2, p3, p4, p5, p6, _, _, q1, q2, q3, q4, q5, q6 =  --@ token_bucket
+    --+ byte(packed, 1, 71)  --@ token_bucket
+local n = n_high * 256 + n_low  --@ general
 local now = -1
 if mode >= 4 then  -- the client's clock
   mode = mode - 4
@@ -148,17 +167,18 @@ if server_clock then
     now = now + byte(micros, 1) - 48
   end
 end
--- DEDUP_TTL and the grace matter when something may be charged or searched for.
-local dedup_ttl, grace = 0, 0
+-- DEDUP_TTL matters when something may be charged or searched for; the grace (g1..g6) is
+-- read where a lifetime is set.
+local dedup_ttl = 0
 if not peek then
   dedup_ttl = ((((e1 * 256 + e2) * 256 + e3) * 256 + e4) * 256 + e5) * 256 + e6
-  grace = ((((g1 * 256 + g2) * 256 + g3) * 256 + g4) * 256 + g5) * 256 + g6
 end
 
+--@ if sliding_log
 -- The sliding log's functions (model._log_view, _log_wait, _log_result, _charged_log),
 -- made only for a group that has one (its lists' keys follow the counters in KEYS).
 local log_view, log_result, log_charge
-if #KEYS > n then  -- the sliding logs' lists follow the counters
+if #KEYS > n then  -- the sliding logs' lists follow the counters  --@ general
   local function decimal(x)  -- an integer as redis.call takes it, without "%.17g"
     return format('%d', x)
   end
@@ -266,29 +286,32 @@ if #KEYS > n then  -- the sliding logs' lists follow the counters
         redis.call('LTRIM', key, '0', decimal(2 * lv.inside + 1))
       end
     end
+    local grace = ((((g1 * 256 + g2) * 256 + g3) * 256 + g4) * 256 + g5) * 256 + g6
     redis.call('PEXPIRE', key, decimal(period + grace))
   end
-end
+end  --@ general
+--@ end
 
 -- Each policy is read and decided in one pass; what the reply and the writes need is kept
 -- in one array per policy: 1 algorithm, 2 window count, 3 cost, 4 its counter value (''
 -- for none), 5 the effective now, 6 KEYS index of its first log, 7 byte of the ledger's
 -- end (the byte before d), 8 allowed, 9 whether every window is the stored t's, and
 -- from 10 the windows' views, 4 values each: used, prev (a sliding log's view table
--- instead), limit, period.
-local policies = {nil, nil}  -- nil slots make room ahead (a table grown rehashes)
-local offset = 36
-local log_index = n + 1  -- KEYS index of the next sliding log
+-- instead), limit, period. (A variant keeps them in its locals.)
+local policies = {nil, nil}  -- nil slots make room ahead (a table grown rehashes)  --@ general
+local offset = 36  --@ general
+local log_index = n + 1  -- KEYS index of the next sliding log  --@ general
 local commit = not peek
-for i = 1, n do
-  -- The policy and its first window in one call.
-  local algorithm, enforce, m_high, m_low, _, _, c1, c2, c3, c4, c5, c6,
-    _, _, l1, l2, l3, l4, l5, l6, _, _, p1, p2, p3, p4, p5, p6, _, _, q1, q2, q3, q4, q5, q6 =
-    byte(packed, offset, offset + 35)
-  local m = m_high * 256 + m_low
+for i = 1, n do  --@ general
+--+ local i = 1
+  -- The policy and its first window in one call.  --@ general
+  local algorithm, enforce, m_high, m_low, _, _, c1, c2, c3, c4, c5, c6,  --@ general
+    _, _, l1, l2, l3, l4, l5, l6, _, _, p1, p2, p3, p4, p5, p6, _, _, q1, q2, q3, q4, q5, q6 =  --@ general
+    byte(packed, offset, offset + 35)  --@ general
+  local m = m_high * 256 + m_low  --@ general
   local call_cost = ((((c1 * 256 + c2) * 256 + c3) * 256 + c4) * 256 + c5) * 256 + c6
-  local first = offset + 12
-  offset = first + 24 * m
+  local first = offset + 12  --@ general
+  offset = first + 24 * m  --@ general
   local value = redis.pcall('GET', KEYS[i])
   if not value then
     value = ''
@@ -296,22 +319,26 @@ for i = 1, n do
     if sub(tostring(value.err), 1, 9) ~= 'WRONGTYPE' then return value end
     value = ''
   end
-  local stride = 1
-  if algorithm == 2 or algorithm == 3 then stride = 2 end
+  local stride = 1  --@ general
+  if algorithm == 2 or algorithm == 3 then stride = 2 end  --@ general
   local ledger_end, last, count, extra = 1, nil, 0, 0
   if value ~= '' then
     local entries = byte(value, 1)
     ledger_end = 1 + ENTRY * entries
     local size = #value
-    if size == ledger_end + 12 + 6 * stride * m then
+    if size == ledger_end + 12 + 6 * stride * m then  --@ general
+    --+ if size == ledger_end + 18 then  -- t and one number  --@ fixed_window or sliding_log
+    --+ if size == ledger_end + 24 then  -- t and two numbers  --@ sliding_window or token_bucket
       -- t and the first window's numbers in one call.
       local t1, t2, t3, t4, t5, t6, u1, u2, u3, u4, u5, u6, x1, x2, x3, x4, x5, x6 =
         byte(value, ledger_end + 7, ledger_end + 24)
       last = ((((t1 * 256 + t2) * 256 + t3) * 256 + t4) * 256 + t5) * 256 + t6
       count = ((((u1 * 256 + u2) * 256 + u3) * 256 + u4) * 256 + u5) * 256 + u6
-      if stride == 2 then
+      if stride == 2 then  --@ general
+--@ if sliding_window or token_bucket
         extra = ((((x1 * 256 + x2) * 256 + x3) * 256 + x4) * 256 + x5) * 256 + x6
-      end
+--@ end
+      end  --@ general
     elseif entries > LEDGER_SIZE or size ~= ledger_end + 6 then
       return redis.error_reply('django-quota: the value at ' .. KEYS[i] ..
         ' is not a counter of this policy (docs/operations.md); reset it')
@@ -325,6 +352,7 @@ for i = 1, n do
     end
     policy_now = last
   end
+--@ if general
   local logs = 0
   if algorithm == 4 then
     logs = log_index
@@ -333,13 +361,20 @@ for i = 1, n do
   local policy = {algorithm, m, call_cost, value, policy_now, logs, ledger_end, true, false,
     nil, nil, nil, nil, nil, nil, nil, nil}  -- room for two windows' views
   policies[i] = policy
+--@ elif sliding_log
+  --+ local logs = 2  -- KEYS[2]: the window's log
+--@ end
   local cost = call_cost
   if peek then cost = 1 end
   local allowed = true
   -- Whether every window is still the one of the stored t (fixed window and sliding
   -- window counter only): then a charge may keep the counter's expiry (model.keeps_expiry).
-  local same_windows = last ~= nil and (algorithm == 1 or algorithm == 2)
-  for w = 1, m do
+  local same_windows = last ~= nil and (algorithm == 1 or algorithm == 2)  --@ general
+  --+ local same_windows = last ~= nil  --@ fixed_window or sliding_window
+  --+ local same_windows = false  --@ token_bucket or sliding_log
+  for w = 1, m do  --@ general
+  --+ local w = 1
+--@ if general
     if w > 1 then
       local at = first + 24 * (w - 1)
       l1, l2, l3, l4, l5, l6, _, _, p1, p2, p3, p4, p5, p6, _, _, q1, q2, q3, q4, q5, q6 =
@@ -353,30 +388,37 @@ for i = 1, n do
         end
       end
     end
+--@ end
     local limit = ((((l1 * 256 + l2) * 256 + l3) * 256 + l4) * 256 + l5) * 256 + l6
     local period = ((((p1 * 256 + p2) * 256 + p3) * 256 + p4) * 256 + p5) * 256 + p6
-    local base = 5 + 4 * w
-    if algorithm == 4 then
+    local base = 5 + 4 * w  --@ general
+    if algorithm == 4 then  --@ general
+--@ if sliding_log
       local lv = {used = 0, inside = 0, newest = 0, oldest = 0, events = -1}
       if last ~= nil then  -- no numbers: whatever a list holds is not this counter's
         lv = log_view(KEYS[logs + w - 1], count, policy_now, period)
       end
       lv.count = count
-      policy[base + 1], policy[base + 2], policy[base + 3], policy[base + 4] = lv.used, lv, limit,
-        period
+      policy[base + 1], policy[base + 2], policy[base + 3], policy[base + 4] = lv.used, lv, limit,  --@ general
+        period  --@ general
       if lv.used + cost > limit then allowed = false end
-    else
+--@ end
+    else  --@ general
+--@ if fixed_window or sliding_window or token_bucket
       -- The window seen at now (model._view): used (the fixed count, the sliding cur, the
       -- bucket's deficit) and prev; then whether cost fits (model.allows).
       local used, prev = 0, 0
-      if algorithm == 1 then
+      if algorithm == 1 then  --@ general
+--@ if fixed_window
         if last ~= nil and policy_now - policy_now % period == last - last % period then
           used = count
         else
           same_windows = false
         end
         if used + cost > limit then allowed = false end
-      elseif algorithm == 3 then
+--@ end
+      elseif algorithm == 3 then  --@ general
+--@ if token_bucket
         local capacity = ((((q1 * 256 + q2) * 256 + q3) * 256 + q4) * 256 + q5) * 256 + q6
         if last ~= nil then
           local deficit = count * period + extra
@@ -384,7 +426,9 @@ for i = 1, n do
           if elapsed < -floor((-deficit) / limit) then used = deficit - elapsed * limit end
         end
         if used + cost * period > capacity * period then allowed = false end
-      else
+--@ end
+      else  --@ general
+--@ if sliding_window
         local elapsed = policy_now % period
         if last ~= nil then
           local start = policy_now - elapsed
@@ -399,17 +443,19 @@ for i = 1, n do
         if floor((prev * (period - elapsed)) / period) + used + cost > limit then
           allowed = false
         end
-      end
-      policy[base + 1], policy[base + 2], policy[base + 3], policy[base + 4] = used, prev, limit,
-        period
-    end
-  end
+--@ end
+      end  --@ general
+      policy[base + 1], policy[base + 2], policy[base + 3], policy[base + 4] = used, prev, limit,  --@ general
+        period  --@ general
+--@ end
+    end  --@ general
+  end  --@ general
   if not allowed then
-    policy[8] = false
+    policy[8] = false  --@ general
     if enforce == 1 then commit = false end
   end
-  policy[9] = same_windows
-end
+  policy[9] = same_windows  --@ general
+end  --@ general
 
 -- Whether the ledger of value (entries up to byte ledger_end) holds the fingerprint in an
 -- entry charged less than DEDUP_TTL before now.
@@ -427,6 +473,7 @@ if mode == 1 then
     end
     return false
   end
+--@ if general
   for i = 1, n do
     local policy = policies[i]
     if remembers(policy[4], policy[7], policy[5]) then
@@ -438,11 +485,18 @@ if mode == 1 then
   if not replay then
     for i = 1, n do
       local policy = policies[i]
-      local value, ledger_end = policy[4], policy[7]
+      local value, ledger_end, policy_now = policy[4], policy[7], policy[5]
+--@ else
+  --+ if remembers(value, ledger_end, policy_now) then
+    --+ replay = true
+    --+ commit = false
+  --+ else
+    --+ do
+--@ end
       if value ~= '' then
         local a, b, c, d, e, f = byte(value, ledger_end + 1, ledger_end + 6)
         local dropped = ((((a * 256 + b) * 256 + c) * 256 + d) * 256 + e) * 256 + f - 1
-        if dropped >= 0 and policy[5] - dropped < dedup_ttl then
+        if dropped >= 0 and policy_now - dropped < dedup_ttl then
           return {2}
         end
       end
@@ -453,20 +507,23 @@ end
 -- The reply, then the writes. Per policy: its status only when replayed (else the client
 -- derives it from the views, as model.evaluate_group decides), its effective now, then
 -- per window its view or, for a sliding log, its numbers.
-local reply = {0, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil}
+local reply = {0, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil}  --@ general
+--+ local reply = {0, nil, nil, nil, nil}  --@ fixed_window or sliding_window or token_bucket
+--+ local reply = {0, nil, nil, nil, nil, nil, nil}  --@ sliding_log
 local r = 1  -- the reply's last index
 if replay then reply[1] = 3 end
-for i = 1, n do
-  local policy = policies[i]
-  local algorithm, m, call_cost, value, policy_now = policy[1], policy[2], policy[3],
-    policy[4], policy[5]
-  local cost = call_cost
-  if peek then cost = 1 end
-  local charged = commit and policy[8] and call_cost > 0
+for i = 1, n do  --@ general
+  local policy = policies[i]  --@ general
+  local algorithm, m, call_cost, value, policy_now, logs, ledger_end, allowed, same_windows =  --@ general
+    policy[1], policy[2], policy[3], policy[4], policy[5], policy[6], policy[7], policy[8],  --@ general
+    policy[9]  --@ general
+  local cost = call_cost  --@ general
+  if peek then cost = 1 end  --@ general
+  local charged = commit and allowed and call_cost > 0
   if replay then
     -- charged by the earlier evaluation when its ledger holds the id (cluster refunds)
     local status = 2
-    if remembers(value, policy[7], policy_now) then status = 1 end
+    if remembers(value, ledger_end, policy_now) then status = 1 end
     r = r + 1
     reply[r] = status
   end
@@ -479,53 +536,66 @@ for i = 1, n do
   -- and b for the sliding window counter and the token bucket), as u48s for more than one
   -- window (with one they join d and t in a single char() call).
   local ttl, a, b, numbers = 0, nil, nil, nil
-  for w = 1, m do
-    local base = 5 + 4 * w
+  for w = 1, m do  --@ general
+    local base = 5 + 4 * w  --@ general
+    local limit, period = policy[base + 3], policy[base + 4]  --@ general
     local window_ttl = 0
-    if algorithm == 4 then
-      window_ttl = log_result(reply, r, KEYS[policy[6] + w - 1], policy[base + 3],
-        policy[base + 4], policy[base + 2], policy_now, cost, charged, replay)
+    if algorithm == 4 then  --@ general
+--@ if sliding_log
+      local lv = policy[base + 2]  --@ general
+      window_ttl = log_result(reply, r, KEYS[logs + w - 1], limit, period, lv, policy_now, cost,
+        charged, replay)
       r = r + 4
       if charged then
-        local lv = policy[base + 2]
         a = (lv.count + call_cost) % LOG_MODULUS
-        log_charge(KEYS[policy[6] + w - 1], policy[base + 4], lv, policy_now)
+        log_charge(KEYS[logs + w - 1], period, lv, policy_now)
       end
-    else
-      local used = policy[base + 1]
+--@ end
+    else  --@ general
+--@ if fixed_window or sliding_window or token_bucket
+      local used, prev = policy[base + 1], policy[base + 2]  --@ general
       r = r + 1
       reply[r] = used
-      if algorithm == 2 then
+      if algorithm == 2 then  --@ general
+--@ if sliding_window
         r = r + 1
-        reply[r] = policy[base + 2]
-      end
+        reply[r] = prev
+--@ end
+      end  --@ general
       if charged then
-        local period = policy[base + 4]
-        if algorithm == 1 then
+        if algorithm == 1 then  --@ general
+--@ if fixed_window
           window_ttl = period - policy_now % period
           a = used + call_cost
-        elseif algorithm == 3 then
+--@ end
+        elseif algorithm == 3 then  --@ general
+--@ if token_bucket
           local deficit = used + call_cost * period
-          window_ttl = -floor(-deficit / policy[base + 3])
+          window_ttl = -floor(-deficit / limit)
           a = floor(deficit / period)
           b = deficit - a * period
-        else
+--@ end
+        else  --@ general
+--@ if sliding_window
           window_ttl = period - policy_now % period + period
-          a, b = used + call_cost, policy[base + 2]
-        end
+          a, b = used + call_cost, prev
+--@ end
+        end  --@ general
       end
-    end
+--@ end
+    end  --@ general
     if window_ttl > ttl then ttl = window_ttl end
+--@ if general
     if charged and m > 1 then
       if w == 1 then numbers = {} end
       numbers[w] = char(split48(a))
       if b then numbers[w] = numbers[w] .. char(split48(b)) end
     end
   end
+--@ end
   if charged then
     -- The ledger with this evaluation appended (the oldest entry dropped when full), d,
     -- then the numbers.
-    local ledger_end = policy[7]
     local entries = ledger_end - 1
     local kept = 2  -- byte of the oldest entry kept
     local source = value  -- for d + 1 as stored: none (six zeros) without a counter
@@ -538,32 +608,68 @@ for i = 1, n do
       kept = 2 + ENTRY
       entries = entries - ENTRY
     end
-    -- The entry's stamp is t's low four bytes (the charge time modulo 2^32).
-    local t1, t2, t3, t4, t5, t6 = split48(policy_now)
+    -- t's six bytes (split48 written out: a call costs more), the entry's stamp its low
+    -- four (the charge time modulo 2^32).
+    local t6 = policy_now % 256
+    local t = (policy_now - t6) / 256
+    local t5 = t % 256
+    t = (t - t5) / 256
+    local t4 = t % 256
+    t = (t - t4) / 256
+    local t3 = t % 256
+    t = (t - t3) / 256
+    local t2 = t % 256
+    local t1 = (t - t2) / 256
     local count_byte, entries_kept = char(entries / ENTRY + 1), sub(value, kept, ledger_end)
     local stored
+--@ if general
     if m > 1 then
       stored = count_byte .. entries_kept .. fingerprint
         .. char(t3, t4, t5, t6, d1, d2, d3, d4, d5, d6, t1, t2, t3, t4, t5, t6)
         .. table.concat(numbers)
     else
-      local a1, a2, a3, a4, a5, a6 = split48(a)
-      if b then
+--@ end
+      local a6 = a % 256  -- split48(a) written out
+      a = (a - a6) / 256
+      local a5 = a % 256
+      a = (a - a5) / 256
+      local a4 = a % 256
+      a = (a - a4) / 256
+      local a3 = a % 256
+      a = (a - a3) / 256
+      local a2 = a % 256
+      local a1 = (a - a2) / 256
+      if b then  --@ general
+--@ if general or sliding_window or token_bucket
+        local b6 = b % 256  -- split48(b) written out
+        b = (b - b6) / 256
+        local b5 = b % 256
+        b = (b - b5) / 256
+        local b4 = b % 256
+        b = (b - b4) / 256
+        local b3 = b % 256
+        b = (b - b3) / 256
+        local b2 = b % 256
+        local b1 = (b - b2) / 256
         stored = count_byte .. entries_kept .. fingerprint .. char(t3, t4, t5, t6, d1, d2, d3,
-          d4, d5, d6, t1, t2, t3, t4, t5, t6, a1, a2, a3, a4, a5, a6, split48(b))
-      else
+          d4, d5, d6, t1, t2, t3, t4, t5, t6, a1, a2, a3, a4, a5, a6, b1, b2, b3, b4, b5, b6)
+--@ end
+      else  --@ general
+--@ if general or fixed_window or sliding_log
         stored = count_byte .. entries_kept .. fingerprint .. char(t3, t4, t5, t6, d1, d2, d3,
           d4, d5, d6, t1, t2, t3, t4, t5, t6, a1, a2, a3, a4, a5, a6)
-      end
-    end
-    if policy[9] and server_clock and policy_now == now and ttl >= dedup_ttl then
+--@ end
+      end  --@ general
+    end  --@ general
+    if same_windows and server_clock and policy_now == now and ttl >= dedup_ttl then
       -- The expiry set by the charge at t is late enough (model.keeps_expiry).
       redis.call('SET', KEYS[i], stored, 'KEEPTTL')
     else
+      local grace = ((((g1 * 256 + g2) * 256 + g3) * 256 + g4) * 256 + g5) * 256 + g6
       local lifetime = ttl + grace
       if lifetime < dedup_ttl then lifetime = dedup_ttl end
       redis.call('SET', KEYS[i], stored, 'PX', format('%d', lifetime))
     end
   end
-end
+end  --@ general
 return reply
