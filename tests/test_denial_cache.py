@@ -492,9 +492,9 @@ def test_the_retry_after_an_indeterminate_call_asks_redis(
     original = backend.run
     calls: list[Any] = []
 
-    def lost_reply(call: Any) -> Any:
+    def lost_reply(call: Any, deadline: float | None = None) -> Any:
         calls.append(call)
-        reply = original(call)
+        reply = original(call, deadline)
         if len(calls) == 1:  # ran, but its reply is lost
             raise BackendError(INDETERMINATE, "reply lost")
         return reply

@@ -77,6 +77,7 @@ def test_defaults_table_is_the_documented_table() -> None:
         "FAILURE_MODE": "closed",
         "FAILURE_RETRY_AFTER": 1,
         "LOCAL_FALLBACK": {"ENABLED": False, "MAX_ENTRIES": 10000},
+        "DENIAL_CACHE": {"ENABLED": True, "MAX_ENTRIES": 4096, "MAX_TTL": 5.0},
         "MEMORY_MAX_ENTRIES": 4096,
         "DEDUP_TTL": 5.0,
         "CLEANUP_GRACE": 1.0,
