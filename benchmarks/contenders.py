@@ -380,6 +380,34 @@ def ratelimit_contenders(limit: int, notes: list[str], versions: dict[str, str])
     ]
 
 
+def quota_ratelimit_contenders(limit: int) -> list[Contender]:
+    """django-quota's django-ratelimit drop-in, called as django-ratelimit's row is."""
+    from django_quota.ratelimit.core import is_ratelimited
+
+    rates = {BULK: f"{bench_settings.BULK_LIMIT}/h", EXACT: f"{limit}/d"}
+
+    def make(kind: str) -> Decide:
+        rate = rates[kind]
+
+        def decide(subject: str) -> bool:
+            limited = is_ratelimited(
+                _request(subject), group="bench", key="ip", rate=rate, increment=True
+            )
+            return not limited
+
+        return decide
+
+    return [
+        Contender(
+            f"{DQ} ratelimit drop-in",
+            "fixed window (one script)",
+            f"{DQ}/ratelimit",
+            DQ_FIXED,
+            make,
+        )
+    ]
+
+
 def all_contenders(
     redis_url: str, limit: int, notes: list[str], versions: dict[str, str]
 ) -> list[Contender]:
@@ -391,5 +419,6 @@ def all_contenders(
         *limits_contenders(redis_url, limit, notes, versions),
         *drf_contenders(limit, notes, versions),
         *ratelimit_contenders(limit, notes, versions),
+        *quota_ratelimit_contenders(limit),
         *whole_request.contenders(notes),
     ]

@@ -36,6 +36,10 @@ PLAIN_PATH = "/plain/"
 DRF_PATH = "/drf/"
 DRF_THROTTLED_PATH = "/drf/drf-anon/"
 DRF_QUOTA_PATH = "/drf/quota-anon/"
+RATELIMIT_PATH = "/ratelimit/django-ratelimit/"
+QUOTA_RATELIMIT_PATH = "/ratelimit/quota/"
+#: The rate of both ``@ratelimit`` rows (benchmarks.views).
+RATELIMIT_RATE = "100/m"
 MIDDLEWARE_POLICY = "request_plain"
 #: The algorithm of the middleware's policy: the drop-in throttles' default
 #: (``DRF_ALGORITHM``), so that both edges of django-quota decide the same way.

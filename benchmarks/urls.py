@@ -13,6 +13,8 @@ from benchmarks.django_settings import (
     DRF_QUOTA_PATH,
     DRF_THROTTLED_PATH,
     PLAIN_PATH,
+    QUOTA_RATELIMIT_PATH,
+    RATELIMIT_PATH,
 )
 
 
@@ -20,7 +22,15 @@ def _route(url_path: str) -> str:
     return url_path.removeprefix("/")
 
 
-urlpatterns: list[URLPattern] = [path(_route(PLAIN_PATH), views.plain, name="plain")]
+urlpatterns: list[URLPattern] = [
+    path(_route(PLAIN_PATH), views.plain, name="plain"),
+    path(_route(QUOTA_RATELIMIT_PATH), views.quota_ratelimited, name="quota-ratelimit"),
+]
+
+if importlib.util.find_spec("django_ratelimit") is not None:
+    urlpatterns.append(
+        path(_route(RATELIMIT_PATH), views.django_ratelimited(), name="django-ratelimit")
+    )
 
 if importlib.util.find_spec("rest_framework") is not None:
     from benchmarks import drf_views

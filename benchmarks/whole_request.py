@@ -32,6 +32,8 @@ DRF_THROTTLED = "request/drf+drf-anon"
 DRF_QUOTA = "request/drf+quota-anon"
 PLAIN_BASE = "request/plain"
 PLAIN_MIDDLEWARE = "request/plain+middleware"
+PLAIN_RATELIMIT = "request/plain+django-ratelimit"
+PLAIN_QUOTA_RATELIMIT = "request/plain+quota-ratelimit"
 OK = 200
 TOO_MANY_REQUESTS = 429
 
@@ -183,4 +185,28 @@ def contenders(notes: list[str]) -> list[Contender]:
             base=PLAIN_BASE,
         ),
     ]
+    rate = bench_settings.RATELIMIT_RATE
+    if importlib.util.find_spec("django_ratelimit") is None:
+        notes.append("django-ratelimit is not installed: its whole-request row skipped")
+    else:
+        rows.append(
+            _row(
+                f'plain view + django-ratelimit @ratelimit(key="ip", rate="{rate}")',
+                "fixed window (RedisCache add + incr)",
+                PLAIN_RATELIMIT,
+                PLAIN_QUOTA_RATELIMIT,
+                request_maker(bench_settings.RATELIMIT_PATH),
+                base=PLAIN_BASE,
+            )
+        )
+    rows.append(
+        _row(
+            f'plain view + {DQ} @ratelimit(key="ip", rate="{rate}")',
+            "fixed window (one script)",
+            PLAIN_QUOTA_RATELIMIT,
+            PLAIN_QUOTA_RATELIMIT,
+            request_maker(bench_settings.QUOTA_RATELIMIT_PATH),
+            base=PLAIN_BASE,
+        )
+    )
     return rows

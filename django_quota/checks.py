@@ -18,7 +18,7 @@ from django_quota.messages import Checks, Message
 
 MIDDLEWARE_PATH = "django_quota.middleware.QuotaMiddleware"
 AUTHENTICATION_MIDDLEWARE_PATH = "django.contrib.auth.middleware.AuthenticationMiddleware"
-DJANGO_REDIS_BACKENDS = ("django_redis.cache.RedisCache",)
+DJANGO_REDIS_BACKENDS = conf.DJANGO_REDIS_BACKENDS
 
 
 def _error(message: Message, **values: object) -> Error:
@@ -33,9 +33,7 @@ def _warning(message: Message, **values: object) -> Warning:
 
 def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
     """Validate ``settings.QUOTA`` and warn about risky combinations."""
-    parsed, problems = parse_settings(
-        getattr(django_settings, "QUOTA", {}), secret_key=django_settings.SECRET_KEY
-    )
+    parsed, problems = parse_settings(conf.quota_setting(), secret_key=django_settings.SECRET_KEY)
     reported: list[CheckMessage] = [
         Error(f"{problem.key}: {problem.message}", hint=problem.hint, id=problem.id)
         for problem in problems

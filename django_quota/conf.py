@@ -50,7 +50,13 @@ MIN_DENIAL_CACHE_TTL = 0.001
 #: likely a mistake (milliseconds, say) than a wish.
 MAX_FAILURE_RETRY_AFTER = 86400
 #: Settings whose change drops every cached configuration, connection and counter.
-WATCHED_SETTINGS = frozenset({"QUOTA", "SECRET_KEY", "REST_FRAMEWORK", "CACHES", "DEBUG"})
+WATCHED_SETTINGS = frozenset(
+    {"QUOTA", "SECRET_KEY", "REST_FRAMEWORK", "CACHES", "DEBUG", "RATELIMIT_USE_CACHE"}
+)
+#: The cache backends ``CACHE_ALIAS`` accepts (check E006), hence those whose Redis a
+#: project without ``QUOTA`` keeps its django-ratelimit counters in.
+DJANGO_REDIS_BACKENDS = ("django_redis.cache.RedisCache",)
+_UNSET = object()
 
 
 @dataclass(frozen=True, slots=True)
@@ -390,6 +396,23 @@ APP_NOT_INSTALLED = (
 )
 
 
+def quota_setting() -> object:
+    """``settings.QUOTA``; when it is not set at all, ``{"CACHE_ALIAS": alias}`` if
+    django-ratelimit's ``RATELIMIT_USE_CACHE`` (default ``"default"``) names a django-redis
+    cache, else ``{}`` (the memory backend). So a project that moves from
+    django-ratelimit keeps its counters in the same Redis (``docs/django-ratelimit.md``).
+    """
+    raw = getattr(django_settings, "QUOTA", _UNSET)
+    if raw is not _UNSET:
+        return raw
+    alias = getattr(django_settings, "RATELIMIT_USE_CACHE", "default")
+    caches = getattr(django_settings, "CACHES", None) or {}
+    cache = caches.get(alias) if isinstance(alias, str) else None
+    if isinstance(cache, Mapping) and cache.get("BACKEND") in DJANGO_REDIS_BACKENDS:
+        return {"CACHE_ALIAS": alias}
+    return {}
+
+
 class _SettingsCache:
     """The settings this process parsed, and the listeners to tell when they are dropped.
 
@@ -411,7 +434,7 @@ class _SettingsCache:
                 if apps.ready and not apps.is_installed("django_quota"):
                     raise ImproperlyConfigured(APP_NOT_INSTALLED)
                 parsed, problems = parse_settings(
-                    getattr(django_settings, "QUOTA", {}), secret_key=django_settings.SECRET_KEY
+                    quota_setting(), secret_key=django_settings.SECRET_KEY
                 )
                 if problems or parsed is None:
                     first = problems[0]

@@ -120,11 +120,15 @@ def _violated(outcome: Outcome) -> list[str]:
     ]
 
 
-def problem_response(request: Any, outcome: Outcome, sender: object = None) -> HttpResponse:
+def problem_response(
+    request: Any, outcome: Outcome, sender: object = None, *, announce: bool = True
+) -> HttpResponse:
     """The 429 or 503 response for a refusing outcome (RFC 9457 problem+json), or the
-    ``DENIED_VIEW``'s; sends ``quota_denied``."""
+    ``DENIED_VIEW``'s; sends ``quota_denied`` unless ``announce`` is False (the layer
+    that refused already sent it)."""
     settings = conf.get_settings()
-    quota_denied.send(sender=sender, request=request, outcome=outcome)
+    if announce:
+        quota_denied.send(sender=sender, request=request, outcome=outcome)
     if outcome.decision == FAILED_CLOSED:
         status = 503
         body: dict[str, object] = {

@@ -51,7 +51,10 @@ def is_settings(block: str) -> bool:
 def is_usage(block: str) -> bool:
     """Top-level statements other than imports, definitions and plain assignments."""
     for node in ast.parse(block).body:
-        if isinstance(node, ast.Import | ast.ImportFrom | ast.FunctionDef | ast.ClassDef):
+        if isinstance(
+            node,
+            ast.Import | ast.ImportFrom | ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef,
+        ):
             continue
         return True
     return False

@@ -32,8 +32,9 @@ ON_MISSING = ("deny", "skip")
 
 #: Dimensions in the stable order in which an identity frames them (``docs/subjects.md``).
 DIMENSIONS = ("route", "tenant", "user", "api_key", "ip")
-#: Dimensions only the library's own layers use (DRF drop-ins' ``get_cache_key()``).
-INTERNAL_DIMENSIONS = ("drf_cache_key",)
+#: Dimensions only the library's own layers use (the DRF drop-ins' ``get_cache_key()``, the
+#: django-ratelimit drop-in's ``key``).
+INTERNAL_DIMENSIONS = ("drf_cache_key", "ratelimit_key")
 AUTO = "auto"
 SELECTOR_VALUES = (*DIMENSIONS, AUTO)
 FRAMING_ORDER = (*DIMENSIONS, *INTERNAL_DIMENSIONS)

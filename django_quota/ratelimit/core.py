@@ -1,0 +1,525 @@
+"""django-ratelimit's ``is_ratelimited`` and ``get_usage`` on django-quota's engine
+(``docs/django-ratelimit.md``).
+
+A call resolves what django-ratelimit resolves (the group, the rate, the key's value),
+then asks the engine once: ``group`` is the generated policy ``ratelimit:<group>`` (a
+fixed window of the rate: django-ratelimit's period is a fixed window), and the key's
+value, framed with the group and the methods, is the identity, which the engine
+pseudonymises with its HMAC before it reaches Redis. ``increment=True`` charges the
+counter through :func:`django_quota.ledger.decide` (the outcome is recorded on
+``request._quota``, so headers and metrics follow); ``increment=False`` peeks.
+"""
+
+from __future__ import annotations
+
+import functools
+import ipaddress
+import math
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from asgiref.sync import sync_to_async
+from django.conf import settings
+from django.core.cache import InvalidCacheBackendError
+from django.core.exceptions import ImproperlyConfigured
+from django.utils.module_loading import import_string
+
+from django_quota import conf, limiter, policies, subjects
+from django_quota.core.errors import ConfigurationError
+from django_quota.core.identity import INVALID_VALUE, IdentityError, client_ip
+from django_quota.core.outcome import FAILED_CLOSED, FAILED_OPEN, Outcome
+from django_quota.core.policy import (
+    DEFAULT_WINDOW,
+    FIXED_WINDOW,
+    Policy,
+    Window,
+    generated_policy_id,
+    settings_revision,
+)
+from django_quota.core.rates import check_rate_bounds
+from django_quota.ledger import Lease, adecide, decide
+from django_quota.ratelimit import ALL, UNSAFE
+from django_quota.signals import quota_denied
+from django_quota.subjects import GivenSubject, RequestSubject
+
+__all__ = ["aget_usage", "ais_ratelimited", "get_usage", "is_ratelimited"]
+
+#: The dimension that frames a key's value (with the group and the methods).
+KEY_DIMENSION = "ratelimit_key"
+#: ``Policy.source`` of the policies this module generates.
+GENERATED_SOURCE = "ratelimit"
+_SELECTOR = (KEY_DIMENSION,)
+_PERIODS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+# django-ratelimit's grammar: a count, "/", an optional multiplier, an optional unit
+# (seconds when absent), matched at the start of the string only.
+_RATE_RE = re.compile(r"([0-9]+)/([0-9]*)([smhd])?")
+
+Usage = dict[str, Any]
+Rate = str | tuple[int, int]
+
+
+class _MissingAddress(ImproperlyConfigured):
+    """The request carries no client address where the settings say to read one."""
+
+
+# -- rates ---------------------------------------------------------------------------------
+def _split_rate(rate: Rate) -> tuple[int, int]:
+    """``(count, seconds)`` of a rate as django-ratelimit reads it: ``"100/h"``,
+    ``"10/5m"``, ``"5/10"`` (seconds), or a ``(count, seconds)`` tuple as it is.
+
+    Raises ``ImproperlyConfigured`` for anything else.
+    """
+    if isinstance(rate, tuple):
+        return rate
+    match = _RATE_RE.match(rate) if isinstance(rate, str) else None
+    if match is None:
+        raise ImproperlyConfigured(
+            f"Invalid ratelimit rate {rate!r}: expected '<count>/<period>' such as '100/h', "
+            "'10/5m' or '5/10' (seconds), or a (count, seconds) tuple"
+        )
+    count, multiplier, unit = match.groups()
+    seconds = _PERIODS[unit or "s"] * (int(multiplier) if multiplier else 1)
+    return int(count), seconds
+
+
+# -- keys ----------------------------------------------------------------------------------
+def _client_address(request: Any) -> str:
+    """The client address before masking: ``REMOTE_ADDR``, or, when ``QUOTA`` sets
+    ``TRUSTED_PROXIES`` or ``PROXY_COUNT``, the client behind them as django-quota
+    resolves it (``docs/subjects.md``)."""
+    quota = conf.get_settings()
+    if quota.trusted_proxies or quota.proxy_count is not None:
+        try:
+            return client_ip(
+                request.META.get("REMOTE_ADDR"),
+                request.META.get("HTTP_X_FORWARDED_FOR"),
+                trusted_proxies=quota.trusted_proxies,
+                proxy_count=quota.proxy_count,
+                ipv6_prefix=128,
+            )
+        except IdentityError as exc:
+            if exc.reason == "selector_identity_missing":
+                raise _MissingAddress("the client address is missing") from None
+            raise ValueError("the client address does not parse") from None
+    address: str = request.META.get("REMOTE_ADDR", "")
+    if not address:
+        raise _MissingAddress(
+            "IP address in REMOTE_ADDR is empty (a reverse proxy connecting over a Unix "
+            "socket?): set RATELIMIT_IP_META_KEY, or QUOTA['TRUSTED_PROXIES'] "
+            "(docs/django-ratelimit.md)"
+        )
+    return address
+
+
+def _get_ip(request: Any) -> str:
+    """The client IP as ``key="ip"`` uses it: read as ``RATELIMIT_IP_META_KEY`` says (a
+    ``request.META`` key, a callable or its dotted path; unset: :func:`_client_address`),
+    then masked to its ``RATELIMIT_IPV4_MASK`` (32) or ``RATELIMIT_IPV6_MASK`` (64)
+    network.
+
+    Raises ``ImproperlyConfigured`` when the address is empty or the META key absent,
+    ``ValueError`` when it is not an IP address.
+    """
+    meta_key = getattr(settings, "RATELIMIT_IP_META_KEY", None)
+    if not meta_key:
+        address: object = _client_address(request)
+    elif callable(meta_key):
+        address = meta_key(request)
+    elif isinstance(meta_key, str) and "." in meta_key:
+        address = import_string(meta_key)(request)
+    elif meta_key in request.META:
+        address = request.META[meta_key]
+    else:
+        raise _MissingAddress(
+            f"Could not get IP address from {meta_key!r}: RATELIMIT_IP_META_KEY names no "
+            "key of this request's META"
+        )
+    if not isinstance(address, str):
+        raise ValueError(f"an IP address is a str, not {type(address).__name__}")
+    if ":" in address:
+        mask = getattr(settings, "RATELIMIT_IPV6_MASK", 64)
+    else:
+        mask = getattr(settings, "RATELIMIT_IPV4_MASK", 32)
+    return str(ipaddress.ip_network(f"{address}/{mask}", strict=False).network_address)
+
+
+def _user_pk(request: Any) -> str:
+    return str(getattr(getattr(request, "user", None), "pk", None))
+
+
+def user_or_ip(request: Any) -> str:
+    """``key="user_or_ip"``: the user's pk when authenticated, else :func:`_get_ip`."""
+    user = getattr(request, "user", None)
+    if user is not None and user.is_authenticated:
+        return str(user.pk)
+    return _get_ip(request)
+
+
+def get_header(request: Any, header: str) -> str:
+    """``key="header:<name>"``: the request header ``name``, ``""`` when absent."""
+    value: str = request.META.get("HTTP_" + header.replace("-", "_").upper(), "")
+    return value
+
+
+_SIMPLE_KEYS: dict[str, Callable[[Any], str]] = {
+    "ip": _get_ip,
+    "user": _user_pk,
+    "user_or_ip": user_or_ip,
+}
+_ACCESSOR_KEYS: dict[str, Callable[[Any, str], str]] = {
+    "get": lambda request, name: request.GET.get(name, ""),
+    "post": lambda request, name: request.POST.get(name, ""),
+    "header": get_header,
+}
+#: Keys that read ``request.user`` or call the project's code: an async view resolves
+#: them in a worker thread (the ORM is not allowed on the event loop).
+_INLINE_KEYS = frozenset({"ip", "get", "post", "header"})
+
+
+def _key_value(request: Any, group: str, key: Any) -> str:
+    if callable(key):
+        value: str = key(group, request)
+        return value
+    if key in _SIMPLE_KEYS:
+        return _SIMPLE_KEYS[key](request)
+    if ":" in key:
+        accessor, name = key.split(":", 1)
+        if accessor not in _ACCESSOR_KEYS:
+            raise ImproperlyConfigured(f"Unknown ratelimit key: {key}")
+        return _ACCESSOR_KEYS[accessor](request, name)
+    if "." in key:
+        value = import_string(key)(group, request)
+        return value
+    raise ImproperlyConfigured(f"Could not understand ratelimit key: {key}")
+
+
+def _identity_value(request: Any, group: str, key: Any) -> object:
+    """The key's raw value as the core takes it: text, None (missing: an empty
+    ``REMOTE_ADDR``, an absent META key) or :data:`INVALID_VALUE` (not an address, not
+    text). Configuration errors raise."""
+    try:
+        value = _key_value(request, group, key)
+    except _MissingAddress:
+        return None
+    except ValueError:
+        return INVALID_VALUE
+    found = subjects.identity_value(value)
+    if found is None or found is INVALID_VALUE or isinstance(found, str):
+        return found
+    return str(found)
+
+
+# -- methods and groups --------------------------------------------------------------------
+def _method_match(request: Any, method: Any = ALL) -> bool:
+    if method == ALL:
+        return True
+    if not isinstance(method, list | tuple):
+        method = [method]
+    return request.method in [name.upper() for name in method]
+
+
+def _methods_text(method: Any) -> str:
+    """The methods part of the identity: ``""`` for all, else the sorted names (so
+    ``["GET", "POST"]`` and ``["POST", "GET"]`` share a counter, ``"GET"`` and
+    ``"POST"`` do not)."""
+    if method is None or method == ALL:
+        return ""
+    names = method if isinstance(method, list | tuple) else [method]
+    return ",".join(sorted(str(name).upper() for name in names))
+
+
+def _group_of(fn: Any) -> str:
+    """The default group: the view's dotted name (``module.[Class.]qualname``)."""
+    if isinstance(fn, functools.partial):
+        fn = fn.func
+    parts = []
+    if hasattr(fn, "__module__"):
+        parts.append(fn.__module__)
+    if hasattr(fn, "__self__"):
+        parts.append(fn.__self__.__class__.__name__)
+    parts.append(fn.__qualname__)
+    return ".".join(parts)
+
+
+def _frame(group: str, methods: str, value: str) -> str:
+    """One text from the three parts of a counter's identity, unambiguous (lengths)."""
+    return f"{len(group)}:{group}{len(methods)}:{methods}{value}"
+
+
+# -- the policy ----------------------------------------------------------------------------
+def _policy(group: str, limit: int, period: int) -> Policy:
+    """The generated policy of ``group`` at ``limit`` per ``period`` seconds (a fixed
+    window), failing open when ``RATELIMIT_FAIL_OPEN``; a policy configured with the id
+    ``ratelimit:<group>`` wins. Cached until settings change."""
+    fail_open = bool(getattr(settings, "RATELIMIT_FAIL_OPEN", False))
+    policy_id = generated_policy_id(GENERATED_SOURCE, group)
+
+    def build() -> Policy:
+        try:
+            check_rate_bounds(limit, period * 1000, "rate")
+        except ConfigurationError as exc:
+            raise ImproperlyConfigured(
+                f"Invalid ratelimit rate {limit}/{period}s: {exc.message}"
+            ) from None
+        windows = (Window(DEFAULT_WINDOW, limit, period * 1000, limit),)
+        return Policy(
+            id=policy_id,
+            algorithm=FIXED_WINDOW,
+            windows=windows,
+            selector=_SELECTOR,
+            failure_mode="open" if fail_open else "closed",
+            revision=settings_revision(FIXED_WINDOW, _SELECTOR, windows),
+            source=GENERATED_SOURCE,
+        )
+
+    return policies.generated((GENERATED_SOURCE, policy_id, limit, period, fail_open), build)
+
+
+@dataclass(frozen=True, slots=True)
+class _Limit:
+    """What one call decides: the policy (None for a rate of 0, refused without a
+    counter), the subject, and the rate as django-ratelimit reports it."""
+
+    policy: Policy | None
+    subject: RequestSubject | GivenSubject | None
+    limit: int
+    period: int
+
+
+def _check_cache_alias() -> None:
+    alias = getattr(settings, "RATELIMIT_USE_CACHE", None)
+    if alias is not None and alias not in (getattr(settings, "CACHES", None) or {}):
+        raise InvalidCacheBackendError(
+            f"RATELIMIT_USE_CACHE names {alias!r}, which is not a cache of CACHES"
+        )
+
+
+def _resolve(
+    request: Any, group: str | None, fn: Any, key: Any, rate: Any, method: Any
+) -> _Limit | None:
+    """What to decide, or None when nothing limits this request (disabled, another
+    method, no rate). Raises ``ImproperlyConfigured`` as django-ratelimit does."""
+    if group is None and fn is None:
+        raise ImproperlyConfigured("get_usage must be called with either `group` or `fn`")
+    if not getattr(settings, "RATELIMIT_ENABLE", True) or not conf.get_settings().enabled:
+        return None
+    if not _method_match(request, method):
+        return None
+    if group is None:
+        group = _group_of(fn)
+    if callable(rate):
+        rate = rate(group, request)
+    elif isinstance(rate, str) and "." in rate:
+        rate = import_string(rate)(group, request)
+    if rate is None:
+        return None
+    limit, period = _split_rate(rate)
+    if period <= 0:
+        raise ImproperlyConfigured("Ratelimit period must be greater than 0")
+    if not key:
+        raise ImproperlyConfigured("Ratelimit key must be specified")
+    _check_cache_alias()
+    value = _identity_value(request, group, key)
+    if limit <= 0:
+        return _Limit(None, None, 0, period)
+    policy = _policy(group, limit, period)
+    if policy.source != GENERATED_SOURCE:
+        # A policy configured under ratelimit:<group> replaces the rate, with its selector.
+        return _Limit(policy, RequestSubject(request), limit, period)
+    if isinstance(value, str):
+        value = _frame(group, _methods_text(method), value)
+    return _Limit(policy, GivenSubject({KEY_DIMENSION: value}), limit, period)
+
+
+def _needs_thread(key: Any, rate: Any) -> bool:
+    """Whether resolving may run the project's code or read ``request.user``."""
+    if callable(key) or callable(rate) or (isinstance(rate, str) and "." in rate):
+        return True
+    if not isinstance(key, str):
+        return False
+    return key.split(":", 1)[0] not in _INLINE_KEYS
+
+
+# -- outcome to usage ----------------------------------------------------------------------
+def _usage(found: _Limit, outcome: Outcome | None) -> Usage | None:
+    """django-ratelimit's usage dict from an outcome. ``count`` is the requests counted in
+    the window, plus one when this one is limited (so ``should_limit`` is ``count >
+    limit``, as there); a failure is django-ratelimit's: None when failing open, a
+    refusal with ``count`` and ``limit`` 0 and ``time_left`` -1 when failing closed."""
+    if outcome is None:  # a rate of 0
+        return {"count": 1, "limit": 0, "should_limit": True, "time_left": found.period}
+    if outcome.decision == FAILED_OPEN:
+        return None
+    if outcome.decision == FAILED_CLOSED:
+        return {"count": 0, "limit": 0, "should_limit": True, "time_left": -1}
+    limited = not outcome.allowed
+    limit = found.limit if outcome.limit is None else outcome.limit
+    used = 0 if outcome.remaining is None else limit - outcome.remaining
+    reset_after = outcome.reset_after
+    return {
+        "count": used + (1 if limited else 0),
+        "limit": limit,
+        "should_limit": limited,
+        "time_left": found.period if reset_after is None else math.ceil(reset_after),
+    }
+
+
+def _peek_subject(found: _Limit) -> Callable[[Policy], Mapping[str, object]]:
+    assert found.subject is not None
+    return found.subject.for_policy
+
+
+def _announce(request: Any, sender: object, refusing: Outcome | None, announces: bool) -> None:
+    if refusing is not None and announces:
+        quota_denied.send(sender=sender, request=request, outcome=refusing)
+
+
+def _decide(request: Any, found: _Limit, increment: bool, sender: object) -> Outcome | None:
+    policy = found.policy
+    if policy is None:
+        return None
+    if not increment:
+        current = limiter.get_limiter()
+        return current.run(current.prepare([policy], _peek_subject(found), 1, peek=True))[0]
+    lease = Lease()
+    decision = decide(request, [policy], found.subject, 1, lease=lease)
+    # The outcome stays on request._quota (headers, ``outcomes()``), but a later call, even
+    # for the same group on the same request, is charged on its own, as in django-ratelimit.
+    lease.end()
+    _announce(request, sender, decision.refusing, decision.announces)
+    return decision.outcomes[0]
+
+
+async def _adecide(request: Any, found: _Limit, increment: bool, sender: object) -> Outcome | None:
+    policy = found.policy
+    if policy is None:
+        return None
+    if not increment:
+        assert found.subject is not None
+        await found.subject.aload([policy])
+        current = limiter.get_limiter()
+        prepared = current.prepare([policy], _peek_subject(found), 1, peek=True)
+        return (await current.arun(prepared))[0]
+    lease = Lease()
+    decision = await adecide(request, [policy], found.subject, 1, lease=lease)
+    lease.end()
+    if decision.refusing is not None and decision.announces:
+        await sync_to_async(_announce)(request, sender, decision.refusing, True)
+    return decision.outcomes[0]
+
+
+# -- public API ----------------------------------------------------------------------------
+def usage_and_outcome(
+    request: Any,
+    group: str | None = None,
+    fn: Any = None,
+    key: Any = None,
+    rate: Any = None,
+    method: Any = ALL,
+    increment: bool = False,
+) -> tuple[Usage | None, Outcome | None]:
+    """:func:`get_usage` and the engine's :class:`~django_quota.core.outcome.Outcome`
+    (None when nothing was evaluated)."""
+    found = _resolve(request, group, fn, key, rate, method)
+    if found is None:
+        return None, None
+    outcome = _decide(request, found, increment, fn)
+    return _usage(found, outcome), outcome
+
+
+async def ausage_and_outcome(
+    request: Any,
+    group: str | None = None,
+    fn: Any = None,
+    key: Any = None,
+    rate: Any = None,
+    method: Any = ALL,
+    increment: bool = False,
+) -> tuple[Usage | None, Outcome | None]:
+    """Async twin of :func:`usage_and_outcome`: a key or rate that may run the project's
+    code or read ``request.user`` is resolved in a worker thread."""
+    if _needs_thread(key, rate):
+        found = await sync_to_async(_resolve)(request, group, fn, key, rate, method)
+    else:
+        found = _resolve(request, group, fn, key, rate, method)
+    if found is None:
+        return None, None
+    outcome = await _adecide(request, found, increment, fn)
+    return _usage(found, outcome), outcome
+
+
+def get_usage(
+    request: Any,
+    group: str | None = None,
+    fn: Any = None,
+    key: Any = None,
+    rate: Any = None,
+    method: Any = ALL,
+    increment: bool = False,
+) -> Usage | None:
+    """django-ratelimit's usage of ``request`` under ``group`` (or the group of the view
+    ``fn``): ``{"count", "limit", "should_limit", "time_left"}``, or None when nothing
+    limits the request (``RATELIMIT_ENABLE`` off, another ``method``, a rate of None, a
+    failure with ``RATELIMIT_FAIL_OPEN``).
+
+    ``key``: ``"ip"``, ``"user"``, ``"user_or_ip"``, ``"get:<name>"``, ``"post:<name>"``,
+    ``"header:<name>"``, a callable ``(group, request)`` or its dotted path. ``rate``:
+    ``"<count>/<period>"``, a ``(count, seconds)`` tuple, None, or a callable ``(group,
+    request)`` (or its dotted path) returning one. ``increment=True`` counts the request
+    (one evaluation: admitted only while the window has room); ``increment=False``
+    asks whether a request would be limited now, counting nothing.
+
+    Raises ``ImproperlyConfigured`` without ``group`` or ``fn``, without ``key``, for an
+    unknown key or a rate that does not parse; ``InvalidCacheBackendError`` when
+    ``RATELIMIT_USE_CACHE`` names no cache.
+    """
+    return usage_and_outcome(request, group, fn, key, rate, method, increment)[0]
+
+
+async def aget_usage(
+    request: Any,
+    group: str | None = None,
+    fn: Any = None,
+    key: Any = None,
+    rate: Any = None,
+    method: Any = ALL,
+    increment: bool = False,
+) -> Usage | None:
+    """Async twin of :func:`get_usage`."""
+    return (await ausage_and_outcome(request, group, fn, key, rate, method, increment))[0]
+
+
+def is_ratelimited(
+    request: Any,
+    group: str | None = None,
+    fn: Any = None,
+    key: Any = None,
+    rate: Any = None,
+    method: Any = ALL,
+    increment: bool = False,
+) -> bool:
+    """Whether ``request`` is limited: :func:`get_usage`'s ``should_limit`` (False when it
+    returns None). Raises as :func:`get_usage` does."""
+    usage = get_usage(request, group, fn, key, rate, method, increment)
+    return False if usage is None else bool(usage["should_limit"])
+
+
+async def ais_ratelimited(
+    request: Any,
+    group: str | None = None,
+    fn: Any = None,
+    key: Any = None,
+    rate: Any = None,
+    method: Any = ALL,
+    increment: bool = False,
+) -> bool:
+    """Async twin of :func:`is_ratelimited`."""
+    usage = await aget_usage(request, group, fn, key, rate, method, increment)
+    return False if usage is None else bool(usage["should_limit"])
+
+
+for _function in (is_ratelimited, ais_ratelimited, get_usage, aget_usage):
+    setattr(_function, "ALL", ALL)  # noqa: B010 (mypy: a function has no such attribute)
+    setattr(_function, "UNSAFE", UNSAFE)  # noqa: B010
