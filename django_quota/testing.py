@@ -25,13 +25,17 @@ def reset() -> None:
 
     Memory backend: cleared. Redis (standalone, Sentinel, Cluster): every key under
     ``QUOTA["KEY_PREFIX"]`` + ``":"`` is deleted (on a cluster, on every primary); no
-    other key of that database is touched. The fallback is cleared first, so it is
-    forgotten even when Redis cannot be reached; redis-py's error is then raised.
+    other key of that database is touched. The fallback and this process's denial cache
+    are cleared first, so they are forgotten even when Redis cannot be reached;
+    redis-py's error is then raised.
     """
     fallback = limiter.get_fallback()
     if fallback is not None:
         fallback.clear()
-    backend: Any = limiter.get_backend()
+    current = limiter.get_limiter()
+    if current.denials is not None:  # its refusals are of counters about to go
+        current.denials.clear()
+    backend: Any = current.backend
     client = getattr(backend, "client", None)
     if client is None:
         backend.clear()

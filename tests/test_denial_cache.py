@@ -436,6 +436,21 @@ def test_reset_in_the_process_forgets_the_refusal(hammered: Any) -> None:
     assert (outcome.decision, outcome.remaining, outcome.backend_mode) == ("allowed", 1, "redis")
 
 
+def test_testing_reset_forgets_the_refusals_with_the_counters(hammered: Any) -> None:
+    """``django_quota.testing.reset()`` between tests: a refusal remembered by an earlier
+    test never answers the next one (django-ratelimit's own tests caught it)."""
+    from django_quota import testing
+
+    subject = {"user": "15"}
+    for _ in range(3):
+        django_quota.evaluate("dc-orders", subject)
+    assert len(cache_of(limiter.get_limiter())) == 1
+    testing.reset()
+    assert len(cache_of(limiter.get_limiter())) == 0
+    outcome = django_quota.evaluate("dc-orders", subject)
+    assert (outcome.decision, outcome.remaining, outcome.backend_mode) == ("allowed", 1, "redis")
+
+
 def test_areset_forgets_the_refusal(hammered: Any) -> None:
     subject = {"user": "12"}
     for _ in range(4):
