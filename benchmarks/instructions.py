@@ -30,6 +30,7 @@ from pathlib import Path
 from benchmarks import contenders as c
 from benchmarks import measure
 from benchmarks.contenders import BULK, Contender
+from benchmarks.python_instructions import total_instructions
 from benchmarks.redis_server import RedisServer
 
 COLLECTED = "processCommand"
@@ -64,20 +65,6 @@ def peers_installed() -> bool:
 def missing_tools() -> list[str]:
     """The tools this mode needs that are not on ``PATH``."""
     return [tool for tool in ("valgrind", "callgrind_control") if shutil.which(tool) is None]
-
-
-def total_instructions(text: str) -> int:
-    """The instruction total of a callgrind output file (its ``totals:`` line, else its
-    ``summary:`` line). Raises ``ValueError`` when it has neither."""
-    found: dict[str, int] = {}
-    for line in text.splitlines():
-        for label in ("totals:", "summary:"):
-            if line.startswith(label):
-                found[label] = int(line.split()[1])
-    for label in ("totals:", "summary:"):
-        if label in found:
-            return found[label]
-    raise ValueError("no totals or summary line in the callgrind output")
 
 
 def _control(option: str, pid: str) -> None:
