@@ -107,11 +107,17 @@ def _memory_goals(by_key: Mapping[str, Row], key: str) -> list[Goal]:
     ]
 
 
-def _added_goal(by_key: Mapping[str, Row], what: str, key: str) -> Goal:
-    ours, theirs = by_key.get(key), by_key.get(wr.DRF_THROTTLED)
+def _added_goal(
+    by_key: Mapping[str, Row],
+    what: str,
+    key: str,
+    peer: str = wr.DRF_THROTTLED,
+    peer_name: str = "DRF AnonRateThrottle",
+) -> Goal:
+    ours, theirs = by_key.get(key), by_key.get(peer)
     mine = wr.added_us(ours, by_key) if ours else None
     other = wr.added_us(theirs, by_key) if theirs else None
-    label = f"{what} added µs / DRF AnonRateThrottle added µs"
+    label = f"{what} added µs / {peer_name} added µs"
     target = "<= 0.50x"
     if mine is None or other is None:
         return Goal(label, "not measured", target, NOT_MEASURED)
@@ -215,4 +221,13 @@ def evaluate(rows: Sequence[Row], figures: e.EngineFigures | None = None) -> lis
         goals += _memory_goals(by_key, key)
     goals.append(_added_goal(by_key, "drop-in AnonRateThrottle", wr.DRF_QUOTA))
     goals.append(_added_goal(by_key, "QuotaMiddleware", wr.PLAIN_MIDDLEWARE))
+    goals.append(
+        _added_goal(
+            by_key,
+            "django_quota.ratelimit @ratelimit",
+            wr.PLAIN_QUOTA_RATELIMIT,
+            wr.PLAIN_RATELIMIT,
+            "django-ratelimit @ratelimit",
+        )
+    )
     return goals

@@ -166,6 +166,18 @@ def test_added_cost_goals_divide_by_drf_throttles_added_cost():
     assert found[middleware] == ("0.75x (300 / 400 µs)", goals.MISS)
 
 
+def test_the_ratelimit_drop_in_goal_divides_by_django_ratelimits_added_cost():
+    found = _verdicts(
+        [
+            _row(whole_request.PLAIN_BASE, 100.0),
+            _row(whole_request.PLAIN_RATELIMIT, 650.0, base=whole_request.PLAIN_BASE),
+            _row(whole_request.PLAIN_QUOTA_RATELIMIT, 300.0, base=whole_request.PLAIN_BASE),
+        ]
+    )
+    label = "django_quota.ratelimit @ratelimit added µs / django-ratelimit @ratelimit added µs"
+    assert found[label] == ("0.36x (200 / 550 µs)", goals.PASS)
+
+
 def test_only_keeps_the_base_of_a_selected_whole_request_row():
     def maker(kind: str) -> c.Decide:
         return lambda subject: True
