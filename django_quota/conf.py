@@ -93,6 +93,7 @@ class QuotaSettings:
     timeout: float
     deadline: float
     max_inflight: int
+    redis_public_path: bool
     failure_mode: str
     failure_retry_after: int
     local_fallback: LocalFallback
@@ -300,6 +301,7 @@ FIELDS = (
     Field("TIMEOUT", 0.1, number(0.001)),
     Field("DEADLINE", 0.25, number(0.001)),
     Field("MAX_INFLIGHT", 64, integer(1)),
+    Field("REDIS_PUBLIC_PATH", False, boolean),
     Field("FAILURE_MODE", "closed", choice(FAILURE_MODES)),
     Field("FAILURE_RETRY_AFTER", 1, integer(1, MAX_FAILURE_RETRY_AFTER)),
     Field("LOCAL_FALLBACK", {"ENABLED": False, "MAX_ENTRIES": 10000}, _local_fallback),

@@ -25,14 +25,14 @@ from django_quota import conf, metrics
 from django_quota.backends import Backend, ScriptBackend
 from django_quota.backends.memory import MemoryBackend
 from django_quota.backends.scripting import adrive, drive
-from django_quota.core.admission import NodeGuard
+from django_quota.core.admission import BREAKER_REASONS as BREAKER_REASONS
+from django_quota.core.admission import NodeGuard, Refused
 from django_quota.core.breaker import BreakerError
-from django_quota.core.denials import DenialCache
-from django_quota.core.errors import BLAME_NODE, BLAME_NONE, BLAME_UNLESS_ANSWERING, BackendError
-from django_quota.core.identity import Identity, IdentityError, build_identity
+from django_quota.core.denials import DenialCache, rememberable
+from django_quota.core.errors import BackendError
+from django_quota.core.identity import Identity, IdentityCache, IdentityError
 from django_quota.core.model import (
     GROUP_CLOCK_UNSAFE,
-    GROUP_DECIDED,
     GROUP_INDETERMINATE,
     GROUP_REPLAYED,
     PACKABLE,
@@ -79,22 +79,10 @@ Clock = Callable[[], float]
 FALLBACK_REASONS = frozenset({BACKEND_TIMEOUT, BACKEND_UNAVAILABLE})
 #: Consecutive failures that open a node's circuit breaker.
 BREAKER_THRESHOLD = 5
-#: Failures that count for the breaker: the node could not be reached or did not answer.
-BREAKER_REASONS = frozenset({BACKEND_TIMEOUT, BACKEND_UNAVAILABLE, INDETERMINATE})
 #: Identities remembered per process (subject values -> pseudonym), per settings.
 IDENTITY_CACHE_SIZE = 4096
 #: Compiled policies remembered per process, per settings.
 COMPILED_CACHE_SIZE = 1024
-
-
-def _hash_tag(counter: str) -> str:
-    """The ``{hash tag}`` of a counter key (its Redis Cluster slot)."""
-    return counter[counter.index("{") : counter.index("}") + 1]
-
-
-class Refused(BackendError):
-    """The limiter itself did not call a node: its in-flight bound stayed full for the
-    rest of ``DEADLINE``, or its circuit breaker is open. Not a failure of the node."""
 
 
 Steps = Generator[Any, Any, list[Outcome]]
@@ -142,7 +130,12 @@ class Limiter:
         self._guards: dict[str, NodeGuard] = {}
         self._lock = threading.Lock()
         self._compiled: dict[int, Compiled] = {}
-        self._identities: dict[tuple[object, ...], Identity] = {}
+        self.identities = IdentityCache(
+            IDENTITY_CACHE_SIZE,
+            hmac_key=settings.hmac_key,
+            hmac_key_version=settings.hmac_key_version,
+            ipv6_prefix=settings.ipv6_prefix,
+        )
         self.prefix = settings.key_prefix
         self.dedup_ttl_ms = round(settings.dedup_ttl * 1000)
         self.cleanup_grace_ms = round(settings.cleanup_grace * 1000)
@@ -179,51 +172,6 @@ class Limiter:
         """Every node guard created so far, by node name."""
         return dict(self._guards)
 
-    def _admit(self, guard: NodeGuard, acquired: bool) -> None:
-        if not acquired:
-            raise Refused(BACKEND_UNAVAILABLE, f"MAX_INFLIGHT reached on {guard.name}")
-        if not guard.breaker.allow():
-            guard.slots.release()
-            raise Refused(BACKEND_UNAVAILABLE, f"circuit breaker open for {guard.name}")
-
-    def _account(self, guard: NodeGuard, error: BackendError | None, started: float) -> None:
-        """Tell the node's breaker what a call started at ``started`` did
-        (``docs/failures.md``, "The circuit breaker"): only evidence that the node is
-        unreachable or unresponsive counts; an answer, whatever it says, shows that its
-        connections work; a new connection refused at ``maxclients`` counts only when none
-        of them answered lately."""
-        breaker = guard.breaker
-        if error is None:
-            breaker.answered(started)
-            state = breaker.success()
-        else:
-            blame = error.blame
-            if blame is None:
-                blame = BLAME_NODE if error.reason in BREAKER_REASONS else BLAME_NONE
-            label = error.label or ""
-            counted = blame == BLAME_NODE or (
-                blame == BLAME_UNLESS_ANSWERING and not breaker.answering()
-            )
-            if counted:
-                state = breaker.failure(error.reason, str(error), label)
-            else:
-                if blame == BLAME_NONE:  # the node answered: it is reachable
-                    breaker.answered(started)
-                    state = breaker.success()
-                else:  # refused a new connection while its connections answer, or
-                    state = None  # DEADLINE spent before a command could be written
-                breaker.note(error.reason, str(error), label)
-            if label:
-                logger.warning(
-                    "quota node %s: reason=%s label=%s %s",
-                    guard.name,
-                    error.reason,
-                    label,
-                    "(counted by its circuit breaker)" if counted else "(not counted: it answers)",
-                )
-        if state is not None:
-            logger.warning("quota circuit breaker %s for node %s", state, guard.name)
-
     def _remaining(self, started: float) -> float:
         return self.settings.deadline - (time.monotonic() - started)
 
@@ -232,30 +180,30 @@ class Limiter:
         breaker (raises :class:`BackendError`)."""
         backend = self.scripts
         guard = self.guard(backend.node_of(call))
-        self._admit(guard, guard.slots.acquire(self._remaining(started)))
+        guard.admit(guard.slots.acquire(self._remaining(started)))
         try:
             raw = backend.run(call, started + self.settings.deadline)
         except BackendError as error:
-            self._account(guard, error, started)
+            guard.account(error, started)
             raise
         finally:
             guard.slots.release()
-        self._account(guard, None, started)
+        guard.account(None, started)
         return raw
 
     async def aexecute(self, call: Any, started: float) -> Any:
         """Async twin of :meth:`execute`."""
         backend = self.scripts
         guard = self.guard(backend.node_of(call))
-        self._admit(guard, await guard.slots.aacquire(self._remaining(started)))
+        guard.admit(await guard.slots.aacquire(self._remaining(started)))
         try:
             raw = await backend.arun(call)
         except BackendError as error:
-            self._account(guard, error, started)
+            guard.account(error, started)
             raise
         finally:
             guard.slots.release()
-        self._account(guard, None, started)
+        guard.account(None, started)
         return raw
 
     # -- prepare ------------------------------------------------------------------------
@@ -271,41 +219,15 @@ class Limiter:
 
     def identity(self, policy: Policy, subject: Subject) -> Identity:
         """``subject``'s identity for ``policy``'s selector (raises
-        :class:`~django_quota.core.identity.IdentityError`). Identities of plain string and
-        integer values are remembered (bounded), so a subject's pseudonym is computed
-        once, not once per policy and request. Raises ``TypeError`` for a subject that is
-        not a mapping."""
-        selector = policy.selector
+        :class:`~django_quota.core.identity.IdentityError`), remembered as
+        :class:`~django_quota.core.identity.IdentityCache` says. Raises ``TypeError`` for a
+        subject that is not a mapping."""
         if type(subject) is not dict and not isinstance(subject, Mapping):
             raise TypeError(
                 "a subject maps dimensions to identity values, e.g. {'ip': '203.0.113.9'}, "
                 f"not a {type(subject).__name__}"
             )
-        items = tuple(subject.items())
-        cacheable = True
-        for _, value in items:
-            kind = type(value)
-            if kind is not str and kind is not int and value is not None:
-                cacheable = False
-                break
-        key = (selector, items)
-        if cacheable:
-            found = self._identities.get(key)
-            if found is not None:
-                return found
-        settings = self.settings
-        identity = build_identity(
-            selector,
-            subject,
-            hmac_key=settings.hmac_key,
-            hmac_key_version=settings.hmac_key_version,
-            ipv6_prefix=settings.ipv6_prefix,
-        )
-        if cacheable:
-            if len(self._identities) >= IDENTITY_CACHE_SIZE:
-                self._identities.clear()
-            self._identities[key] = identity
-        return identity
+        return self.identities.get(policy.selector, subject)
 
     def identity_for(self, policy: Policy, subject: Subject, action: str) -> Identity:
         """:meth:`identity`, for an operator's ``action`` on ``policy`` (``reset``,
@@ -382,11 +304,8 @@ class Limiter:
         counters: list[str] = []
         calls: list[PolicyCall] = []
         refused = False
-        known = self._compiled
         for index, policy in enumerate(group):
-            compiled = known.get(id(policy))  # self.compiled(policy), inlined
-            if compiled is None or compiled.policy is not policy:
-                compiled = self.compiled(policy)
+            compiled = self.compiled(policy)
             compiled_group.append(compiled)
             if not policy.enabled:
                 outcomes.append(bare_outcome(policy, SKIPPED, None, backend_mode=backend_mode))
@@ -487,22 +406,14 @@ class Limiter:
     # -- the denial cache ---------------------------------------------------------------
     def _remember_denial(self, prepared: Prepared, reply: GroupReply) -> None:
         """Remember a refusal Redis decided for the denial cache, when the group may be
-        answered again (``docs/failures.md``): not a peek, every policy enforced, and on
-        a Redis Cluster one hash slot (a group split over slots reports its refunded
-        policies' numbers best effort)."""
+        answered again (:func:`~django_quota.core.denials.rememberable`)."""
         denials = self.denials
         request = prepared.request
-        if denials is None or request is None or prepared.peek or reply.status != GROUP_DECIDED:
+        if denials is None or request is None or prepared.peek:
             return
-        for compiled in prepared.compiled:
-            if compiled.policy.shadow:
-                return
-        for call in request.calls:
-            if not call.enforce:
-                return
-        if self.settings.cluster and len({_hash_tag(key) for key in request.counters}) > 1:
-            return
-        denials.remember(request, reply.results, prepared.started)
+        shadow = any(compiled.policy.shadow for compiled in prepared.compiled)
+        if rememberable(request, reply, shadow=shadow, cluster=self.settings.cluster):
+            denials.remember(request, reply.results, prepared.started)
 
     def _cached(self, prepared: Prepared, request: GroupRequest) -> list[Outcome] | None:
         """The outcomes of a remembered refusal of ``request``'s group, when it tells

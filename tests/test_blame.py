@@ -187,22 +187,22 @@ def test_the_breaker_excuses_a_refused_connection_only_while_the_node_answers(
         "backend_unavailable", "full", label=MAXCLIENTS, blame=BLAME_UNLESS_ANSWERING
     )
     clusterdown = BackendError("backend_unavailable", "down", label=CLUSTERDOWN, blame=BLAME_NONE)
-    current._account(guard, None, clock.now)  # a call started now was answered
+    guard.account(None, clock.now)  # a call started now was answered
     clock.now += 0.9
     for _ in range(3 * engine.BREAKER_THRESHOLD):
-        current._account(guard, maxclients, clock.now)
-        current._account(guard, clusterdown, clock.now)
+        guard.account(maxclients, clock.now)
+        guard.account(clusterdown, clock.now)
     assert guard.breaker.state == CLOSED
     clock.now += 1.1  # the last answer is now older than the cool-down: they count
     for _ in range(engine.BREAKER_THRESHOLD - 1):
-        current._account(guard, maxclients, clock.now)
+        guard.account(maxclients, clock.now)
     assert guard.breaker.state == CLOSED
-    current._account(guard, clusterdown, clock.now)  # an answer: the count starts over
+    guard.account(clusterdown, clock.now)  # an answer: the count starts over
     clock.now += 1.1
     for _ in range(engine.BREAKER_THRESHOLD - 1):
-        current._account(guard, maxclients, clock.now)
+        guard.account(maxclients, clock.now)
     assert guard.breaker.state == CLOSED
-    current._account(guard, maxclients, clock.now)
+    guard.account(maxclients, clock.now)
     assert guard.breaker.state == OPEN
     assert [e.label for e in current.recent_errors][-1] == MAXCLIENTS
 

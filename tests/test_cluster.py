@@ -22,7 +22,6 @@ from redis.cluster import RedisCluster
 import django_quota
 from django_quota import engine, limiter, policies
 from django_quota.backends.cluster import (
-    AsyncMarkingClusterConnection,
     Call,
     RedisClusterBackend,
     classify_cluster,
@@ -30,6 +29,7 @@ from django_quota.backends.cluster import (
     slot_of,
     split_by_slot,
 )
+from django_quota.backends.redispy import AsyncMarkingClusterConnection
 from django_quota.backends.scripting import drive
 from django_quota.core.errors import BackendError
 from django_quota.core.model import GROUP_CLOCK_UNSAFE
@@ -139,13 +139,19 @@ def test_settings_build_the_cluster_backend_with_retries_off(on_cluster: Any) ->
     assert len(nodes) == 3
     for node in nodes:
         pool = node.redis_connection.connection_pool
-        assert type(pool).__name__ == "MarkingConnectionPool"
+        assert type(pool).__name__ == (
+            "PublicMarkingConnectionPool" if backend.public else "MarkingConnectionPool"
+        )
         assert pool.max_connections == 7
         assert pool.connection_kwargs["socket_timeout"] == 0.3
         assert pool.connection_kwargs["socket_connect_timeout"] == 0.3
         assert pool.connection_kwargs["retry"].get_retries() == 0
         assert pool.connection_kwargs["protocol"] == 2
     assert django_quota.evaluate("p", {"ip": "192.0.2.1"}).decision == "allowed"
+    if backend.public:  # async decisions run on that client, in a worker thread
+        assert asyncio.run(django_quota.aevaluate("p", {"ip": "192.0.2.2"})).allowed
+        assert backend.async_client_count == 0
+        return
 
     async def async_client() -> Any:
         assert (await django_quota.aevaluate("p", {"ip": "192.0.2.2"})).decision == "allowed"

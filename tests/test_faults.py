@@ -23,7 +23,7 @@ from django.test import Client
 
 import django_quota
 from django_quota import engine, limiter
-from django_quota.backends import scripting
+from django_quota.backends import clients
 from django_quota.backends.redis import RedisBackend
 from django_quota.core.breaker import CLOSED, HALF_OPEN, OPEN, CircuitBreaker
 from django_quota.core.model import GROUP_REPLAYED
@@ -85,7 +85,7 @@ def async_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) 
     """Which async path a new loop's decisions take: the sync client in a worker thread (a
     loop's first decisions), or the loop's own pipelined connections."""
     if request.param == "pipelined":
-        monkeypatch.setattr(scripting, "PIPELINE_AFTER", 0)
+        monkeypatch.setattr(clients, "PIPELINE_AFTER", 0)
     return str(request.param)
 
 

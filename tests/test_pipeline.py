@@ -22,8 +22,8 @@ from django.urls import path
 
 import django_quota
 from django_quota import limiter
+from django_quota.backends import clients, scripting
 from django_quota.backends import pipeline as pipeline_module
-from django_quota.backends import scripting
 from django_quota.decorators import quota as quota_view
 from tests.faults import RedisProcess, redis_process
 
@@ -49,7 +49,7 @@ def server() -> Iterator[RedisProcess]:
 @pytest.fixture
 def pipelined(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every loop gets pipelined connections from its first decision (no worker thread)."""
-    monkeypatch.setattr(scripting, "PIPELINE_AFTER", 0)
+    monkeypatch.setattr(clients, "PIPELINE_AFTER", 0)
 
 
 def connections_received(server: RedisProcess) -> int:

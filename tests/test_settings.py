@@ -74,6 +74,7 @@ def test_defaults_table_is_the_documented_table() -> None:
         "TIMEOUT": 0.1,
         "DEADLINE": 0.25,
         "MAX_INFLIGHT": 64,
+        "REDIS_PUBLIC_PATH": False,
         "FAILURE_MODE": "closed",
         "FAILURE_RETRY_AFTER": 1,
         "LOCAL_FALLBACK": {"ENABLED": False, "MAX_ENTRIES": 10000},

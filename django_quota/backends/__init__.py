@@ -96,6 +96,8 @@ class BackendSettings(Protocol):
     def timeout(self) -> float: ...
     @property
     def max_inflight(self) -> int: ...
+    @property
+    def redis_public_path(self) -> bool: ...
 
 
 def backend_from_settings(settings: BackendSettings) -> Backend:
@@ -116,6 +118,7 @@ def backend_from_settings(settings: BackendSettings) -> Backend:
             timeout=settings.timeout,
             max_inflight=settings.max_inflight,
             url_options=url_options,
+            public=settings.redis_public_path,
         )
     return RedisBackend(
         url=url,
@@ -123,6 +126,7 @@ def backend_from_settings(settings: BackendSettings) -> Backend:
         max_inflight=settings.max_inflight,
         sentinel=settings.sentinel,
         url_options=url_options,
+        public=settings.redis_public_path,
     )
 
 

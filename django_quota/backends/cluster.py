@@ -17,15 +17,18 @@ redirections are still followed: a redirected command did not run.
 
 * sync: every node of ``redis.cluster.RedisCluster`` has a redis-py connection pool, and
   ``connection_pool_class`` picks its class (with ``from_url``), so each node gets the
-  standalone backend's :class:`MarkingConnectionPool`: a failure inside ``get_connection``
-  (connect, handshake, a pooled connection found closed, a full pool) is
-  :class:`ConnectFailed`, raised before ``EVALSHA`` is written;
+  standalone backend's :class:`~django_quota.backends.redis.MarkingConnectionPool`: a
+  failure inside ``get_connection`` (connect, handshake, a pooled connection found
+  closed, a full pool) is :class:`~django_quota.backends.failures.ConnectFailed`, raised
+  before ``EVALSHA`` is written;
 * asyncio: ``redis.asyncio.cluster.RedisCluster`` nodes keep bare connections (no pool
-  class to choose), so the client's ``connection_class`` is swapped for
-  :class:`AsyncMarkingClusterConnection`, which does what the pool does, right before a
-  command is written: a pooled connection the server closed is dropped, a new one is
-  connected with its handshake, and any failure there is :class:`ConnectFailed`. A full
-  node (``MaxConnectionsError``) is raised before the write too.
+  class to choose), so the fence
+  (:func:`~django_quota.backends.redispy.fence_async_cluster`) swaps the client's
+  ``connection_class`` for one that does what the pool does, right before a command is
+  written: a pooled connection the server closed is dropped, a new one is connected
+  with its handshake, and any failure there is ``ConnectFailed``. A full node
+  (``MaxConnectionsError``) is raised before the write too. On redis-py's public path
+  (``REDIS_PUBLIC_PATH``) async calls run on the sync client in a worker thread instead.
 
 Everything after that is ``indeterminate``, as on a standalone Redis. Cluster refusals
 (``CLUSTERDOWN``, ``TRYAGAIN``, redirections past redis-py's 16 hops, a slot no node
@@ -40,35 +43,35 @@ raises ``CLUSTERDOWN``.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from redis import exceptions as redis_exceptions
-from redis._parsers import AsyncCommandsParser
 from redis.asyncio import cluster as async_cluster
-from redis.asyncio import connection as async_connection
 from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import NoBackoff
 from redis.cluster import RedisCluster
 from redis.crc import key_slot
 
-from django_quota.backends.redis import MarkingConnectionPool, peer_hung_up, send
+from django_quota.backends.clients import BaseRedisBackend, text
+from django_quota.backends.failures import CONNECT_ERRORS, ConnectFailed, classify
+from django_quota.backends.redis import (
+    MarkingConnectionPool,
+    PublicMarkingConnectionPool,
+    pinned_url,
+    send,
+)
+from django_quota.backends.redispy import fence_async_cluster
 from django_quota.backends.scripting import (
-    CONNECT_ERRORS,
-    BaseRedisBackend,
     Call,
-    ConnectFailed,
     Plan,
     arun_script,
-    classify,
     evaluate_call,
-    mark_connect_failure,
     parse,
     run_script,
-    text,
 )
 from django_quota.core.errors import BLAME_NONE, CLUSTERDOWN, TRYAGAIN, BackendError
 from django_quota.core.model import (
@@ -103,19 +106,6 @@ _NOT_RUN = (
     redis_exceptions.AskError,  # and MovedError
     redis_exceptions.SlotNotCoveredError,
     redis_exceptions.MaxConnectionsError,
-)
-
-#: URL query options that would undo the pinned client settings (timeouts, pool size,
-#: retries; ``docs/failures.md``).
-PINNED_URL_OPTIONS = frozenset(
-    {
-        "socket_timeout",
-        "socket_connect_timeout",
-        "timeout",
-        "max_connections",
-        "retry_on_timeout",
-        "retry_on_error",
-    }
 )
 
 
@@ -154,72 +144,6 @@ def classify_cluster(exc: BaseException) -> BackendError:
             return BackendError(BACKEND_TIMEOUT if timed_out else BACKEND_UNAVAILABLE, message)
         return BackendError(BACKEND_ERROR, message)
     return classify(exc)
-
-
-class _MarkConnectFailuresBeforeWrite:
-    """asyncio connection mixin: what :class:`MarkingConnectionPool` does in
-    ``get_connection``, done right before a command is written (docs/failures.md)."""
-
-    _quota_connecting = False
-
-    async def connect_check_health(self, *args: Any, **kwargs: Any) -> None:
-        if self.is_connected:  # type: ignore[attr-defined]
-            return
-        self._quota_connecting = True
-        try:
-            await super().connect_check_health(*args, **kwargs)  # type: ignore[misc]
-        except Exception as exc:
-            mark_connect_failure(exc)
-            raise
-        finally:
-            self._quota_connecting = False
-
-    async def send_packed_command(self, command: Any, check_health: bool = True) -> None:
-        if self.is_connected and not self._quota_connecting:  # type: ignore[attr-defined]
-            # An idle connection with something to read was closed by the server (or is
-            # out of step): drop it, so super() connects afresh, marked.
-            try:
-                stale = await self.can_read() or peer_hung_up(self)  # type: ignore[attr-defined]
-            except CONNECT_ERRORS:
-                stale = True
-            if stale:
-                await self.disconnect()  # type: ignore[attr-defined]
-        await super().send_packed_command(command, check_health)  # type: ignore[misc]
-
-
-class AsyncMarkingClusterConnection(_MarkConnectFailuresBeforeWrite, async_connection.Connection):
-    """redis-py's asyncio connection, telling connect failures apart (cluster nodes)."""
-
-
-class AsyncMarkingClusterSSLConnection(
-    _MarkConnectFailuresBeforeWrite, async_connection.SSLConnection
-):
-    """The TLS twin of :class:`AsyncMarkingClusterConnection`."""
-
-
-class LazyCommandsParser(AsyncCommandsParser):
-    """redis-py's asyncio cluster client, as it initializes, asks its default node for
-    ``COMMAND``: a client per event loop, so with that node a dead primary every
-    evaluation of a new loop failed, on healthy slots too. ``EVALSHA``'s keys come from
-    its own arguments (redis-py reads them without the table), so ``COMMAND`` is asked
-    only when a command needs the table, on the node redis-py picked."""
-
-    async def initialize(self, node: Any = None) -> None:
-        if node is not None:
-            self.node = node
-
-    async def get_keys(self, *args: Any) -> Any:
-        if not self.commands:
-            await AsyncCommandsParser.initialize(self)
-        return await super().get_keys(*args)
-
-
-def pinned_url(url: str) -> str:
-    """``url`` without the query options the backend pins (:data:`PINNED_URL_OPTIONS`):
-    redis-py lets a URL's query override keyword arguments."""
-    parts = urlsplit(url)
-    query = [(k, v) for k, v in parse_qsl(parts.query) if k not in PINNED_URL_OPTIONS]
-    return urlunsplit(parts._replace(query=urlencode(query)))
 
 
 # -- one group, slot by slot ----------------------------------------------------------------
@@ -414,8 +338,11 @@ class RedisClusterBackend(BaseRedisBackend):
         timeout: float,
         max_inflight: int,
         url_options: Mapping[str, Any] | None = None,
+        public: bool = False,
     ) -> None:
-        super().__init__(timeout=timeout, max_inflight=max_inflight, url_options=url_options)
+        super().__init__(
+            timeout=timeout, max_inflight=max_inflight, url_options=url_options, public=public
+        )
         self.url = pinned_url(url)
         #: Primaries (``host:port``) whose last direct call failed to connect or read:
         #: their calls go through redis-py's cluster client until one succeeds.
@@ -424,54 +351,22 @@ class RedisClusterBackend(BaseRedisBackend):
     # -- clients -----------------------------------------------------------------------
     def _build(self, asynchronous: bool) -> Any:
         if not asynchronous:
+            pool_class = PublicMarkingConnectionPool if self.public else MarkingConnectionPool
             return RedisCluster.from_url(
-                self.url, connection_pool_class=MarkingConnectionPool, **self._options()
+                self.url, connection_pool_class=pool_class, **self._options()
             )
         known = self._known_nodes()
         options = {**self._options(), "retry": AsyncRetry(NoBackoff(), 0)}
         client = async_cluster.RedisCluster.from_url(self.url, **options)
-        client.commands_parser = LazyCommandsParser()
-        # Every node the other clients know is a startup node too, so that a new
-        # loop's client still starts when the URL's node is the one that is down.
-        manager = client.nodes_manager
-        for host, port in known:
-            name = f"{host}:{port}"
-            if name not in manager.startup_nodes:
-                manager.startup_nodes[name] = async_cluster.ClusterNode(
-                    host, port, **manager.connection_kwargs
-                )
-        marking = (
-            AsyncMarkingClusterSSLConnection
-            if issubclass(
-                client.connection_kwargs["connection_class"],
-                async_connection.SSLConnection,
-            )
-            else AsyncMarkingClusterConnection
-        )
-        client.connection_kwargs["connection_class"] = marking
-        for node in client.nodes_manager.startup_nodes.values():
-            node.connection_class = marking
+        fence_async_cluster(client, known)
         return client
-
-    def _async_connections(self, client: Any) -> list[Any]:
-        """Every connection an asyncio cluster client holds: its nodes' and its startup
-        nodes'. redis-py keeps the startup node it asked ``CLUSTER SLOTS`` as an object of
-        its own, with its own connection, beside the node of the same address in its node
-        cache: closing only the cache's would leave one connection per finished event loop
-        open until garbage collection."""
-        manager = client.nodes_manager
-        nodes = {
-            id(node): node
-            for node in (*manager.nodes_cache.values(), *manager.startup_nodes.values())
-        }  # by identity: ClusterNode compares equal by name
-        return [connection for node in nodes.values() for connection in node._connections]
 
     def _known_nodes(self) -> list[tuple[str, int]]:
         """(host, port) of every node the clients have learnt, in no particular order."""
         known: dict[str, tuple[str, int]] = {}
         for client in (self._client, *self._async_clients.values()):
             if client is not None:
-                for node in list(client.nodes_manager.nodes_cache.values()):
+                for node in client.get_nodes():
                     known[node.name] = (node.host, int(node.port))
         return list(known.values())
 
@@ -481,13 +376,14 @@ class RedisClusterBackend(BaseRedisBackend):
         slot tables know it (no I/O); ``"cluster"`` before any client has learnt them.
         The limiter keeps one circuit breaker and in-flight bound per name, so a dead
         primary fails only its own slots."""
-        slot = slot_of(call.keys[0])
+        key = call.keys[0]
         for client in (self._client, *self._async_clients.values()):
             if client is None:
                 continue
-            owners = client.nodes_manager.slots_cache.get(slot)
-            if owners:
-                return str(owners[0].name)
+            try:
+                return str(client.get_node_from_key(key).name)
+            except redis_exceptions.SlotNotCoveredError:  # not learnt yet
+                continue
         return "cluster"
 
     def plan(self, request: GroupRequest) -> Plan:
@@ -511,6 +407,7 @@ class RedisClusterBackend(BaseRedisBackend):
         (:func:`~django_quota.backends.redis.send`)."""
         source = self._sources[call.script]
         timeout = self.timeout
+        fast = not self.public
         try:
             client = self.client
             try:
@@ -527,7 +424,7 @@ class RedisClusterBackend(BaseRedisBackend):
 
             def execute(command: tuple[Any, ...]) -> Any:
                 try:
-                    return send(pool, command, deadline, timeout)
+                    return send(pool, command, deadline, timeout, fast)
                 except redis_exceptions.AskError:  # and MovedError: it did not run
                     return routed(command)
 
@@ -554,7 +451,12 @@ class RedisClusterBackend(BaseRedisBackend):
         return execute
 
     async def arun(self, call: Call) -> Any:
-        """Async twin of :meth:`run`."""
+        """Async twin of :meth:`run`: on the loop's asyncio cluster client, or, on
+        redis-py's public path (``docs/settings.md``, ``REDIS_PUBLIC_PATH``), on :meth:`run`
+        in a worker thread (the asyncio client tells connect failures apart only through
+        the fence)."""
+        if self.public:
+            return await self.in_thread(asyncio.get_running_loop(), None, call)
         source = self._sources[call.script]
         try:
             client = self._async()

@@ -27,14 +27,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import select
 from collections import deque
 from collections.abc import Callable
 from typing import Any
 
 from redis import exceptions as redis_exceptions
 
-from django_quota.backends.scripting import ConnectFailed, is_connect_failure
+from django_quota.backends.failures import ConnectFailed, is_connect_failure
+from django_quota.backends.redispy import poller_of, socket_of
 
 #: hiredis's RESP packer (the ``hiredis`` extra), else None (redis-py's packs).
 pack_command: Callable[[tuple[Any, ...]], bytes] | None
@@ -45,7 +45,7 @@ except ImportError:  # pragma: no cover - the oldest-versions lane has no hiredi
 else:
     pack_command = _hiredis_pack_command
 
-__all__ = ["CONNECTIONS", "MAX_CONNECTIONS", "Late", "Pipe", "Pipeline", "socket_of"]
+__all__ = ["CONNECTIONS", "MAX_CONNECTIONS", "Late", "Pipe", "Pipeline"]
 
 #: Connections per event loop and node that take new commands.
 CONNECTIONS = 4
@@ -59,24 +59,14 @@ RECHECKS = 3
 
 #: Replies that are whole (the connection stays in step): an error reply, ``LOADING``.
 _WHOLE_ERRORS = (redis_exceptions.ResponseError, redis_exceptions.BusyLoadingError)
-_poll: Callable[[], Any] | None = getattr(select, "poll", None)
-_POLL_EVENTS = getattr(select, "POLLIN", 1) | getattr(select, "POLLPRI", 2)
+#: On redis-py's public path (no socket to poll), turns of the loop given before a command
+#: is written on an idle connection: enough for the loop to read an end of file the
+#: kernel holds and for the connection's reader to fail on it.
+SETTLE_TURNS = 3
 
 
 class Late(TimeoutError):
     """No reply within ``TIMEOUT`` of the write: the command may have run."""
-
-
-def socket_of(connection: Any) -> Any:
-    """The socket under a connected redis-py asyncio connection's transport, or None.
-
-    The one use of redis-py's private state here: the connection's stream writer
-    (``_writer``), whose transport's ``get_extra_info("socket")`` is asyncio's public API.
-    """
-    transport = getattr(getattr(connection, "_writer", None), "transport", None)
-    if transport is None or transport.is_closing():
-        return None
-    return transport.get_extra_info("socket")
 
 
 class _Entry:
@@ -230,17 +220,19 @@ class Pipe:
 
     def readable(self) -> bool:
         """Whether the kernel holds bytes (or an end of file) the loop has not read yet:
-        a zero-timeout ``poll`` of the connection's socket."""
+        a zero-timeout ``poll`` of the connection's socket (the fence's
+        :func:`~django_quota.backends.redispy.socket_of`). On redis-py's public path,
+        where no socket is polled, always True: the caller gives the loop its turns."""
+        if self.pipeline.public:
+            return True
         poller = self._poller
         if poller is None:
             sock = socket_of(self.connection)
-            if sock is None or _poll is None:
+            if sock is None:
                 return self.connection.is_connected is False
-            descriptor = sock.fileno()
-            if descriptor < 0:
-                return True
-            poller = _poll()
-            poller.register(descriptor, _POLL_EVENTS)
+            poller = poller_of(sock)
+            if poller is None:
+                return bool(sock.fileno() < 0)
             self._poller = poller
         return bool(poller.poll(0))
 
@@ -350,13 +342,22 @@ class Pipeline:
     """The pipelined connections of one event loop to one node; see the module's text.
 
     ``make_connection`` makes a new, unconnected redis-py asyncio connection (a pool's
-    ``make_connection``); ``timeout`` is ``TIMEOUT``.
+    ``make_connection``); ``timeout`` is ``TIMEOUT``. ``public``: redis-py's public path
+    (``docs/settings.md``, ``REDIS_PUBLIC_PATH``), where no socket is polled: an idle
+    connection is written on after :data:`SETTLE_TURNS` turns of the loop, and a deadline
+    always gives the reader :data:`RECHECKS` turns.
     """
 
     def __init__(
-        self, make_connection: Callable[[], Any], timeout: float, owner: Any = None
+        self,
+        make_connection: Callable[[], Any],
+        timeout: float,
+        owner: Any = None,
+        *,
+        public: bool = False,
     ) -> None:
         self.loop = asyncio.get_running_loop()
+        self.public = public
         self.make_connection = make_connection
         self.timeout = timeout
         self._pack: Callable[[tuple[Any, ...]], bytes] = pack_command or self._redis_pack
@@ -381,7 +382,7 @@ class Pipeline:
                 continue
             load = pipe.load
             if not load:
-                if pipe.ready and pipe.readable():
+                if pipe.ready and not self.public and pipe.readable():
                     # Idle, yet the kernel holds something: the server closed it (or sent
                     # stray bytes) while the loop did not run. Nothing is written on it.
                     pipe.abort(redis_exceptions.ConnectionError("closed by the server"))
@@ -417,6 +418,13 @@ class Pipeline:
     async def execute(self, command: tuple[Any, ...]) -> Any:
         """Send ``command`` on one of the loop's connections to the node; its reply."""
         pipe = self._choose()
+        if self.public and pipe.ready and not pipe.load:
+            # Nothing polls the socket: the loop's turns read an end of file the server
+            # sent an idle connection, whose reader then closes it (nothing written).
+            for _ in range(SETTLE_TURNS):
+                await asyncio.sleep(0)
+            if pipe.closed:
+                pipe = self._choose()
         future: asyncio.Future[Any] = self.loop.create_future()
         await pipe.send(_Entry(future, self._pack(command)))
         try:

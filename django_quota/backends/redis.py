@@ -5,12 +5,10 @@ and every driver error turned into one :class:`BackendError` there and nowhere e
 from __future__ import annotations
 
 import asyncio
-import os
-import select
-import socket
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import redis
 import redis.asyncio as redis_asyncio
@@ -20,30 +18,28 @@ from redis.asyncio.sentinel import SentinelConnectionPool as AsyncSentinelConnec
 from redis.backoff import NoBackoff
 from redis.sentinel import SentinelConnectionPool
 
-from django_quota.backends.pipeline import Pipeline
-from django_quota.backends.pipeline import pack_command as pack_command
-from django_quota.backends.scripting import (
-    NOSCRIPT_ATTEMPTS,
-    BaseRedisBackend,
-    Call,
+from django_quota.backends.clients import BaseRedisBackend, client_options
+from django_quota.backends.failures import (
     ConnectFailed,
-    arun_script,
     classify,
-    client_options,
     deadline_spent,
     mark_connect_failure,
-    run_script,
 )
+from django_quota.backends.pipeline import Pipeline
+from django_quota.backends.pipeline import pack_command as pack_command
+from django_quota.backends.redispy import IdleStack, write
+from django_quota.backends.scripting import NOSCRIPT_ATTEMPTS, Call, arun_script, run_script
 from django_quota.core.errors import BackendError
 
 __all__ = [
     "NOSCRIPT_ATTEMPTS",
     "ConnectFailed",
     "MarkingConnectionPool",
+    "PublicMarkingConnectionPool",
     "RedisBackend",
     "classify",
     "client_options",
-    "peer_hung_up",
+    "pinned_url",
 ]
 
 
@@ -60,122 +56,44 @@ class _MarkConnectFailures:
             raise
 
 
-def peer_hung_up(connection: Any) -> bool:
-    """Whether an asyncio connection's socket holds an end of file (or stray bytes, or an
-    error) that the event loop has not read yet: redis-py's ``can_read`` sees only what
-    the loop already read, and a loop that did not run since the server closed the
-    connection has read nothing.
-
-    Asks the kernel without reading: ``poll`` with a zero timeout on the socket under
-    asyncio's transport (a poll object made once per transport and kept on the
-    connection: about 0.3 µs a checkout, against 1.5 µs for a ``MSG_PEEK`` receive and
-    the ``BlockingIOError`` it raises when nothing is there). Where ``select.poll`` does
-    not exist, peeks (``MSG_PEEK``, consuming nothing) on the socket, or on a duplicate
-    of its descriptor where the transport's wrapper hides it.
-    """
-    transport = getattr(getattr(connection, "_writer", None), "transport", None)
-    if transport is None:
-        return False
-    if transport.is_closing():
-        return True  # its socket is closed or about to be: nothing can be sent on it
-    probe = getattr(connection, "_quota_probe", None)
-    if probe is None or probe[0] is not transport:
-        # An open transport's socket keeps its descriptor: polling it is polling this
-        # connection (a new transport, after a reconnect, gets a new poll object).
-        sock = transport.get_extra_info("socket")
-        if sock is None:
-            return False
-        if _poll is None:
-            return _peeked(sock)
-        descriptor = sock.fileno()
-        if descriptor < 0:
-            return True
-        poller = _poll()
-        poller.register(descriptor, _POLL_EVENTS)
-        probe = (transport, poller)
-        connection._quota_probe = probe
-    return bool(probe[1].poll(0))
-
-
-_poll: Callable[[], Any] | None = getattr(select, "poll", None)
-_POLL_EVENTS = getattr(select, "POLLIN", 1) | getattr(select, "POLLPRI", 2)
-_PEEK_FLAGS = int(socket.MSG_PEEK | getattr(socket, "MSG_DONTWAIT", 0))
-
-
-def _peeked(sock: Any) -> bool:
-    raw = getattr(sock, "_sock", None)
-    try:
-        if isinstance(raw, socket.socket):
-            raw.recv(1, _PEEK_FLAGS)
-        else:
-            with socket.fromfd(sock.fileno(), sock.family, sock.type) as probe:
-                probe.recv(1, _PEEK_FLAGS)
-    except BlockingIOError:
-        return False  # nothing to read: idle and open
-    except OSError:
-        return True
-    return True
-
-
-class _IdleStack:
-    """Pool mixin: connections given back wait in a last-in first-out stack of the pool's
-    own, and are taken from it again with the checks redis-py's ``get_connection`` makes
-    (connected; nothing unread, so the server did not close it), without its
-    per-checkout bookkeeping: its lock, four connection-state counters and a release
-    event, 12 µs of a decision's 35 µs of Python here (a loop of 50,000, best of 3),
-    against 2 µs for the checks.
-
-    The stack's connections stay "in use" for redis-py: the pool still creates at most
-    ``max_connections``, ``disconnect()`` still reaches them (the next taker reconnects),
-    and after a fork the child drops the parent's (their ``pid``). redis-py's
-    connection-count metrics, when enabled, count them as in use.
-    """
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._idle: list[Any] = []
-
-    def get_connection(self, *args: Any, **kwargs: Any) -> Any:
-        idle = self._idle
-        pid = os.getpid()
-        while idle:
-            try:
-                connection = idle.pop()  # atomic: no lock needed
-            except IndexError:
-                break
-            if connection.pid != pid:
-                continue  # the parent's, after a fork: redis-py resets the pool itself
-            if connection.is_connected:
-                try:
-                    if not connection.can_read():
-                        return connection
-                except (redis_exceptions.ConnectionError, redis_exceptions.TimeoutError, OSError):
-                    pass
-                connection.disconnect()  # closed by the server, or stray bytes
-            # Back to redis-py, which connects it again (once, its failure marked).
-            super().release(connection)  # type: ignore[misc]
-            break
-        return super().get_connection(*args, **kwargs)  # type: ignore[misc]
-
-    def release(self, connection: Any) -> None:
-        # A parent's connection given back in a forked child is skipped when taken.
-        if self.owns_connection(connection):  # type: ignore[attr-defined]
-            self._idle.append(connection)
-        else:
-            super().release(connection)  # type: ignore[misc]
-
-
-class MarkingConnectionPool(_IdleStack, _MarkConnectFailures, redis.ConnectionPool):
+class MarkingConnectionPool(IdleStack, _MarkConnectFailures, redis.ConnectionPool):
     """redis-py's pool, telling connect failures apart, with its own stack of idle
-    connections (:class:`_IdleStack`)."""
+    connections (the fence's :class:`~django_quota.backends.redispy.IdleStack`)."""
+
+
+class PublicMarkingConnectionPool(_MarkConnectFailures, redis.ConnectionPool):
+    """redis-py's pool, telling connect failures apart: redis-py's public path
+    (``docs/settings.md``, ``REDIS_PUBLIC_PATH``)."""
 
 
 class MarkingSentinelConnectionPool(_MarkConnectFailures, SentinelConnectionPool):
     """redis-py's Sentinel pool, telling connect failures apart."""
 
 
-#: Connection options a URL may not override (docs/settings.md).
-PINNED_OPTIONS = ("retry", "socket_timeout", "socket_connect_timeout")
+#: URL query options that would undo the pinned client settings (timeouts, pool size,
+#: retries; ``docs/failures.md``).
+PINNED_URL_OPTIONS = frozenset(
+    {
+        "socket_timeout",
+        "socket_connect_timeout",
+        "timeout",
+        "max_connections",
+        "retry_on_timeout",
+        "retry_on_error",
+    }
+)
+
+
+def pinned_url(url: str) -> str:
+    """``url`` without the query options the backend pins (:data:`PINNED_URL_OPTIONS`):
+    redis-py lets a URL's query override keyword arguments. A URL without them is
+    returned as it is."""
+    parts = urlsplit(url)
+    query = parse_qsl(parts.query, keep_blank_values=True)
+    kept = [(k, v) for k, v in query if k not in PINNED_URL_OPTIONS]
+    if len(kept) == len(query):
+        return url
+    return urlunsplit(parts._replace(query=urlencode(kept)))
 
 
 class RedisBackend(BaseRedisBackend):
@@ -195,8 +113,11 @@ class RedisBackend(BaseRedisBackend):
         sentinel: Mapping[str, Any] | None = None,
         url_options: Mapping[str, Any] | None = None,
         client_factory: Callable[[bool], Any] | None = None,
+        public: bool = False,
     ) -> None:
-        super().__init__(timeout=timeout, max_inflight=max_inflight, url_options=url_options)
+        super().__init__(
+            timeout=timeout, max_inflight=max_inflight, url_options=url_options, public=public
+        )
         self.url = url
         self.sentinel = sentinel
         #: Builds a client (argument: asynchronous?) instead of the URL; tests pass fakeredis.
@@ -224,19 +145,26 @@ class RedisBackend(BaseRedisBackend):
             )
         else:
             assert self.url is not None
-            pool_class = redis_asyncio.ConnectionPool if asynchronous else MarkingConnectionPool
-            pool = pool_class.from_url(self.url, **options)
+            if asynchronous:
+                pool_class = redis_asyncio.ConnectionPool
+            elif self.public:
+                pool_class = PublicMarkingConnectionPool
+            else:
+                pool_class = MarkingConnectionPool
             # redis-py lets URL query options (?socket_timeout=, ?max_connections=) override
             # keyword arguments; our retries, timeouts and pool size must hold anyway.
-            for name in PINNED_OPTIONS:
-                pool.connection_kwargs[name] = options[name]
-            pool.max_connections = options["max_connections"]
+            pool = pool_class.from_url(pinned_url(self.url), **options)
             client_class = redis_asyncio.Redis if asynchronous else redis.Redis
             client = client_class(connection_pool=pool)
         if asynchronous:
             # The pool only makes the connections (redis-py's handshake, TLS, Sentinel's
             # discovery); the pipeline keeps them (docs/failures.md, "Async connections").
-            return Pipeline(client.connection_pool.make_connection, self.timeout, owner=client)
+            return Pipeline(
+                client.connection_pool.make_connection,
+                self.timeout,
+                owner=client,
+                public=self.public,
+            )
         return client
 
     def _async_connections(self, client: Any) -> list[Any]:
@@ -244,14 +172,7 @@ class RedisBackend(BaseRedisBackend):
         client) holds."""
         if isinstance(client, Pipeline):
             return client.connections()
-        pool = getattr(client, "connection_pool", None)
-        if pool is not None:
-            return [
-                *getattr(pool, "_available_connections", ()),
-                *getattr(pool, "_in_use_connections", ()),
-            ]
-        nodes = getattr(getattr(client, "nodes_manager", None), "nodes_cache", {})
-        return [connection for node in nodes.values() for connection in node._connections]
+        return super()._async_connections(client)
 
     # -- script calls ------------------------------------------------------------------
     def node_of(self, call: Call) -> str:
@@ -264,15 +185,16 @@ class RedisBackend(BaseRedisBackend):
         pool = self.client.connection_pool
         source = self._sources[call.script]
         timeout = self.timeout
+        fast = not self.public
         try:
             evalsha = ("EVALSHA", source.sha1, len(call.keys), *call.keys, *call.args)
             try:
-                return send(pool, evalsha, deadline, timeout)
+                return send(pool, evalsha, deadline, timeout, fast)
             except redis_exceptions.NoScriptError:
                 return run_script(
                     source,
                     call,
-                    lambda command: send(pool, command, deadline, timeout),
+                    lambda command: send(pool, command, deadline, timeout, fast),
                     missing=True,
                 )
         except Exception as exc:
@@ -315,7 +237,7 @@ class RedisBackend(BaseRedisBackend):
 
     def _retire(self, loop: asyncio.AbstractEventLoop, client: Any, *, close_live: bool) -> None:
         """Close a loop's pipeline in that loop when it still may run; else close the
-        sockets directly (:func:`~django_quota.backends.scripting.abandon`)."""
+        sockets directly (:func:`~django_quota.backends.redispy.abandon`)."""
         if isinstance(client, Pipeline) and not loop.is_closed():
             try:
                 loop.call_soon_threadsafe(client.close)
@@ -337,41 +259,6 @@ class RedisBackend(BaseRedisBackend):
         return loaded
 
 
-def write(connection: Any, packed: bytes) -> None:
-    """Write the packed command ``packed`` on a connected sync ``connection`` (commands
-    packed by hiredis; without it, redis-py packs and sends them itself).
-
-    A socket with a timeout is polled by Python before every send, a system call that a
-    command into an empty send buffer never needs: the connection's last reply was read,
-    so everything it sent before has been acknowledged. So the bytes go out with one
-    ``write`` of the socket's descriptor, which a socket with a timeout keeps
-    non-blocking: it never waits. What it could not write (a command larger than the
-    buffer, a full buffer) goes through redis-py's ``send_packed_command``, under the
-    socket's timeout as ever. Only a plain TCP or Unix socket with a timeout is written
-    this way (a TLS socket must encrypt; a socket without a timeout would block). A
-    failed write disconnects the connection and raises redis-py's ``ConnectionError``,
-    as redis-py does: the command may have been written in part (``indeterminate``).
-    redis-py's health check, when due, runs first, as in ``send_packed_command``.
-    """
-    sock = getattr(connection, "_sock", None)
-    if type(sock) is socket.socket and sock.gettimeout():
-        connection.check_health()  # a PING when the URL sets health_check_interval
-        try:
-            written = os.write(sock.fileno(), packed)
-        except BlockingIOError:
-            written = 0
-        except OSError as exc:
-            connection.disconnect()
-            raise redis_exceptions.ConnectionError(
-                f"Error {exc.errno} while writing to socket. {exc.strerror}."
-            ) from exc
-        if written == len(packed):
-            return
-        connection.send_packed_command([packed[written:]], check_health=False)
-        return
-    connection.send_packed_command([packed])
-
-
 #: How long a reply found in the socket as its wait timed out may take to read whole (s).
 LATE_REPLY_GRACE = 0.001
 
@@ -381,6 +268,7 @@ def send(
     command: tuple[Any, ...],
     deadline: float | None = None,
     timeout: float | None = None,
+    fast: bool = True,
 ) -> Any:
     """Send one command on a connection of ``pool`` and read its raw reply.
 
@@ -390,13 +278,14 @@ def send(
     whole reply (it failed, timed out, or was interrupted between the write and the
     read) is disconnected before it returns to the pool, so that the next command
     starts afresh and never reads this one's late reply; an error reply leaves it in
-    step. The command is packed by hiredis when it is installed: redis-py's own packer
-    wraps the same call in about 2 µs of argument checks (it splits a command name given
-    as text on spaces, copies each argument) that our commands never need.
+    step. ``fast`` (not on redis-py's public path): the command is packed by hiredis when
+    it is installed (redis-py's own packer wraps the same call in about 2 µs of argument
+    checks that our commands never need) and written by the fence's
+    :func:`~django_quota.backends.redispy.write`; else redis-py's ``send_command``.
 
     ``deadline`` (``time.monotonic()`` seconds, the end of the evaluation's
     ``DEADLINE``) bounds the command: once it has passed, nothing is written
-    (:func:`~django_quota.backends.scripting.deadline_spent`), and the reply is awaited
+    (:func:`~django_quota.backends.failures.deadline_spent`), and the reply is awaited
     until then when that is sooner than the socket's own ``timeout`` (``TIMEOUT``).
     A reply that is in the socket when its wait times out (a signal handler ran past
     the timeout, say) is read and used (docs/settings.md, "Time budgets").
@@ -410,10 +299,10 @@ def send(
                 raise deadline_spent(command)
             if timeout is None or left < timeout:
                 wait = left
-        if pack_command is None:
-            connection.send_command(*command)
-        else:
+        if fast and pack_command is not None:
             write(connection, pack_command(command))
+        else:
+            connection.send_command(*command)
         try:
             if wait is None:
                 return connection.read_response(disconnect_on_error=False)

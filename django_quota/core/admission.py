@@ -6,11 +6,19 @@ Pure (stdlib only), clock-injected where it matters; the limiter owns one
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 import time
 from collections import deque
 
 from django_quota.core.breaker import BreakerError, CircuitBreaker
+from django_quota.core.errors import BLAME_NODE, BLAME_NONE, BLAME_UNLESS_ANSWERING, BackendError
+from django_quota.core.outcome import BACKEND_TIMEOUT, BACKEND_UNAVAILABLE, INDETERMINATE
+
+logger = logging.getLogger("django_quota")
+
+#: Failures that count for the breaker: the node could not be reached or did not answer.
+BREAKER_REASONS = frozenset({BACKEND_TIMEOUT, BACKEND_UNAVAILABLE, INDETERMINATE})
 
 #: How long an async caller sleeps between looks at a full node (seconds).
 ASYNC_POLL = 0.0005
@@ -87,6 +95,11 @@ class Slots:
                 self._condition.notify()
 
 
+class Refused(BackendError):
+    """The limiter itself did not call a node: its in-flight bound stayed full for the
+    rest of ``DEADLINE``, or its circuit breaker is open. Not a failure of the node."""
+
+
 class NodeGuard:
     """One node's admission: its in-flight :class:`Slots` and its :class:`CircuitBreaker`.
 
@@ -107,3 +120,50 @@ class NodeGuard:
         self.name = name
         self.slots = Slots(max_inflight)
         self.breaker = CircuitBreaker(threshold, cool_down, recent_errors=recent_errors)
+
+    def admit(self, acquired: bool) -> None:
+        """Let a call through once a slot is ``acquired``, or raise :class:`Refused` (no
+        slot, or the breaker open: the slot is given back)."""
+        if not acquired:
+            raise Refused(BACKEND_UNAVAILABLE, f"MAX_INFLIGHT reached on {self.name}")
+        if not self.breaker.allow():
+            self.slots.release()
+            raise Refused(BACKEND_UNAVAILABLE, f"circuit breaker open for {self.name}")
+
+    def account(self, error: BackendError | None, started: float) -> None:
+        """Tell the node's breaker what a call started at ``started`` did
+        (``docs/failures.md``, "The circuit breaker"): only evidence that the node is
+        unreachable or unresponsive counts; an answer, whatever it says, shows that its
+        connections work; a new connection refused at ``maxclients`` counts only when none
+        of them answered lately."""
+        breaker = self.breaker
+        if error is None:
+            breaker.answered(started)
+            state = breaker.success()
+        else:
+            blame = error.blame
+            if blame is None:
+                blame = BLAME_NODE if error.reason in BREAKER_REASONS else BLAME_NONE
+            label = error.label or ""
+            counted = blame == BLAME_NODE or (
+                blame == BLAME_UNLESS_ANSWERING and not breaker.answering()
+            )
+            if counted:
+                state = breaker.failure(error.reason, str(error), label)
+            else:
+                if blame == BLAME_NONE:  # the node answered: it is reachable
+                    breaker.answered(started)
+                    state = breaker.success()
+                else:  # refused a new connection while its connections answer, or
+                    state = None  # DEADLINE spent before a command could be written
+                breaker.note(error.reason, str(error), label)
+            if label:
+                logger.warning(
+                    "quota node %s: reason=%s label=%s %s",
+                    self.name,
+                    error.reason,
+                    label,
+                    "(counted by its circuit breaker)" if counted else "(not counted: it answers)",
+                )
+        if state is not None:
+            logger.warning("quota circuit breaker %s for node %s", state, self.name)

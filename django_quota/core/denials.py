@@ -231,3 +231,23 @@ class DenialCache:
                 keys.discard(key)
                 if not keys:
                     del index[counter]
+
+
+def hash_tag(counter: str) -> str:
+    """The ``{hash tag}`` of a counter key (its Redis Cluster slot)."""
+    return counter[counter.index("{") : counter.index("}") + 1]
+
+
+def rememberable(
+    request: GroupRequest, reply: GroupReply, *, shadow: bool, cluster: bool
+) -> bool:
+    """Whether a refusal Redis decided may be answered again (``docs/failures.md``): the
+    group decided, no shadow policy in it, every policy enforced, and on a Redis Cluster
+    (``cluster``) one hash slot (a group split over slots reports its refunded policies'
+    numbers best effort)."""
+    if shadow or reply.status != GROUP_DECIDED:
+        return False
+    for call in request.calls:
+        if not call.enforce:
+            return False
+    return not cluster or len({hash_tag(key) for key in request.counters}) == 1

@@ -383,3 +383,46 @@ def build_identity(
     pseudonym = pseudonymise(frame(private), hmac_key, hmac_key_version) if private else None
     hash_tag = pseudonym if pseudonym is not None else (route or "-")
     return Identity(tuple(dimensions), pseudonym, route, hash_tag)
+
+
+class IdentityCache:
+    """Identities remembered per process (bounded: at most ``size``, then emptied), so
+    that a subject's pseudonym is computed once, not once per policy and request. Only
+    subjects of plain string and integer values (or None) are remembered; the others are
+    built every time (:func:`build_identity`, with these keyword arguments)."""
+
+    def __init__(
+        self, size: int, *, hmac_key: bytes, hmac_key_version: int, ipv6_prefix: int
+    ) -> None:
+        self.size = size
+        self.hmac_key = hmac_key
+        self.hmac_key_version = hmac_key_version
+        self.ipv6_prefix = ipv6_prefix
+        self._found: dict[tuple[object, ...], Identity] = {}
+
+    def get(self, selector: Sequence[str], subject: Mapping[str, object]) -> Identity:
+        """``subject``'s identity for ``selector`` (raises :class:`IdentityError`)."""
+        items = tuple(subject.items())
+        cacheable = True
+        for _, value in items:
+            kind = type(value)
+            if kind is not str and kind is not int and value is not None:
+                cacheable = False
+                break
+        key = (selector, items)
+        if cacheable:
+            found = self._found.get(key)
+            if found is not None:
+                return found
+        identity = build_identity(
+            selector,
+            subject,
+            hmac_key=self.hmac_key,
+            hmac_key_version=self.hmac_key_version,
+            ipv6_prefix=self.ipv6_prefix,
+        )
+        if cacheable:
+            if len(self._found) >= self.size:
+                self._found.clear()
+            self._found[key] = identity
+        return identity

@@ -151,8 +151,10 @@ def _builder(cls: type[Any]) -> Callable[..., Any]:
     It fills an instance of a mutable twin of ``cls`` (the same slots, nothing else) with
     plain attribute stores, then gives it ``cls`` as its class: Python allows
     ``__class__`` assignment between classes whose slots are the same. A frozen class's
-    ``__init__`` stores each field through a call instead: timed, 655 ns against 1,418
-    for the ``__init__`` this replaced (itself half the cost of dataclass's own). The
+    ``__init__`` stores each field through a call instead. Kept because it moves a goal
+    (STYLE.md, "Speed"): the memory backend's Python instructions per decision
+    (``benchmarks/python_instructions.py``) are 136,093 with ``Outcome(...)`` and
+    ``WindowState(...)`` against 112,752 with the builders (-17 %). The
     result is an ordinary instance of ``cls``: frozen, equal, hashed, copied and pickled
     like one built by ``cls(...)``. Raises ``TypeError`` for a class with a
     ``__post_init__`` (the builder would skip it) or a base class other than ``object``
