@@ -15,10 +15,8 @@ loop and the server are stopped at the end.
 from __future__ import annotations
 
 import asyncio
-import os
 import subprocess
 import sys
-import time
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -26,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_asgi_servers import free_port
+from tests.test_asgi_servers import serving
 
 pytestmark = pytest.mark.redis
 
@@ -88,38 +86,8 @@ def uvicorn_workers(tmp_path: Path, redis_url: str) -> Iterator[int]:
         "from tests.settings import *  # noqa: F403\n"
         f"DEBUG = False\nROOT_URLCONF = 'load_urls'\nQUOTA = {quota!r}\n"
     )
-    port = free_port()
-    env = {
-        **os.environ,
-        "DJANGO_SETTINGS_MODULE": "load_settings",
-        "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)]),
-    }
-    server = subprocess.Popen(
-        [
-            sys.executable, "-m", "uvicorn", "--factory", "django.core.asgi:get_asgi_application",
-            "--host", "127.0.0.1", "--port", str(port), "--workers", "2", "--no-access-log",
-            "--log-level", "warning",
-        ],
-        cwd=ROOT, env=env, stdin=subprocess.DEVNULL,
-    )
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            assert server.poll() is None, "uvicorn exited"
-            try:
-                asyncio.run(_status(port, "/ready/"))  # no policy: a 404
-                break
-            except OSError:
-                assert time.monotonic() < deadline, "uvicorn did not answer within 30 s"
-                time.sleep(0.1)
+    with serving(tmp_path, "load_settings", "--workers", "2") as port:
         yield port
-    finally:
-        server.terminate()
-        try:
-            server.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
 
 
 async def _status(port: int, path: str) -> int:

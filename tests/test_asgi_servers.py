@@ -67,10 +67,18 @@ def uvicorn(tmp_path: Path, redis_url: str, *options: str) -> Iterator[int]:
     (tmp_path / "asgi_settings.py").write_text(
         f"from tests.settings import *  # noqa: F403\nDEBUG = False\nQUOTA = {quota!r}\n"
     )
+    with serving(tmp_path, "asgi_settings", *options) as port:
+        yield port
+
+
+@contextmanager
+def serving(tmp_path: Path, settings_module: str, *options: str) -> Iterator[int]:
+    """uvicorn serving Django's ASGI application under ``settings_module`` (a module in
+    ``tmp_path``) on a free loopback port, with ``options``; its port. Stopped on exit."""
     port = free_port()
     env = {
         **os.environ,
-        "DJANGO_SETTINGS_MODULE": "asgi_settings",
+        "DJANGO_SETTINGS_MODULE": settings_module,
         "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)]),
     }
     env.pop("FORWARDED_ALLOW_IPS", None)  # uvicorn's own default: 127.0.0.1
@@ -83,20 +91,20 @@ def uvicorn(tmp_path: Path, redis_url: str, *options: str) -> Iterator[int]:
         cwd=ROOT, env=env, stdin=subprocess.DEVNULL,
     )
     try:
-        deadline = time.monotonic() + 15
+        deadline = time.monotonic() + 30
         while True:
             assert server.poll() is None, "uvicorn exited"
             try:
                 socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
                 break
             except OSError:
-                assert time.monotonic() < deadline, "uvicorn did not listen within 15 s"
+                assert time.monotonic() < deadline, "uvicorn did not listen within 30 s"
                 time.sleep(0.05)
         yield port
     finally:
         server.terminate()
         try:
-            server.wait(timeout=10)
+            server.wait(timeout=15)
         except subprocess.TimeoutExpired:
             server.kill()
             server.wait()

@@ -18,76 +18,22 @@
 
 from __future__ import annotations
 
-import argparse
 import importlib.metadata
-import os
-import socket
-import subprocess
 import sys
-import tarfile
-import tempfile
-import time
-import xml.etree.ElementTree as ElementTree
-from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # scripts/: peer_lane
+
+import peer_lane
+from peer_lane import LaneError, RunResult
+
+__all__ = ["LaneError", "RunResult", "compare", "expected_failures", "main"]
 
 HERE = Path(__file__).resolve().parent
 EXPECTED = HERE / "expected-failures.txt"
 DRF_IMPORT = "from rest_framework.throttling import ("
 OUR_IMPORT = "from django_quota.throttling import ("
 TEST_FILE = Path("tests") / "test_throttling.py"
-RUNS = ("memory", "redis")
-DOWNLOAD_TIMEOUT = 300  # seconds
-RUN_TIMEOUT = 600  # seconds per pytest run
-
-
-class LaneError(Exception):
-    """A step of the lane failed (not a test: the lane itself)."""
-
-
-@dataclass
-class RunResult:
-    name: str
-    passed: list[str] = field(default_factory=list)
-    failed: list[str] = field(default_factory=list)
-    skipped: list[str] = field(default_factory=list)
-
-    @property
-    def summary(self) -> str:
-        text = f"{len(self.passed)} passed, {len(self.failed)} failed"
-        return text + (f", {len(self.skipped)} skipped" if self.skipped else "")
-
-
-def drf_version() -> str:
-    return importlib.metadata.version("djangorestframework")
-
-
-def download(version: str, into: Path) -> Path:
-    """DRF's sdist for ``version`` in ``into`` (pip's errors are the lane's errors)."""
-    command = [
-        sys.executable, "-m", "pip", "download", "--quiet",
-        "--no-binary", ":all:", "--no-deps", f"djangorestframework=={version}",
-        "-d", str(into),
-    ]  # fmt: skip
-    try:
-        subprocess.run(command, check=True, timeout=DOWNLOAD_TIMEOUT)
-    except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as exc:
-        raise LaneError(f"pip download of djangorestframework=={version} failed: {exc}") from exc
-    archives = sorted(into.glob("djangorestframework-*.tar.gz"))
-    if len(archives) != 1:
-        raise LaneError(f"expected one source distribution in {into}, found {archives}")
-    return archives[0]
-
-
-def extract(archive: Path, into: Path) -> Path:
-    with tarfile.open(archive) as tar:
-        tar.extractall(into, filter="data")
-    roots = [path for path in into.iterdir() if path.is_dir()]
-    if len(roots) != 1 or not (roots[0] / TEST_FILE).is_file():
-        raise LaneError(f"{archive.name} has no {TEST_FILE}")
-    return roots[0]
 
 
 def rewrite_import(source: Path) -> None:
@@ -99,162 +45,41 @@ def rewrite_import(source: Path) -> None:
     path.write_text(text.replace(DRF_IMPORT, OUR_IMPORT))
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
+def prepare(archive: Path, work: Path) -> Path:
+    """DRF's source tree, extracted under ``work``, its throttle import rewritten."""
+    (work / "source").mkdir()
+    source = peer_lane.unpack(archive, work / "source", TEST_FILE)
+    rewrite_import(source)
+    return source
 
 
-@contextmanager
-def redis_server() -> Iterator[str]:
-    """A throwaway redis-server on a free loopback port; its URL. Always stopped."""
-    import redis
-
-    port = free_port()
-    command = [
-        "redis-server", "--port", str(port), "--bind", "127.0.0.1",
-        "--save", "", "--appendonly", "no",
-    ]  # fmt: skip
-    try:
-        process = subprocess.Popen(
-            command,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-    except FileNotFoundError as exc:
-        raise LaneError("redis-server not found (install Debian's redis-server)") from exc
-    url = f"redis://127.0.0.1:{port}/0"
-    try:
-        client = redis.Redis.from_url(url, socket_connect_timeout=0.2)
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                client.ping()
-                break
-            except redis.ConnectionError:
-                if process.poll() is not None or time.monotonic() > deadline:
-                    raise LaneError(f"redis-server did not start on port {port}") from None
-                time.sleep(0.05)
-            finally:
-                client.close()
-        yield url
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-
-
-def run_tests(source: Path, name: str, redis_url: str | None, report: Path) -> RunResult:
-    env = {
-        key: value
-        for key, value in os.environ.items()
-        if key not in ("DJANGO_SETTINGS_MODULE", "PYTHONPATH", "DJANGO_QUOTA_DRF_LANE_REDIS_URL")
-    }
-    env["PYTHONPATH"] = str(HERE)
-    if redis_url is not None:
-        env["DJANGO_QUOTA_DRF_LANE_REDIS_URL"] = redis_url
-    command = [
-        sys.executable, "-m", "pytest", str(TEST_FILE),
-        "-p", "django_quota_drf_lane", "-p", "no:cacheprovider",
-        "-q", "--tb=line", f"--junitxml={report}",
-    ]  # fmt: skip
-    print(f"== DRF lane ({name}): {' '.join(command[2:])}", flush=True)
-    try:
-        completed = subprocess.run(command, cwd=source, env=env, timeout=RUN_TIMEOUT)
-    except subprocess.TimeoutExpired as exc:
-        raise LaneError(f"the {name} run took over {RUN_TIMEOUT} s") from exc
-    if completed.returncode not in (0, 1):  # 1: some tests failed; anything else: broken
-        raise LaneError(f"the {name} run exited {completed.returncode}")
-    return parse_report(name, report)
-
-
-def parse_report(name: str, report: Path) -> RunResult:
-    result = RunResult(name)
-    for case in ElementTree.parse(report).iter("testcase"):
-        owner = case.get("classname", "").removeprefix("tests.test_throttling")
-        test_id = f"{owner.lstrip('.')}::{case.get('name')}".lstrip(":")
-        if case.find("failure") is not None or case.find("error") is not None:
-            result.failed.append(test_id)
-        elif case.find("skipped") is not None:
-            result.skipped.append(test_id)
-        else:
-            result.passed.append(test_id)
-    if not result.passed and not result.failed:
-        raise LaneError(f"the {name} run ran no test")
-    return result
+LANE = peer_lane.Lane(
+    title="DRF lane",
+    here=HERE,
+    project="djangorestframework",
+    # The installed DRF's own tests: the version CI installs is the one tested.
+    version=importlib.metadata.version("djangorestframework"),
+    prepare=prepare,
+    test_file=TEST_FILE,
+    classname_prefix="tests.test_throttling",
+    plugin="django_quota_drf_lane",
+    redis_url_variable="DJANGO_QUOTA_DRF_LANE_REDIS_URL",
+)
 
 
 def expected_failures(run: str) -> dict[str, str]:
     """Test id -> reason, of the tests ``expected-failures.txt`` expects to fail in ``run``."""
-    expected: dict[str, str] = {}
-    for number, line in enumerate(EXPECTED.read_text().splitlines(), 1):
-        line = line.strip()
-        if not line or line.startswith("#"):
-            continue
-        entry, _, reason = line.partition(" -- ")
-        parts = entry.split()
-        if len(parts) != 2 or parts[0] not in (*RUNS, "*") or not reason.strip():
-            raise LaneError(f"{EXPECTED.name}:{number}: expected '<run> <test id> -- <reason>'")
-        if parts[0] in (run, "*"):
-            expected[parts[1]] = reason.strip()
-    return expected
+    return peer_lane.expected_failures(LANE, run, EXPECTED)
 
 
 def compare(result: RunResult) -> list[str]:
     """Lines describing how ``result`` differs from the expected failures (none: pinned)."""
-    expected = expected_failures(result.name)
-    problems = [
-        f"{result.name}: {test} fails but is not in {EXPECTED.name}"
-        for test in sorted(set(result.failed) - set(expected))
-    ]
-    problems += [
-        f"{result.name}: {test} passes (or did not run) but {EXPECTED.name} expects it to "
-        f"fail ({expected[test]}): remove it from the list"
-        for test in sorted(set(expected) - set(result.failed))
-    ]
-    return problems
+    return peer_lane.compare(LANE, result, EXPECTED)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--runs", nargs="+", choices=RUNS, default=list(RUNS))
-    args = parser.parse_args(argv)
-    version = drf_version()
-    with tempfile.TemporaryDirectory(prefix="django-quota-drf-lane-") as tmp:
-        work = Path(tmp)
-        (work / "download").mkdir()
-        (work / "source").mkdir()
-        source = extract(download(version, work / "download"), work / "source")
-        rewrite_import(source)
-        print(f"== DRF lane: djangorestframework {version} tests, throttles from django_quota")
-        results = []
-        for run in args.runs:
-            report = work / f"{run}.xml"
-            if run == "redis":
-                with redis_server() as url:
-                    results.append(run_tests(source, run, url, report))
-            else:
-                results.append(run_tests(source, run, None, report))
-    problems: list[str] = []
-    print("== DRF lane summary")
-    for result in results:
-        print(f"{result.name}: {result.summary}")
-        reasons = expected_failures(result.name)
-        for test in sorted(result.failed):
-            why = f" (expected: {reasons[test]})" if test in reasons else " (NOT expected)"
-            print(f"  failed: {test}{why}")
-        problems += compare(result)
-    for problem in problems:
-        print(f"DRF lane: {problem}", file=sys.stderr)
-    return 1 if problems else 0
+    return peer_lane.main(LANE, (__doc__ or "").split("\n\n")[0], argv)
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except LaneError as exc:
-        print(f"DRF lane: {exc}", file=sys.stderr)
-        sys.exit(2)
+    peer_lane.cli(LANE, (__doc__ or "").split("\n\n")[0])
