@@ -356,34 +356,20 @@ def ratelimit_contenders(limit: int, notes: list[str], versions: dict[str, str])
     from django_ratelimit.core import is_ratelimited  # type: ignore[import-untyped]
 
     versions["django-ratelimit"] = version("django-ratelimit")
-    rates = {BULK: f"{bench_settings.BULK_LIMIT}/h", EXACT: f"{limit}/d"}
-
-    def make(kind: str) -> Decide:
-        rate = rates[kind]
-
-        def decide(subject: str) -> bool:
-            limited = is_ratelimited(
-                _request(subject), group="bench", key="ip", rate=rate, increment=True
-            )
-            return not limited
-
-        return decide
-
     return [
         Contender(
             "django-ratelimit",
             "fixed_window (cache add + incr)",
             "django-ratelimit",
             DQ_FIXED,
-            make,
+            _ratelimit_maker(is_ratelimited, limit),
         )
     ]
 
 
-def quota_ratelimit_contenders(limit: int) -> list[Contender]:
-    """django-quota's django-ratelimit drop-in, called as django-ratelimit's row is."""
-    from django_quota.ratelimit.core import is_ratelimited
-
+def _ratelimit_maker(is_ratelimited: Callable[..., Any], limit: int) -> Maker:
+    """A row deciding with ``is_ratelimited`` (django-ratelimit's, or the drop-in's) as a
+    view's ``@ratelimit(key="ip")`` would: the bulk or exact rate, one count each."""
     rates = {BULK: f"{bench_settings.BULK_LIMIT}/h", EXACT: f"{limit}/d"}
 
     def make(kind: str) -> Decide:
@@ -396,6 +382,13 @@ def quota_ratelimit_contenders(limit: int) -> list[Contender]:
             return not limited
 
         return decide
+
+    return make
+
+
+def quota_ratelimit_contenders(limit: int) -> list[Contender]:
+    """django-quota's django-ratelimit drop-in, called as django-ratelimit's row is."""
+    from django_quota.ratelimit.core import is_ratelimited
 
     return [
         Contender(
@@ -403,7 +396,7 @@ def quota_ratelimit_contenders(limit: int) -> list[Contender]:
             "fixed window (one script)",
             f"{DQ}/ratelimit",
             DQ_FIXED,
-            make,
+            _ratelimit_maker(is_ratelimited, limit),
         )
     ]
 
