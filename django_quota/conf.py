@@ -113,6 +113,7 @@ class QuotaSettings:
     headers: str
     denied_view: str | None
     exempt_paths: tuple[str, ...]
+    exempt_when: str | None
     policies: Mapping[str, Policy]
     policy_sources: tuple[str, ...]
     policy_cache_ttl: float
@@ -320,6 +321,7 @@ FIELDS = (
     Field("HEADERS", "ietf", choice(HEADER_STYLES)),
     Field("DENIED_VIEW", None, dotted_path),
     Field("EXEMPT_PATHS", [], string_list(_path)),
+    Field("EXEMPT_WHEN", None, dotted_path),  # callable(request) -> bool (docs/policies.md)
     Field("POLICIES", {}, _policies),
     Field("POLICY_SOURCES", ["settings", "database"], string_list(one_of(POLICY_SOURCE_NAMES))),
     Field("POLICY_CACHE_TTL", 5.0, number(0, allow_zero=True)),

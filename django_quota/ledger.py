@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 from asgiref.sync import iscoroutinefunction
 
-from django_quota import limiter
+from django_quota import exemptions, limiter
 from django_quota.core.outcome import DENIED_DECISION, FAILED_CLOSED, Outcome
 from django_quota.core.policy import Policy
 
@@ -275,8 +275,15 @@ def decide(
     fresh: list[Outcome] = []
     if step.pending:
         assert subject is not None
-        charge = cost(request) if callable(cost) else cost
-        fresh = limiter.evaluate_policies(step.pending, subject.for_policy, charge, clock=clock)
+        pending = step.pending
+        skipped = exemptions.exempted(request, pending, subject)
+        if skipped:
+            pending = [policy for policy in pending if policy.id not in skipped]
+        if pending:
+            charge = cost(request) if callable(cost) else cost
+            fresh = limiter.evaluate_policies(pending, subject.for_policy, charge, clock=clock)
+        if skipped:
+            fresh = exemptions.in_order(step.pending, skipped, fresh)
     return step.finish(group, fresh)
 
 
@@ -297,13 +304,20 @@ async def adecide(
     fresh: list[Outcome] = []
     if step.pending:
         assert subject is not None
-        await subject.aload(step.pending)
-        charge: Any = cost
-        if callable(cost):
-            charge = cost(request)
-            if iscoroutinefunction(cost):
-                charge = await charge
-        fresh = await limiter.aevaluate_policies(
-            step.pending, subject.for_policy, charge, clock=clock
-        )
+        pending = step.pending
+        skipped = await exemptions.aexempted(request, pending, subject)
+        if skipped:
+            pending = [policy for policy in pending if policy.id not in skipped]
+        if pending:
+            await subject.aload(pending)
+            charge: Any = cost
+            if callable(cost):
+                charge = cost(request)
+                if iscoroutinefunction(cost):
+                    charge = await charge
+            fresh = await limiter.aevaluate_policies(
+                pending, subject.for_policy, charge, clock=clock
+            )
+        if skipped:
+            fresh = exemptions.in_order(step.pending, skipped, fresh)
     return step.finish(group, fresh)

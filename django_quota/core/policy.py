@@ -4,6 +4,7 @@ revision that isolates counters when a policy's meaning changes (``docs/policies
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import json
 import re
 from collections.abc import Mapping, Sequence
@@ -44,12 +45,15 @@ POLICY_ID_RE = re.compile(r"^[a-z0-9][a-z0-9_.:-]{0,63}\Z")
 WINDOW_NAME_RE = re.compile(r"^[a-z][a-z0-9_]{0,31}\Z")
 DEFAULT_WINDOW = "default"
 
+IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+
 POLICY_KEYS = frozenset(
     {
         "algorithm",
         "windows",
         "selector",
         "routes",
+        "exempt",
         "methods",
         "enforcement",
         "failure_mode",
@@ -109,6 +113,8 @@ class Policy:
     revision: str = ""
     source: str = "settings"
     extra: Mapping[str, object] = field(default_factory=dict, compare=False, hash=False)
+    #: Client networks that skip the policy (decision ``skipped``, reason ``exempt``).
+    exempt: tuple[IPNetwork, ...] = ()
 
     @property
     def shadow(self) -> bool:
@@ -326,6 +332,7 @@ def parse_policy(
     enabled = raw.get("enabled", True)
     if not isinstance(enabled, bool):
         raise ConfigurationError(f"{key}['enabled']", "expected True or False")
+    exempt = parse_exempt(raw.get("exempt"), f"{key}['exempt']")
     return Policy(
         id=policy_id,
         algorithm=algorithm,
@@ -340,7 +347,28 @@ def parse_policy(
         enabled=enabled,
         revision=settings_revision(algorithm, selector, windows),
         source=source,
+        exempt=exempt,
     )
+
+
+def parse_exempt(value: object, key: str) -> tuple[IPNetwork, ...]:
+    """A policy's ``exempt`` key: a list of IPv4 or IPv6 networks in CIDR notation (a bare
+    address is its one-address network; host bits are dropped, as ``TRUSTED_PROXIES``
+    does). Not part of the revision: who is exempt changes no counter's meaning.
+
+    Raises :class:`ConfigurationError` naming the first entry that is not a network.
+    """
+    networks: list[IPNetwork] = []
+    for index, entry in enumerate(_string_list(value, key)):
+        try:
+            networks.append(ipaddress.ip_network(entry.strip(), strict=False))
+        except ValueError:
+            raise ConfigurationError(
+                f"{key}[{index}]",
+                f"{entry!r} is not an IP network; write it in CIDR notation, e.g. "
+                "'10.0.0.0/8' or '2001:db8::/32'",
+            ) from None
+    return tuple(networks)
 
 
 def window_from_limit(
