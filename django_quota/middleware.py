@@ -16,6 +16,7 @@ from django_quota.core.policy import Policy
 from django_quota.ledger import adecide, decide, ledger_of, outcomes
 from django_quota.routes import path_matches, policy_applies
 from django_quota.subjects import RequestSubject
+from django_quota.usage import is_usage_request
 
 
 class QuotaMiddleware:
@@ -67,11 +68,14 @@ class QuotaMiddleware:
         if any(path_matches(prefix, path) for prefix in settings.exempt_paths):
             return []
         decided = ledger_of(request).memo
-        return [
+        found = [
             policy
             for policy in registry.middleware
             if policy.id not in decided and policy_applies(policy, request)
         ]
+        if found and is_usage_request(request):
+            return []  # the usage view is never limited (docs/usage.md)
+        return found
 
     def _refuse(self, request: HttpRequest, refusing: Outcome) -> HttpResponse:
         return http.problem_response(request, refusing, sender=self.__class__)
