@@ -114,6 +114,7 @@ class QuotaSettings:
     denied_view: str | None
     exempt_paths: tuple[str, ...]
     exempt_when: str | None
+    login_policies: tuple[str, ...]
     policies: Mapping[str, Policy]
     policy_sources: tuple[str, ...]
     policy_cache_ttl: float
@@ -322,6 +323,7 @@ FIELDS = (
     Field("DENIED_VIEW", None, dotted_path),
     Field("EXEMPT_PATHS", [], string_list(_path)),
     Field("EXEMPT_WHEN", None, dotted_path),  # callable(request) -> bool (docs/policies.md)
+    Field("LOGIN_POLICIES", [], string_list()),  # policy ids (docs/login.md)
     Field("POLICIES", {}, _policies),
     Field("POLICY_SOURCES", ["settings", "database"], string_list(one_of(POLICY_SOURCE_NAMES))),
     Field("POLICY_CACHE_TTL", 5.0, number(0, allow_zero=True)),

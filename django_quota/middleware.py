@@ -4,6 +4,7 @@ request on the way out. Sync and async capable."""
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -17,6 +18,13 @@ from django_quota.ledger import adecide, decide, ledger_of, outcomes
 from django_quota.routes import path_matches, policy_applies
 from django_quota.subjects import RequestSubject
 from django_quota.usage import is_usage_request
+
+
+def login_refusal(request: HttpRequest) -> Outcome | None:
+    """The outcome with which ``QuotaLoginBackend`` refused this request's login, if any
+    (``django_quota.auth`` is imported only where ``django.contrib.auth`` is)."""
+    auth = sys.modules.get("django_quota.auth")
+    return None if auth is None else auth.refusal(request)
 
 
 class QuotaMiddleware:
@@ -46,7 +54,12 @@ class QuotaMiddleware:
             refusing = decide(request, group, RequestSubject(request)).refusing
             if refusing is not None:
                 return self._finish(request, self._refuse(request, refusing))
-        return self._finish(request, self.get_response(request))
+        response = self.get_response(request)
+        login_refused = login_refusal(request)
+        if login_refused is not None:  # QuotaLoginBackend refused it (docs/login.md)
+            ledger_of(request).record([login_refused])
+            response = self._refuse(request, login_refused)
+        return self._finish(request, response)
 
     async def __acall__(self, request: HttpRequest) -> HttpResponse:
         group = self._matching(request, await policies.aget_registry())
@@ -58,6 +71,10 @@ class QuotaMiddleware:
                 refused = await sync_to_async(self._refuse)(request, refusing)
                 return self._finish(request, refused)
         response = await self.get_response(request)
+        login_refused = login_refusal(request)
+        if login_refused is not None:  # QuotaLoginBackend refused it (docs/login.md)
+            ledger_of(request).record([login_refused])
+            response = await sync_to_async(self._refuse)(request, login_refused)
         return self._finish(request, response)
 
     def _matching(self, request: HttpRequest, registry: policies.Registry) -> list[Policy]:
