@@ -31,6 +31,7 @@ from django_quota import conf, limiter, metrics, policies
 from django_quota.core.identity import IdentityError
 from django_quota.core.outcome import DENIED_DECISION, FAILED_CLOSED, Outcome
 from django_quota.core.policy import Policy
+from django_quota.ledger import django_request
 from django_quota.subjects import ip_value
 
 logger = logging.getLogger("django_quota")
@@ -45,10 +46,6 @@ _refusals: weakref.WeakKeyDictionary[Any, Outcome] = weakref.WeakKeyDictionary()
 _refused_here: contextvars.ContextVar[Outcome | None] = contextvars.ContextVar(
     "django_quota_login_refused", default=None
 )
-
-
-def _django_request(request: Any) -> Any:
-    return getattr(request, "_request", request)
 
 
 def submitted_username(credentials: Mapping[str, Any]) -> str | None:
@@ -88,7 +85,7 @@ def _subjects(
     """The policies whose selector resolves for this attempt, and their subjects: ``user``
     is the submitted username, ``ip`` the client IP (missing without a request)."""
     values: dict[str, object] = {"user": submitted_username(credentials)}
-    values["ip"] = None if request is None else ip_value(_django_request(request))
+    values["ip"] = None if request is None else ip_value(django_request(request))
     current = limiter.get_limiter()
     found: list[Policy] = []
     subjects: dict[str, dict[str, object]] = {}
@@ -107,7 +104,7 @@ def refusal(request: Any) -> Outcome | None:
     """The outcome that refused ``request``'s login attempt, if the backend refused one."""
     if request is None or not _refusals:
         return None
-    return _refusals.get(_django_request(request))
+    return _refusals.get(django_request(request))
 
 
 class QuotaLoginBackend(BaseBackend):
@@ -132,7 +129,7 @@ class QuotaLoginBackend(BaseBackend):
             return None
         metrics.record_outcomes(group, [refusing])
         if request is not None:
-            _refusals[_django_request(request)] = refusing
+            _refusals[django_request(request)] = refusing
         else:
             _refused_here.set(refusing)
         raise PermissionDenied("too many failed login attempts")
@@ -151,7 +148,7 @@ def charge_failed_login(
 ) -> None:
     """Charge each login policy once for a failed attempt; nothing for an attempt
     :class:`QuotaLoginBackend` refused (no password was checked)."""
-    if request is not None and _django_request(request) in _refusals:
+    if request is not None and django_request(request) in _refusals:
         return
     if request is None and _refused_here.get() is not None:
         _refused_here.set(None)

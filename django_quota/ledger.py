@@ -152,10 +152,15 @@ class RequestLedger:
         return current, current.lease(throttle)
 
 
+def django_request(request: Any) -> Any:
+    """Django's ``HttpRequest``: ``request`` itself, or the one DRF's ``Request`` wraps."""
+    return getattr(request, "_request", request)
+
+
 def ledger_of(request: Any) -> RequestLedger:
     """The ledger of ``request``, made on first use. DRF's ``Request`` keeps it on the
     ``HttpRequest`` it wraps, where every layer finds it."""
-    request = getattr(request, "_request", request)
+    request = django_request(request)
     found: RequestLedger | None = getattr(request, LEDGER_ATTR, None)
     if found is None:
         found = RequestLedger()

@@ -42,6 +42,11 @@ def decorated(request: HttpRequest) -> HttpResponse:
     return HttpResponse("ok")
 
 
+@quota("dec")
+async def adecorated(request: HttpRequest) -> HttpResponse:
+    return HttpResponse("ok")
+
+
 class ThrottledView(APIView):
     throttle_classes = [QuotaThrottle]
     quota_policies = ["drf-api"]
@@ -60,6 +65,7 @@ class AnonView(APIView):
 urlpatterns = [
     path("mw/", ok),
     path("dec/", decorated),
+    path("adec/", adecorated),
     path("drf/", ThrottledView.as_view()),
     path("anon/", AnonView.as_view()),
     path("health/", ok),
@@ -230,6 +236,17 @@ def test_exempt_when_on_the_async_path(quota: Any) -> None:
         return [(await client.get("/health/")).status_code for _ in range(3)]
 
     assert async_to_sync(run)() == [200, 200, 200]
+
+
+def test_exempt_when_with_an_async_decorated_view(quota: Any) -> None:
+    configure(quota, EXEMPT_WHEN=WHEN)
+
+    async def run(headers: dict[str, str]) -> list[int]:
+        client = AsyncClient()
+        return [(await client.get("/adec/", headers=headers)).status_code for _ in range(3)]
+
+    assert async_to_sync(run)({"X-Internal": "yes"}) == [200, 200, 200]
+    assert async_to_sync(run)({}) == [200, 429, 429]
 
 
 def test_exempt_when_in_the_django_ratelimit_drop_in(quota: Any) -> None:
