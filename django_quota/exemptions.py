@@ -113,11 +113,21 @@ def is_exempt(request: Any) -> bool:
     return when is not None and bool(_exempt_when(when)(request))
 
 
-def in_order(
-    group: Sequence[Policy], skipped: dict[str, Outcome], evaluated: Sequence[Outcome]
-) -> list[Outcome]:
-    """The outcomes of ``group`` in its order, ``skipped`` ones and ``evaluated`` ones
-    (which may lack policies an early refusal left without an outcome)."""
-    by_policy = {outcome.policy: outcome for outcome in evaluated}
-    by_policy.update(skipped)
-    return [by_policy[policy.id] for policy in group if policy.id in by_policy]
+def exempt_step(request: Any, step: Any, subject: object) -> None:
+    """Take the policies ``request`` is exempt from out of ``step.pending`` (a layer's
+    :class:`~django_quota.ledger._Step`); their ``skipped`` outcomes join the step's early
+    outcomes (``step.missing``), which the step records with the layer's others."""
+    if step.pending:
+        _apply(step, exempted(request, step.pending, subject))
+
+
+async def aexempt_step(request: Any, step: Any, subject: object) -> None:
+    """Async twin of :func:`exempt_step`."""
+    if step.pending:
+        _apply(step, await aexempted(request, step.pending, subject))
+
+
+def _apply(step: Any, skipped: dict[str, Outcome]) -> None:
+    if skipped:
+        step.pending = [policy for policy in step.pending if policy.id not in skipped]
+        step.missing = [*step.missing, *skipped.values()]

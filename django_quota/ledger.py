@@ -16,9 +16,10 @@ from typing import Any, Protocol
 
 from asgiref.sync import iscoroutinefunction
 
-from django_quota import exemptions, limiter
+from django_quota import limiter
 from django_quota.core.outcome import DENIED_DECISION, FAILED_CLOSED, Outcome
 from django_quota.core.policy import Policy
+from django_quota.exemptions import aexempt_step, exempt_step
 
 #: The one attribute django-quota sets on a request.
 LEDGER_ATTR = "_quota"
@@ -277,18 +278,12 @@ def decide(
     :func:`~django_quota.limiter.evaluate_policies`.
     """
     step = _Step(request, group, lease, throttle, unknown, cause)
+    exempt_step(request, step, subject)
     fresh: list[Outcome] = []
     if step.pending:
         assert subject is not None
-        pending = step.pending
-        skipped = exemptions.exempted(request, pending, subject)
-        if skipped:
-            pending = [policy for policy in pending if policy.id not in skipped]
-        if pending:
-            charge = cost(request) if callable(cost) else cost
-            fresh = limiter.evaluate_policies(pending, subject.for_policy, charge, clock=clock)
-        if skipped:
-            fresh = exemptions.in_order(step.pending, skipped, fresh)
+        charge = cost(request) if callable(cost) else cost
+        fresh = limiter.evaluate_policies(step.pending, subject.for_policy, charge, clock=clock)
     return step.finish(group, fresh)
 
 
@@ -306,23 +301,17 @@ async def adecide(
     """Async twin of :func:`decide`: the subject's database sources are read in a worker
     thread first, and an async ``cost`` callable is awaited."""
     step = _Step(request, group, lease, None, unknown, cause)
+    await aexempt_step(request, step, subject)
     fresh: list[Outcome] = []
     if step.pending:
         assert subject is not None
-        pending = step.pending
-        skipped = await exemptions.aexempted(request, pending, subject)
-        if skipped:
-            pending = [policy for policy in pending if policy.id not in skipped]
-        if pending:
-            await subject.aload(pending)
-            charge: Any = cost
-            if callable(cost):
-                charge = cost(request)
-                if iscoroutinefunction(cost):
-                    charge = await charge
-            fresh = await limiter.aevaluate_policies(
-                pending, subject.for_policy, charge, clock=clock
-            )
-        if skipped:
-            fresh = exemptions.in_order(step.pending, skipped, fresh)
+        await subject.aload(step.pending)
+        charge: Any = cost
+        if callable(cost):
+            charge = cost(request)
+            if iscoroutinefunction(cost):
+                charge = await charge
+        fresh = await limiter.aevaluate_policies(
+            step.pending, subject.for_policy, charge, clock=clock
+        )
     return step.finish(group, fresh)

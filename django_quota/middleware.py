@@ -54,12 +54,7 @@ class QuotaMiddleware:
             refusing = decide(request, group, RequestSubject(request)).refusing
             if refusing is not None:
                 return self._finish(request, self._refuse(request, refusing))
-        response = self.get_response(request)
-        login_refused = login_refusal(request)
-        if login_refused is not None:  # QuotaLoginBackend refused it (docs/login.md)
-            ledger_of(request).record([login_refused])
-            response = self._refuse(request, login_refused)
-        return self._finish(request, response)
+        return self._finish(request, self.get_response(request))
 
     async def __acall__(self, request: HttpRequest) -> HttpResponse:
         group = self._matching(request, await policies.aget_registry())
@@ -71,10 +66,7 @@ class QuotaMiddleware:
                 refused = await sync_to_async(self._refuse)(request, refusing)
                 return self._finish(request, refused)
         response = await self.get_response(request)
-        login_refused = login_refusal(request)
-        if login_refused is not None:  # QuotaLoginBackend refused it (docs/login.md)
-            ledger_of(request).record([login_refused])
-            response = await sync_to_async(self._refuse)(request, login_refused)
+        response = await self._alogin_refused(request, response)
         return self._finish(request, response)
 
     def _matching(self, request: HttpRequest, registry: policies.Registry) -> list[Policy]:
@@ -98,4 +90,21 @@ class QuotaMiddleware:
         return http.problem_response(request, refusing, sender=self.__class__)
 
     def _finish(self, request: HttpRequest, response: HttpResponse) -> HttpResponse:
+        if not self.is_async:
+            response = self._login_refused(request, response)
         return http.apply_headers(response, outcomes(request))
+
+    def _login_refused(self, request: HttpRequest, response: HttpResponse) -> HttpResponse:
+        """The 429 (or 503) instead of ``response`` when ``QuotaLoginBackend`` refused
+        this request's login (docs/login.md); ``response`` otherwise."""
+        refused = login_refusal(request)
+        if refused is None:
+            return response
+        ledger_of(request).record([refused])
+        return self._refuse(request, refused)
+
+    async def _alogin_refused(self, request: HttpRequest, response: HttpResponse) -> HttpResponse:
+        """Async twin of :meth:`_login_refused`: the refusal is built in a thread."""
+        if login_refusal(request) is None:
+            return response
+        return await sync_to_async(self._login_refused)(request, response)
