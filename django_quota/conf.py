@@ -113,12 +113,12 @@ class QuotaSettings:
     headers: str
     denied_view: str | None
     exempt_paths: tuple[str, ...]
-    exempt_when: str | None
-    login_policies: tuple[str, ...]
     policies: Mapping[str, Policy]
     policy_sources: tuple[str, ...]
     policy_cache_ttl: float
     drf_algorithm: str
+    exempt_when: str | None
+    login_policies: tuple[str, ...]
     raw: Mapping[str, Any] = field(repr=False, compare=False)
 
     @property
@@ -322,13 +322,13 @@ FIELDS = (
     Field("HEADERS", "ietf", choice(HEADER_STYLES)),
     Field("DENIED_VIEW", None, dotted_path),
     Field("EXEMPT_PATHS", [], string_list(_path)),
-    Field("EXEMPT_WHEN", None, dotted_path),  # callable(request) -> bool (docs/policies.md)
-    Field("LOGIN_POLICIES", [], string_list()),  # policy ids (docs/login.md)
     Field("POLICIES", {}, _policies),
     Field("POLICY_SOURCES", ["settings", "database"], string_list(one_of(POLICY_SOURCE_NAMES))),
     Field("POLICY_CACHE_TTL", 5.0, number(0, allow_zero=True)),
     # the drop-ins decide as DRF's history log does
     Field("DRF_ALGORITHM", "sliding_log", choice(ALGORITHMS)),
+    Field("EXEMPT_WHEN", None, dotted_path),  # callable(request) -> bool (docs/policies.md)
+    Field("LOGIN_POLICIES", [], string_list()),  # policy ids (docs/login.md)
 )
 DEFAULTS: Mapping[str, Any] = MappingProxyType({field.key: field.default for field in FIELDS})
 

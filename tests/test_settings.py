@@ -93,12 +93,12 @@ def test_defaults_table_is_the_documented_table() -> None:
         "HEADERS": "ietf",
         "DENIED_VIEW": None,
         "EXEMPT_PATHS": [],
-        "EXEMPT_WHEN": None,
-        "LOGIN_POLICIES": [],
         "POLICIES": {},
         "POLICY_SOURCES": ["settings", "database"],
         "POLICY_CACHE_TTL": 5.0,
         "DRF_ALGORITHM": "sliding_log",
+        "EXEMPT_WHEN": None,
+        "LOGIN_POLICIES": [],
     }
 
 

@@ -109,12 +109,12 @@ class Policy:
     failure_mode: str | None = None
     on_missing: str = "deny"
     max_cost: int | None = None
+    #: Client networks that skip the policy (decision ``skipped``, reason ``exempt``).
+    exempt: tuple[IPNetwork, ...] = ()
     enabled: bool = True
     revision: str = ""
     source: str = "settings"
     extra: Mapping[str, object] = field(default_factory=dict, compare=False, hash=False)
-    #: Client networks that skip the policy (decision ``skipped``, reason ``exempt``).
-    exempt: tuple[IPNetwork, ...] = ()
 
     @property
     def shadow(self) -> bool:
@@ -277,6 +277,26 @@ def _choice(value: object, choices: Sequence[str], key: str) -> str:
     return value
 
 
+def parse_exempt(value: object, key: str) -> tuple[IPNetwork, ...]:
+    """A policy's ``exempt`` key: a list of IPv4 or IPv6 networks in CIDR notation (a bare
+    address is its one-address network; host bits are dropped, as ``TRUSTED_PROXIES``
+    does). Not part of the revision: who is exempt changes no counter's meaning.
+
+    Raises :class:`ConfigurationError` naming the first entry that is not a network.
+    """
+    networks: list[IPNetwork] = []
+    for index, entry in enumerate(_string_list(value, key)):
+        try:
+            networks.append(ipaddress.ip_network(entry.strip(), strict=False))
+        except ValueError:
+            raise ConfigurationError(
+                f"{key}[{index}]",
+                f"{entry!r} is not an IP network; write it in CIDR notation, e.g. "
+                "'10.0.0.0/8' or '2001:db8::/32'",
+            ) from None
+    return tuple(networks)
+
+
 def parse_policy(
     policy_id: object,
     raw: object,
@@ -324,6 +344,7 @@ def parse_policy(
     if failure_mode is not None:
         failure_mode = _choice(failure_mode, FAILURE_MODES, f"{key}['failure_mode']")
     on_missing = _choice(raw.get("on_missing", "deny"), ON_MISSING, f"{key}['on_missing']")
+    exempt = parse_exempt(raw.get("exempt"), f"{key}['exempt']")
     max_cost = raw.get("max_cost")
     if max_cost is not None and (
         isinstance(max_cost, bool) or not isinstance(max_cost, int) or max_cost < 0
@@ -332,7 +353,6 @@ def parse_policy(
     enabled = raw.get("enabled", True)
     if not isinstance(enabled, bool):
         raise ConfigurationError(f"{key}['enabled']", "expected True or False")
-    exempt = parse_exempt(raw.get("exempt"), f"{key}['exempt']")
     return Policy(
         id=policy_id,
         algorithm=algorithm,
@@ -344,31 +364,12 @@ def parse_policy(
         failure_mode=failure_mode,
         on_missing=on_missing,
         max_cost=max_cost,
+        exempt=exempt,
         enabled=enabled,
         revision=settings_revision(algorithm, selector, windows),
         source=source,
-        exempt=exempt,
     )
 
-
-def parse_exempt(value: object, key: str) -> tuple[IPNetwork, ...]:
-    """A policy's ``exempt`` key: a list of IPv4 or IPv6 networks in CIDR notation (a bare
-    address is its one-address network; host bits are dropped, as ``TRUSTED_PROXIES``
-    does). Not part of the revision: who is exempt changes no counter's meaning.
-
-    Raises :class:`ConfigurationError` naming the first entry that is not a network.
-    """
-    networks: list[IPNetwork] = []
-    for index, entry in enumerate(_string_list(value, key)):
-        try:
-            networks.append(ipaddress.ip_network(entry.strip(), strict=False))
-        except ValueError:
-            raise ConfigurationError(
-                f"{key}[{index}]",
-                f"{entry!r} is not an IP network; write it in CIDR notation, e.g. "
-                "'10.0.0.0/8' or '2001:db8::/32'",
-            ) from None
-    return tuple(networks)
 
 
 def window_from_limit(
