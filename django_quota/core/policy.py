@@ -371,7 +371,6 @@ def parse_policy(
     )
 
 
-
 def window_from_limit(
     name: str, limit: int, period_ms: int, capacity: int | None, key: str
 ) -> Window:
