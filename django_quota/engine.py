@@ -197,7 +197,7 @@ class Limiter:
         guard = self.guard(backend.node_of(call))
         guard.admit(await guard.slots.aacquire(self._remaining(started)))
         try:
-            raw = await backend.arun(call)
+            raw = await backend.arun(call, started + self.settings.deadline)
         except BackendError as error:
             guard.account(error, started)
             raise
