@@ -110,6 +110,7 @@ class QuotaSettings:
     api_key_header: str
     api_key_resolver: str | None
     tenant_resolver: str | None
+    plan_resolver: str | None
     headers: str
     denied_view: str | None
     exempt_paths: tuple[str, ...]
@@ -319,6 +320,7 @@ FIELDS = (
     Field("API_KEY_HEADER", "X-Api-Key", _header_name),
     Field("API_KEY_RESOLVER", None, dotted_path),
     Field("TENANT_RESOLVER", None, dotted_path),
+    Field("PLAN_RESOLVER", None, dotted_path),
     Field("HEADERS", "ietf", choice(HEADER_STYLES)),
     Field("DENIED_VIEW", None, dotted_path),
     Field("EXEMPT_PATHS", [], string_list(_path)),

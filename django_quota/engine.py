@@ -197,7 +197,7 @@ class Limiter:
         guard = self.guard(backend.node_of(call))
         guard.admit(await guard.slots.aacquire(self._remaining(started)))
         try:
-            raw = await backend.arun(call)
+            raw = await backend.arun(call, started + self.settings.deadline)
         except BackendError as error:
             guard.account(error, started)
             raise
@@ -265,9 +265,11 @@ class Limiter:
         peek: bool = False,
         evaluation_id: str | None = None,
         clock: Clock | None = None,
+        plan: str | None = None,
     ) -> Prepared:
         """Give each policy of ``group`` an early outcome, or its key and call; build the
-        one backend request of those keyed.
+        one backend request of those keyed. A policy with ``plan`` among its plans is
+        decided with that plan's limits, on its one counter (``docs/plans.md``).
 
         An enforced policy refused early (identity error, cost above its limit) refuses
         the group: nothing is sent and the other policies get no outcome. A caller's
@@ -284,14 +286,19 @@ class Limiter:
         else:
             check_evaluation_id(evaluation_id)
         prepared = Prepared([], [], None, [], evaluation_id, 0.0, peek, self.backend_mode)
-        counters, calls = self._keys_and_calls(prepared, group, subject, cost)
+        counters, calls = self._keys_and_calls(prepared, group, subject, cost, plan)
         if counters:
             self._request(prepared, counters, calls, caller_id, clock)
         prepared.started = time.monotonic()
         return prepared
 
     def _keys_and_calls(
-        self, prepared: Prepared, group: Sequence[Policy], subject: SubjectSource, cost: int
+        self,
+        prepared: Prepared,
+        group: Sequence[Policy],
+        subject: SubjectSource,
+        cost: int,
+        plan: str | None,
     ) -> tuple[list[str], list[PolicyCall]]:
         """Give ``prepared`` each policy's compiled form and early outcome (None for a
         policy to send); return the counter keys and calls to send, none when an enforced
@@ -306,6 +313,8 @@ class Limiter:
         refused = False
         for index, policy in enumerate(group):
             compiled = self.compiled(policy)
+            if plan is not None and policy.plans:
+                compiled = compiled.for_plan(plan)
             compiled_group.append(compiled)
             if not policy.enabled:
                 outcomes.append(bare_outcome(policy, SKIPPED, None, backend_mode=backend_mode))

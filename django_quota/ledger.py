@@ -38,6 +38,9 @@ class Subject(Protocol):
     async def aload(self, group: Iterable[Policy]) -> None:
         """Read, off the event loop, the sources ``group`` needs."""
 
+    def plan(self) -> str | None:
+        """The request's plan (``PLAN_RESOLVER``, ``docs/plans.md``), or None."""
+
 
 class Lease:
     """A layer's hold on the outcomes it recorded on a request.
@@ -253,6 +256,15 @@ class _Step:
         return Decision(tuple(found), refusing, announces)
 
 
+def _plan(subject: Subject, group: Sequence[Policy]) -> str | None:
+    """The request's plan when a policy of ``group`` has plans (the resolver is called
+    only then), else None."""
+    for policy in group:
+        if policy.plans:
+            return subject.plan()
+    return None
+
+
 def decide(
     request: Any,
     group: Sequence[Policy],
@@ -283,7 +295,10 @@ def decide(
     if step.pending:
         assert subject is not None
         charge = cost(request) if callable(cost) else cost
-        fresh = limiter.evaluate_policies(step.pending, subject.for_policy, charge, clock=clock)
+        plan = _plan(subject, step.pending)
+        fresh = limiter.evaluate_policies(
+            step.pending, subject.for_policy, charge, clock=clock, plan=plan
+        )
     return step.finish(group, fresh)
 
 
@@ -311,7 +326,8 @@ async def adecide(
             charge = cost(request)
             if iscoroutinefunction(cost):
                 charge = await charge
+        plan = _plan(subject, step.pending)
         fresh = await limiter.aevaluate_policies(
-            step.pending, subject.for_policy, charge, clock=clock
+            step.pending, subject.for_policy, charge, clock=clock, plan=plan
         )
     return step.finish(group, fresh)

@@ -138,6 +138,7 @@ def evaluate_policies(
     *,
     evaluation_id: str | None = None,
     clock: Clock | None = None,
+    plan: str | None = None,
 ) -> list[Outcome]:
     """Decide several policies together, as one layer (``docs/arithmetic.md``): one
     backend call (one per hash slot on a Redis Cluster) that charges ``cost`` units only
@@ -148,8 +149,8 @@ def evaluate_policies(
     :func:`~django_quota.policies.get_policy`). ``subject`` is a mapping of dimensions to
     raw identities, as for :func:`evaluate`, or a callable that takes a policy and
     returns its subject. ``clock``, a callable returning the time in epoch seconds,
-    decides on that clock instead of ``QUOTA["CLOCK"]``. ``evaluation_id`` is as for
-    :func:`evaluate`.
+    decides on that clock instead of ``QUOTA["CLOCK"]``. ``evaluation_id`` and ``plan``
+    are as for :func:`evaluate`.
 
     Returns the outcomes in ``group`` order. When an enforced policy is refused before
     the backend (an identity error, ``cost_exceeds_limit``), nothing is charged and the
@@ -159,7 +160,9 @@ def evaluate_policies(
     """
     limiter = get_limiter()
     return limiter.run(
-        limiter.prepare(group, subject, cost, evaluation_id=evaluation_id, clock=clock)
+        limiter.prepare(
+            group, subject, cost, evaluation_id=evaluation_id, clock=clock, plan=plan
+        )
     )
 
 
@@ -170,16 +173,23 @@ async def aevaluate_policies(
     *,
     evaluation_id: str | None = None,
     clock: Clock | None = None,
+    plan: str | None = None,
 ) -> list[Outcome]:
     """Async twin of :func:`evaluate_policies`."""
     limiter = get_limiter()
     return await limiter.arun(
-        limiter.prepare(group, subject, cost, evaluation_id=evaluation_id, clock=clock)
+        limiter.prepare(
+            group, subject, cost, evaluation_id=evaluation_id, clock=clock, plan=plan
+        )
     )
 
 
 def evaluate(
-    policy_id: str, subject: Subject, cost: int = 1, evaluation_id: str | None = None
+    policy_id: str,
+    subject: Subject,
+    cost: int = 1,
+    evaluation_id: str | None = None,
+    plan: str | None = None,
 ) -> Outcome:
     """Decide one request of ``cost`` units for ``subject`` under ``policy_id``, and
     charge it when the policy admits it.
@@ -190,7 +200,9 @@ def evaluate(
     ``selector_identity_invalid``), not an exception. ``cost`` is an ``int >= 0`` in units
     of the policy's limit; 0 decides without charging, as :func:`peek`.
     ``evaluation_id`` (printable, 1 to 128 characters), when given, makes a repeat of a
-    charged evaluation charge nothing (``docs/failures.md``).
+    charged evaluation charge nothing (``docs/failures.md``). ``plan``, when the policy
+    has a plan of that name, decides with that plan's limits on the policy's one
+    counter; None or another name, with the policy's own windows (``docs/plans.md``).
 
     Returns the policy's :class:`~django_quota.core.outcome.Outcome`. Never raises for
     backend trouble: failures come back as outcomes. Raises
@@ -200,22 +212,28 @@ def evaluate(
     """
     limiter = get_limiter()
     policy = policies.get_policy(policy_id)
-    return limiter.run(limiter.prepare([policy], subject, cost, evaluation_id=evaluation_id))[0]
+    prepared = limiter.prepare([policy], subject, cost, evaluation_id=evaluation_id, plan=plan)
+    return limiter.run(prepared)[0]
 
 
 async def aevaluate(
-    policy_id: str, subject: Subject, cost: int = 1, evaluation_id: str | None = None
+    policy_id: str,
+    subject: Subject,
+    cost: int = 1,
+    evaluation_id: str | None = None,
+    plan: str | None = None,
 ) -> Outcome:
     """Async twin of :func:`evaluate`."""
     await policies.aget_registry()
     limiter = get_limiter()
     policy = policies.get_policy(policy_id)
-    prepared = limiter.prepare([policy], subject, cost, evaluation_id=evaluation_id)
+    prepared = limiter.prepare([policy], subject, cost, evaluation_id=evaluation_id, plan=plan)
     return (await limiter.arun(prepared))[0]
 
 
-def peek(policy_id: str, subject: Subject) -> Outcome:
-    """What ``evaluate(cost=1)`` would decide now, ``remaining`` before consumption.
+def peek(policy_id: str, subject: Subject, plan: str | None = None) -> Outcome:
+    """What ``evaluate(cost=1)`` would decide now, ``remaining`` before consumption
+    (under ``plan``'s limits, as for :func:`evaluate`).
 
     Writes nothing: no key, no TTL, no evaluation-id ledger entry. Raises as
     :func:`evaluate` does (:class:`~django_quota.policies.UnknownPolicy`, ``TypeError``
@@ -223,15 +241,16 @@ def peek(policy_id: str, subject: Subject) -> Outcome:
     """
     limiter = get_limiter()
     policy = policies.get_policy(policy_id)
-    return limiter.run(limiter.prepare([policy], subject, 1, peek=True))[0]
+    return limiter.run(limiter.prepare([policy], subject, 1, peek=True, plan=plan))[0]
 
 
-async def apeek(policy_id: str, subject: Subject) -> Outcome:
+async def apeek(policy_id: str, subject: Subject, plan: str | None = None) -> Outcome:
     """Async twin of :func:`peek`."""
     await policies.aget_registry()
     limiter = get_limiter()
     policy = policies.get_policy(policy_id)
-    return (await limiter.arun(limiter.prepare([policy], subject, 1, peek=True)))[0]
+    prepared = limiter.prepare([policy], subject, 1, peek=True, plan=plan)
+    return (await limiter.arun(prepared))[0]
 
 
 def _reset_target(policy_id: str, subject: Subject) -> tuple[str, int]:

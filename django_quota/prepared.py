@@ -6,7 +6,7 @@ not sent (:func:`refusal`), the evaluation id, and the group ready for one backe
 from __future__ import annotations
 
 from binascii import b2a_base64
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from os import urandom
 
 from django_quota import conf
@@ -49,10 +49,13 @@ class Compiled:
     counter key's tail, the largest cost its windows can ever admit, its script
     arguments per cost, and its failure mode under the current settings."""
 
-    __slots__ = ("calls", "cost_bound", "fail_open", "key_tail", "policy")
+    __slots__ = ("calls", "cost_bound", "fail_open", "key_tail", "plans", "policy", "settings")
 
     def __init__(self, policy: Policy, settings: conf.QuotaSettings) -> None:
         self.policy = policy
+        self.settings = settings
+        #: This policy under each of its plans asked for so far (``docs/plans.md``).
+        self.plans: dict[str, Compiled] = {}
         self.key_tail = counter_tail(policy)
         bounds = [
             window.capacity if policy.algorithm == TOKEN_BUCKET else window.limit
@@ -73,6 +76,18 @@ class Compiled:
             if len(self.calls) < 16:
                 self.calls[cost] = call
         return call
+
+    def for_plan(self, plan: str) -> Compiled:
+        """This policy with the windows of ``plan`` (same id and revision: the same
+        counter), or itself when the policy has no such plan."""
+        found = self.plans.get(plan)
+        if found is None:
+            windows = self.policy.plan_windows(plan)
+            if windows is None:
+                return self
+            found = Compiled(replace(self.policy, windows=windows, plans=()), self.settings)
+            self.plans[plan] = found
+        return found
 
     def counter(self, prefix: str, identity: Identity) -> str:
         """The counter key of ``identity`` (:func:`~django_quota.core.protocol.counter_key`)."""

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -16,6 +17,8 @@ from django_quota import conf
 from django_quota.core.identity import INVALID_VALUE, IdentityError, client_ip
 from django_quota.core.policy import AUTO, Policy
 from django_quota.routes import route_value
+
+logger = logging.getLogger("django_quota")
 
 #: A raw value the core always reports as ``selector_identity_invalid`` (a control char).
 _INVALID = "\x00invalid"
@@ -72,6 +75,27 @@ def _call(path: str | None, request: Any) -> object:
     if path is None:
         return None
     return import_string(path)(request)
+
+
+def _plan_of(path: str | None, request: Any) -> str | None:
+    """What ``PLAN_RESOLVER`` names for ``request``: a plan name, or None (no resolver,
+    no plan). A resolver that raises, or returns anything but a string or None, gives None
+    (the policies' own windows) with an error logged: a plan lookup never fails the
+    request (``docs/plans.md``)."""
+    try:
+        plan = _call(path, request)
+    except Exception:
+        logger.exception("PLAN_RESOLVER %s raised: the policies' own windows apply", path)
+        return None
+    if plan is None or isinstance(plan, str):
+        return plan
+    logger.error(
+        "PLAN_RESOLVER %s returned a %s, not a plan name or None: the policies' own "
+        "windows apply",
+        path,
+        type(plan).__name__,
+    )
+    return None
 
 
 class RequestSubject:
@@ -158,9 +182,11 @@ class RequestSubject:
 
     async def aload(self, group: Iterable[Policy]) -> None:
         """Read, in a worker thread, the sources ``group`` needs that may query the
-        database (the session user, ``API_KEY_RESOLVER``, ``TENANT_RESOLVER``), so that
+        database (the session user, ``API_KEY_RESOLVER``, ``TENANT_RESOLVER``,
+        ``PLAN_RESOLVER`` when a policy of ``group`` has plans), so that
         :meth:`for_policy` never blocks, or raises ``SynchronousOnlyOperation``, inside an
         event loop."""
+        group = tuple(group)
         selectors = {dimension for policy in group for dimension in policy.selector}
         read = sync_to_async(self._value)
         user = await read("user") if selectors & {"user", AUTO} else None
@@ -169,6 +195,15 @@ class RequestSubject:
             await read("verified_api_key")
         if "tenant" in selectors:
             await read("tenant")
+        if self.settings.plan_resolver is not None and any(policy.plans for policy in group):
+            await sync_to_async(self.plan)()
+
+    def plan(self) -> str | None:
+        """The request's plan (``PLAN_RESOLVER``), read at most once."""
+        if "\0plan" not in self._values:
+            self._values["\0plan"] = _plan_of(self.settings.plan_resolver, self.request)
+        plan = self._values["\0plan"]
+        return plan if isinstance(plan, str) else None
 
     def for_policy(self, policy: Policy) -> dict[str, object]:
         """The subject dict the core needs for ``policy``'s selector."""
@@ -204,3 +239,7 @@ class GivenSubject:
 
     async def aload(self, group: Iterable[Policy]) -> None:
         """Nothing to read."""
+
+    def plan(self) -> str | None:
+        """No plan: a drop-in throttle's policies have none."""
+        return None

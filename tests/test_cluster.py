@@ -959,3 +959,26 @@ def test_testing_reset_deletes_prefixed_keys_on_every_primary_only(
     after = keys_per_node()
     assert set().union(*after.values()) == set(others)
     assert all(django_quota.peek("p", subject).remaining == 2 for subject in subjects)
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_a_plan_change_keeps_the_usage_on_the_cluster(on_cluster: Any, algorithm: str) -> None:
+    """docs/plans.md: one counter per identity whatever the plan, so 90 used of a 100/d
+    plan leave 9,910 of a 10,000/d one (tests/test_plans.py for the other backends)."""
+    on_cluster(
+        POLICIES={
+            "p": {
+                "algorithm": algorithm,
+                "windows": "100/d",
+                "plans": {"basic": "100/d", "pro": "10000/d"},
+                "selector": ["ip"],
+            }
+        }
+    )
+    subject = {"ip": "192.0.2.90"}
+    for _ in range(90):
+        assert django_quota.evaluate("p", subject, plan="basic").decision == "allowed"
+    pro = django_quota.peek("p", subject, plan="pro")
+    assert (pro.limit, pro.remaining) == (10000, 9910)
+    basic = django_quota.evaluate("p", subject, plan="basic")
+    assert (basic.decision, basic.limit, basic.remaining) == ("allowed", 100, 9)

@@ -167,3 +167,37 @@ def test_the_demo_installs_its_own_extras_without_the_test_and_docs_tools() -> N
     )
     for tool in ("pytest", "mypy", "selenium", "matplotlib", "mkdocs", "ruff"):
         assert tool not in needed
+
+
+def test_a_first_bootstrap_prints_nothing_and_keeps_pips_output_in_its_log(tmp_path: Path) -> None:
+    """A newcomer's first ``scripts/demo`` creates the .venv: pip's output (its progress,
+    setuptools' editable-install warning) goes to ``.venv/.install.log``, and the run
+    prints only the demo's own lines. A clean copy of the source tree, a new venv, the
+    demo's extras (pip's cache makes it quick after the first time)."""
+    import shutil
+
+    from tests.test_packaging import NOT_SOURCE
+
+    source = tmp_path / "source"
+    shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(*NOT_SOURCE))
+    env = {**os.environ, "PYTHON": sys.executable}
+    result = subprocess.run(
+        ["scripts/bootstrap", "example,prometheus,hiredis"],
+        cwd=source,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert (result.stdout, result.stderr) == ("", "")
+    log = (source / ".venv" / ".install.log").read_text()
+    assert "Successfully installed" in log and "django-quota" in log
+    assert (source / ".venv" / ".django-quota-installed-example-prometheus-hiredis").exists()
+    checked = subprocess.run(
+        [str(source / ".venv" / "bin" / "python"), "-c", "import django_quota, django, redis"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert checked.returncode == 0, checked.stderr

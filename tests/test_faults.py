@@ -941,3 +941,68 @@ def test_async_new_connection_faults_are_classified_as_the_sync_path(
     )
     recovered = asyncio.run(django_quota.aevaluate("p", SUBJECT))
     assert (recovered.decision, recovered.backend_mode) == ("allowed", "redis")
+
+
+@pytest.mark.parametrize("path", ["sync", "thread", "pipelined"])
+def test_round_trips_past_deadline_end_at_it_and_never_count_against_the_node(
+    env: Env, quota: Any, monkeypatch: pytest.MonkeyPatch, path: str
+) -> None:
+    """Three round trips each under ``TIMEOUT`` but together past ``DEADLINE``
+    (``EVALSHA``, ``NOSCRIPT``, ``SCRIPT LOAD``, ``EVALSHA``, replies 0.09 s late): the
+    last wait ends when ``DEADLINE`` does, on every path (docs/settings.md, "Time
+    budgets"), and the outcome is ``indeterminate``, the command having been written. No
+    reply was ``TIMEOUT`` late, so the node's breaker counts none of them: it stays closed
+    after ``BREAKER_THRESHOLD`` such calls."""
+    if path == "pipelined":
+        monkeypatch.setattr(clients, "PIPELINE_AFTER", 0)
+    configure(quota, env.proxy.url)
+
+    async def in_loop(calls: int) -> list[tuple[Outcome, float]]:
+        return [await timed_async() for _ in range(calls)]
+
+    async def timed_async() -> tuple[Outcome, float]:
+        started = time.monotonic()
+        return await django_quota.aevaluate("p", SUBJECT), time.monotonic() - started
+
+    def faulted(call: Callable[[], tuple[Outcome, float]]) -> tuple[Outcome, float]:
+        env.admin.script_flush()
+        env.proxy.latency(0.09)
+        try:
+            return call()
+        finally:
+            env.proxy.forward()
+
+    seen: list[tuple[Outcome, float]] = []
+    if path == "sync":
+        assert via_api().outcome.backend_mode == "redis"  # a warm pooled connection
+        for _ in range(engine.BREAKER_THRESHOLD):
+            seen.append(faulted(lambda: (lambda s: (s.outcome, s.seconds))(via_api())))
+    else:
+
+        async def scenario() -> None:
+            (warm, _), = await in_loop(1)
+            assert warm.backend_mode == "redis"
+            for _ in range(engine.BREAKER_THRESHOLD):
+                env.admin.script_flush()
+                env.proxy.latency(0.09)
+                try:
+                    seen.append(await timed_async())
+                finally:
+                    env.proxy.forward()
+
+        asyncio.run(scenario())
+    for outcome, seconds in seen:
+        assert (outcome.decision, outcome.reason, outcome.backend_mode) == (
+            "failed_closed",
+            "indeterminate",
+            "redis",
+        )
+        assert seconds < DEADLINE + SLACK
+    REPORT.observe(
+        f"3 round trips of 0.09 s, warm connection | closed | fallback off | {path}",
+        max(seconds for _, seconds in seen),
+        outcome="failed_closed/indeterminate/redis",
+        status=None,
+    )
+    guard = limiter.get_limiter().guards()["default"]
+    assert guard.breaker.state == CLOSED

@@ -86,7 +86,7 @@ def key_fn(group: str, request: Any) -> str:
 
 
 def rate_fn(group: str, request: Any) -> str | None:
-    return {"gold": "3/m", "free": "1/m"}.get(request.GET.get("plan", ""))
+    return {"gold": "3/m", "free": "1/m", "hourly": "2/h"}.get(request.GET.get("plan", ""))
 
 
 # -- the decorator -------------------------------------------------------------------------
@@ -291,10 +291,13 @@ def test_callable_and_dotted_rates_choose_the_limit_per_request() -> None:
                 for _ in range(times)
             ]
 
-        # One group: each rate counts on its own (django-ratelimit's key holds the rate).
-        assert (run("gold", 4), run("free", 2), run("none", 3)) == (
+        # One group, one counter per period (docs/plans.md): the 3 units used at "3/m"
+        # are over "1/m"; a rate of another period counts apart. (django-ratelimit's
+        # cache key holds the rate: there, "1/m" would start afresh.)
+        assert (run("gold", 4), run("free", 2), run("hourly", 3), run("none", 3)) == (
             [False, False, False, True],
-            [False, True],
+            [True, True],
+            [False, False, True],
             [False] * 3,
         )
 

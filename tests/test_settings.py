@@ -90,6 +90,7 @@ def test_defaults_table_is_the_documented_table() -> None:
         "API_KEY_HEADER": "X-Api-Key",
         "API_KEY_RESOLVER": None,
         "TENANT_RESOLVER": None,
+        "PLAN_RESOLVER": None,
         "HEADERS": "ietf",
         "DENIED_VIEW": None,
         "EXEMPT_PATHS": [],
@@ -600,7 +601,9 @@ def test_cluster_with_a_url_is_accepted() -> None:
 # -- E008 --------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", ["API_KEY_RESOLVER", "TENANT_RESOLVER", "DENIED_VIEW", "CLOCK"])
+@pytest.mark.parametrize(
+    "name", ["API_KEY_RESOLVER", "TENANT_RESOLVER", "PLAN_RESOLVER", "DENIED_VIEW", "CLOCK"]
+)
 @pytest.mark.parametrize(
     "path",
     [
@@ -617,13 +620,17 @@ def test_bad_dotted_path_is_e008(name: str, path: str) -> None:
     assert getattr(parsed, name.lower()) == ("redis" if name == "CLOCK" else None)
 
 
-@pytest.mark.parametrize("name", ["API_KEY_RESOLVER", "TENANT_RESOLVER", "DENIED_VIEW"])
+@pytest.mark.parametrize(
+    "name", ["API_KEY_RESOLVER", "TENANT_RESOLVER", "PLAN_RESOLVER", "DENIED_VIEW"]
+)
 def test_dotted_path_to_a_callable_is_kept(name: str) -> None:
     path = "tests.test_settings.resolve_tenant"
     assert getattr(valid(**{name: path}), name.lower()) == path
 
 
-@pytest.mark.parametrize("name", ["API_KEY_RESOLVER", "TENANT_RESOLVER", "DENIED_VIEW"])
+@pytest.mark.parametrize(
+    "name", ["API_KEY_RESOLVER", "TENANT_RESOLVER", "PLAN_RESOLVER", "DENIED_VIEW"]
+)
 def test_dotted_path_that_is_not_a_string_is_e003(name: str) -> None:
     problem = only_problem(**{name: resolve_tenant})
     assert (problem.id, problem.key) == ("django_quota.E003", f"QUOTA[{name!r}]")

@@ -72,7 +72,7 @@ class ScriptBackend(Backend, Protocol):
         ends (``time.monotonic()`` seconds), or None."""
         ...
 
-    async def arun(self, call: Any) -> Any:
+    async def arun(self, call: Any, deadline: float | None = None) -> Any:
         """Async twin of :meth:`run`."""
         ...
 

@@ -200,17 +200,21 @@ class BaseRedisBackend(ScriptedBackend):
         return counts
 
     async def in_thread(
-        self, loop: asyncio.AbstractEventLoop, counts: list[int] | None, call: Call
+        self,
+        loop: asyncio.AbstractEventLoop,
+        counts: list[int] | None,
+        call: Call,
+        deadline: float | None = None,
     ) -> Any:
-        """Run ``call`` with :meth:`run` (the process's synchronous client and its pool)
-        in one of the backend's worker threads; ``counts`` are the loop's (:meth:`young`),
-        if any."""
+        """Run ``call`` with :meth:`run` (the process's synchronous client and its pool),
+        bounded by ``deadline``, in one of the backend's worker threads; ``counts`` are
+        the loop's (:meth:`young`), if any."""
         if counts is None:
-            return await loop.run_in_executor(self._executor(), self.run, call)
+            return await loop.run_in_executor(self._executor(), self.run, call, deadline)
         counts[0] += 1
         counts[1] += 1
         try:
-            return await loop.run_in_executor(self._executor(), self.run, call)
+            return await loop.run_in_executor(self._executor(), self.run, call, deadline)
         finally:
             counts[1] -= 1
 

@@ -450,13 +450,14 @@ class RedisClusterBackend(BaseRedisBackend):
 
         return execute
 
-    async def arun(self, call: Call) -> Any:
+    async def arun(self, call: Call, deadline: float | None = None) -> Any:
         """Async twin of :meth:`run`: on the loop's asyncio cluster client, or, on
         redis-py's public path (``docs/settings.md``, ``REDIS_PUBLIC_PATH``), on :meth:`run`
         in a worker thread (the asyncio client tells connect failures apart only through
-        the fence)."""
+        the fence). ``deadline`` bounds the worker thread's commands; the asyncio cluster
+        client's are bounded by ``TIMEOUT`` each (docs/settings.md, "Time budgets")."""
         if self.public:
-            return await self.in_thread(asyncio.get_running_loop(), None, call)
+            return await self.in_thread(asyncio.get_running_loop(), None, call, deadline)
         source = self._sources[call.script]
         try:
             client = self._async()

@@ -110,6 +110,17 @@ def classify(exc: BaseException) -> BackendError:
     return BackendError(reason, f"{type(exc).__name__}: {exc}")
 
 
+def cut_short(command: Sequence[Any]) -> BackendError:
+    """``DEADLINE`` ended the wait for ``command``'s reply before ``TIMEOUT`` had passed:
+    ``indeterminate`` (it was written and may have run), but no evidence against the node,
+    which had less than ``TIMEOUT`` to answer (docs/settings.md, "Time budgets")."""
+    return BackendError(
+        INDETERMINATE,
+        f"DEADLINE ended the wait for the reply to {command[0]}, before TIMEOUT",
+        blame=BLAME_SELF,
+    )
+
+
 def deadline_spent(command: Sequence[Any]) -> BackendError:
     """``DEADLINE`` ran out before ``command`` could be written: ``backend_timeout``
     (nothing ran), never counted by the node's breaker (docs/failures.md)."""

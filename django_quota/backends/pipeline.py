@@ -15,11 +15,14 @@ sockets.
 Deadlines never disconnect a connection that still answers. A command whose reply is not
 there ``TIMEOUT`` seconds after its write fails its caller as late (``indeterminate``),
 but stays in line: its reply, when it comes, is read and dropped, so no later caller ever
-reads it as its own. Before it is declared late, the reader gets its turn (a reply the
-kernel already holds, or the loop already read, is used: a loop that was busy when the
-reply came is not the node's fault). A connection with a late command takes no new ones;
-if it stays silent for another ``TIMEOUT`` it is closed. A broken connection fails every
-command on it: those written as ``indeterminate``, those never written as
+reads it as its own. A caller whose evaluation's ``DEADLINE`` ends sooner stops waiting
+then (``indeterminate`` too, but no evidence against the node), and a command whose
+``DEADLINE`` has passed before it could be written is never written. Before either, the
+reader gets its turn (a reply the kernel already holds, or the loop already read, is
+used: a loop that was busy when the reply came is not the node's fault). A connection
+with a late command takes no new ones; if it stays silent for another ``TIMEOUT`` it is
+closed. A broken connection fails every command on it: those written as
+``indeterminate``, those never written as
 :class:`~django_quota.backends.scripting.ConnectFailed` (nothing was written).
 """
 
@@ -27,13 +30,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections import deque
 from collections.abc import Callable
 from typing import Any
 
 from redis import exceptions as redis_exceptions
 
-from django_quota.backends.failures import ConnectFailed, is_connect_failure
+from django_quota.backends.failures import (
+    ConnectFailed,
+    cut_short,
+    deadline_spent,
+    is_connect_failure,
+)
 from django_quota.backends.redispy import poller_of, socket_of
 
 #: hiredis's RESP packer (the ``hiredis`` extra), else None (redis-py's packs).
@@ -69,15 +78,24 @@ class Late(TimeoutError):
     """No reply within ``TIMEOUT`` of the write: the command may have run."""
 
 
+#: A caller without a ``DEADLINE`` (loop time): it waits ``TIMEOUT`` from the write.
+NEVER = float("inf")
+
+
 class _Entry:
-    """One command: its caller's future, its bytes, when its reply is due."""
+    """One command: its caller's future, its bytes, when its reply is due (``TIMEOUT``
+    after the write) and when its caller stops waiting (the end of its ``DEADLINE``, in
+    the loop's time)."""
 
-    __slots__ = ("deadline", "future", "late", "packed")
+    __slots__ = ("deadline", "future", "give_up", "late", "packed")
 
-    def __init__(self, future: asyncio.Future[Any], packed: bytes) -> None:
+    def __init__(
+        self, future: asyncio.Future[Any], packed: bytes, give_up: float = NEVER
+    ) -> None:
         self.future = future
         self.packed = packed
         self.deadline = 0.0
+        self.give_up = give_up
         self.late = False
 
 
@@ -121,12 +139,14 @@ class Pipe:
         if self.ready and not self.writing and not self.pending and not self.queued:
             entry.deadline = self.loop.time() + self.timeout
             self.pending.append(entry)
-            await self._write([entry.packed])
+            await self._write([entry.packed], entry.give_up)
         else:
             self.queued.append(entry)
             self._wake_writer()
 
-    async def _write(self, packed: list[bytes]) -> None:
+    async def _write(self, packed: list[bytes], give_up: float) -> None:
+        """Write ``packed``; then a timer is armed, or moved earlier when a caller's
+        ``DEADLINE`` (the soonest ``give_up`` of the batch) ends before it fires."""
         self.writing = True
         try:
             await self.connection.send_packed_command(packed, check_health=False)
@@ -136,7 +156,11 @@ class Pipe:
             if not isinstance(exc, Exception):
                 raise
         else:
-            if self._timer is None:
+            timer = self._timer
+            if timer is None:
+                self._arm()
+            elif give_up < timer.when():
+                timer.cancel()
                 self._arm()
         finally:
             self.writing = False
@@ -155,15 +179,27 @@ class Pipe:
                 self._wake = loop.create_future()
                 await self._wake
                 continue
-            batch = [entry for entry in self.queued if not entry.future.done()]
+            now = loop.time()
+            batch = []
+            for entry in self.queued:
+                future = entry.future
+                if future.done():
+                    continue
+                if entry.give_up <= now:
+                    future.set_exception(deadline_spent(("a pipelined command",)))
+                    continue
+                batch.append(entry)
             self.queued = []
             if not batch:
                 continue  # every caller gave up before the write: nothing to send
-            deadline = loop.time() + self.timeout
+            deadline = now + self.timeout
+            give_up = NEVER
             for entry in batch:
                 entry.deadline = deadline
+                if entry.give_up < give_up:
+                    give_up = entry.give_up
             self.pending.extend(batch)
-            await self._write([entry.packed for entry in batch])
+            await self._write([entry.packed for entry in batch], give_up)
 
     # -- reading ----------------------------------------------------------------------
     async def _run(self) -> None:
@@ -198,7 +234,6 @@ class Pipe:
                 entry = pending.popleft()
                 if entry.late:
                     self.late -= 1
-                    continue
                 future = entry.future
                 if not future.done():
                     if failed:
@@ -238,15 +273,21 @@ class Pipe:
 
     # -- deadlines ----------------------------------------------------------------------
     def _arm(self) -> None:
-        """One timer per pipe: at the first deadline not yet passed, or at the check that
-        a pipe with late commands still answers."""
+        """One timer per pipe: at the first deadline not yet passed, the first caller's
+        ``DEADLINE`` end before it, or the check that a pipe with late commands still
+        answers."""
         pending = self.pending
         late = self.late
-        when: float | None = self._stalled_at if late else None
+        when = self._stalled_at if late else NEVER
         if late < len(pending):
             due = pending[late].deadline
-            when = due if when is None else min(when, due)
-        self._timer = None if when is None else self.loop.call_at(when, self._due)
+            if due < when:
+                when = due
+            for index in range(late, len(pending)):
+                entry = pending[index]
+                if entry.give_up < when and not entry.future.done():
+                    when = entry.give_up
+        self._timer = None if when == NEVER else self.loop.call_at(when, self._due)
 
     def _due(self) -> None:
         self._timer = None
@@ -262,12 +303,23 @@ class Pipe:
                 return
             self._stalled_at = now + self.timeout
             self._stalled_replies = self.replies
-        late = self.late
-        if late < len(self.pending) and self.pending[late].deadline <= now:
+        if self._due_entries(now):
             # Give the reader its turn first: a reply already received is used.
             self.loop.call_soon(self._recheck, 1)
             return
         self._arm()
+
+    def _due_entries(self, now: float) -> bool:
+        """Whether a command is late at ``now``, or a caller's ``DEADLINE`` has ended."""
+        pending = self.pending
+        late = self.late
+        if late < len(pending) and pending[late].deadline <= now:
+            return True
+        for index in range(late, len(pending)):
+            entry = pending[index]
+            if entry.give_up <= now and not entry.future.done():
+                return True
+        return False
 
     def _recheck(self, turn: int) -> None:
         if self.closed:
@@ -292,6 +344,12 @@ class Pipe:
         if index > was_late and not was_late:
             self._stalled_at = now + self.timeout
             self._stalled_replies = self.replies
+        for waiting in range(index, len(pending)):
+            entry = pending[waiting]
+            future = entry.future
+            if entry.give_up <= now and not future.done():
+                # Written, not yet late: its reply is read and dropped when it comes.
+                future.set_exception(cut_short(("a pipelined command",)))
         self._arm()
 
     # -- closing ------------------------------------------------------------------------
@@ -415,8 +473,16 @@ class Pipeline:
             packer = self._packer = self.make_connection()
         return b"".join(packer.pack_command(*command))
 
-    async def execute(self, command: tuple[Any, ...]) -> Any:
-        """Send ``command`` on one of the loop's connections to the node; its reply."""
+    async def execute(self, command: tuple[Any, ...], deadline: float | None = None) -> Any:
+        """Send ``command`` on one of the loop's connections to the node; its reply.
+        ``deadline`` (``time.monotonic()`` seconds): when the evaluation's ``DEADLINE``
+        ends; the command is not written after it, nor its reply awaited past it."""
+        give_up = NEVER
+        if deadline is not None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise deadline_spent(command)
+            give_up = self.loop.time() + left
         pipe = self._choose()
         if self.public and pipe.ready and not pipe.load:
             # Nothing polls the socket: the loop's turns read an end of file the server
@@ -426,7 +492,7 @@ class Pipeline:
             if pipe.closed:
                 pipe = self._choose()
         future: asyncio.Future[Any] = self.loop.create_future()
-        await pipe.send(_Entry(future, self._pack(command)))
+        await pipe.send(_Entry(future, self._pack(command), give_up))
         try:
             return await future
         except Late as exc:

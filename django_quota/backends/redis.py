@@ -22,6 +22,7 @@ from django_quota.backends.clients import BaseRedisBackend, client_options
 from django_quota.backends.failures import (
     ConnectFailed,
     classify,
+    cut_short,
     deadline_spent,
     mark_connect_failure,
 )
@@ -200,39 +201,48 @@ class RedisBackend(BaseRedisBackend):
         except Exception as exc:
             raise classify(exc) from exc
 
-    async def arun(self, call: Call) -> Any:
+    async def arun(self, call: Call, deadline: float | None = None) -> Any:
         """Async twin of :meth:`run`: on the running loop's :class:`Pipeline`, or, while
-        the loop is young (:meth:`young`), on :meth:`run` in a worker thread."""
+        the loop is young (:meth:`young`), on :meth:`run` in a worker thread; each
+        command bounded by ``deadline`` as on :meth:`run`."""
         try:
             loop = asyncio.get_running_loop()
             pipeline = self._async_clients.get(loop)
             if pipeline is None or self.client_factory is not None:
                 if self.client_factory is not None:
-                    return await self._arun_on_client(call)
+                    return await self._arun_on_client(call, deadline)
                 young = self.young(loop)
                 if young is not None:
-                    return await self.in_thread(loop, young, call)
+                    return await self.in_thread(loop, young, call, deadline)
                 pipeline = self._async()
             source = self._sources[call.script]
             evalsha = ("EVALSHA", source.sha1, len(call.keys), *call.keys, *call.args)
             try:
-                return await pipeline.execute(evalsha)
+                return await pipeline.execute(evalsha, deadline)
             except redis_exceptions.NoScriptError:
-                return await arun_script(source, call, pipeline.execute, missing=True)
+                return await arun_script(
+                    source,
+                    call,
+                    lambda command: pipeline.execute(command, deadline),
+                    missing=True,
+                )
         except Exception as exc:
             raise classify(exc) from exc
 
-    async def _arun_on_client(self, call: Call) -> Any:
+    async def _arun_on_client(self, call: Call, deadline: float | None) -> Any:
         """:meth:`arun` on a ``client_factory``'s asyncio client (a test's fakeredis)."""
         pool = self._async().connection_pool
         source = self._sources[call.script]
         timeout = self.timeout
         evalsha = ("EVALSHA", source.sha1, len(call.keys), *call.keys, *call.args)
         try:
-            return await asend(pool, evalsha, timeout)
+            return await asend(pool, evalsha, timeout, deadline)
         except redis_exceptions.NoScriptError:
             return await arun_script(
-                source, call, lambda command: asend(pool, command, timeout), missing=True
+                source,
+                call,
+                lambda command: asend(pool, command, timeout, deadline),
+                missing=True,
             )
 
     def _retire(self, loop: asyncio.AbstractEventLoop, client: Any, *, close_live: bool) -> None:
@@ -286,7 +296,9 @@ def send(
     ``deadline`` (``time.monotonic()`` seconds, the end of the evaluation's
     ``DEADLINE``) bounds the command: once it has passed, nothing is written
     (:func:`~django_quota.backends.failures.deadline_spent`), and the reply is awaited
-    until then when that is sooner than the socket's own ``timeout`` (``TIMEOUT``).
+    until then when that is sooner than the socket's own ``timeout`` (``TIMEOUT``): a
+    wait that ``DEADLINE`` ends is ``indeterminate`` without blaming the node
+    (:func:`~django_quota.backends.failures.cut_short`).
     A reply that is in the socket when its wait times out (a signal handler ran past
     the timeout, say) is read and used (docs/settings.md, "Time budgets").
     """
@@ -309,6 +321,9 @@ def send(
             return connection.read_response(timeout=wait, disconnect_on_error=False)
         except redis_exceptions.TimeoutError:
             if not connection.can_read(timeout=0):
+                if wait is not None:  # DEADLINE, not TIMEOUT, ended the wait
+                    connection.disconnect()  # its reply must never be read as another's
+                    raise cut_short(command) from None
                 raise
             # It came as the wait ended: the command ran, its reply is here.
             return connection.read_response(timeout=LATE_REPLY_GRACE, disconnect_on_error=False)
@@ -326,10 +341,13 @@ def send(
         pool.release(connection)
 
 
-async def asend(pool: Any, command: tuple[Any, ...], timeout: float) -> Any:
+async def asend(
+    pool: Any, command: tuple[Any, ...], timeout: float, deadline: float | None = None
+) -> Any:
     """Async twin of :func:`send` for a ``client_factory``'s asyncio client (pipelined
     connections are :class:`Pipeline`'s); the command (its write and its read) is bounded
-    by ``timeout`` seconds.
+    by ``timeout`` seconds, or by the rest of ``deadline`` when that is sooner (as in
+    :func:`send`).
 
     A connection is had as redis-py has it, its connect and handshake bounded by the
     pool's socket timeouts. The command then runs inside one ``asyncio.timeout`` with
@@ -343,9 +361,18 @@ async def asend(pool: Any, command: tuple[Any, ...], timeout: float) -> Any:
     """
     connection = await pool.get_connection()
     socket_timeout = connection.socket_timeout
+    wait = timeout
+    cut = False
+    if deadline is not None:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            await pool.release(connection)
+            raise deadline_spent(command)
+        if left < timeout:
+            wait, cut = left, True
     try:
         connection.socket_timeout = None
-        async with asyncio.timeout(timeout):
+        async with asyncio.timeout(wait):
             if pack_command is not None:
                 await connection.send_packed_command(pack_command(command))
             else:
@@ -353,6 +380,8 @@ async def asend(pool: Any, command: tuple[Any, ...], timeout: float) -> Any:
             return await connection.read_response()
     except TimeoutError as exc:
         await connection.disconnect(nowait=True)
+        if cut:
+            raise cut_short(command) from None
         raise TimeoutError(f"no reply within TIMEOUT ({timeout} s): {command[0]}") from exc
     except redis_exceptions.ResponseError:
         raise  # an error reply, read whole: the connection is in step

@@ -168,7 +168,7 @@ class ScriptedBackend:
         "Time budgets")."""
         raise NotImplementedError
 
-    async def arun(self, call: Call) -> Any:
+    async def arun(self, call: Call, deadline: float | None = None) -> Any:
         """Async twin of :meth:`run`."""
         raise NotImplementedError
 

@@ -15,6 +15,7 @@ from django_quota.core.rates import (
     MAX_PRODUCT,
     Rate,
     check_rate_bounds,
+    format_period,
     format_rate,
     parse_rate,
 )
@@ -43,6 +44,8 @@ FRAMING_ORDER = (*DIMENSIONS, *INTERNAL_DIMENSIONS)
 # \Z, not $: "$" also matches before a trailing newline, which would let "orders\n" pass.
 POLICY_ID_RE = re.compile(r"^[a-z0-9][a-z0-9_.:-]{0,63}\Z")
 WINDOW_NAME_RE = re.compile(r"^[a-z][a-z0-9_]{0,31}\Z")
+#: A plan's name (``docs/plans.md``): what ``PLAN_RESOLVER`` returns.
+PLAN_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}\Z")
 DEFAULT_WINDOW = "default"
 
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -61,6 +64,7 @@ POLICY_KEYS = frozenset(
         "max_cost",
         "capacity",
         "enabled",
+        "plans",
     }
 )
 
@@ -115,6 +119,18 @@ class Policy:
     revision: str = ""
     source: str = "settings"
     extra: Mapping[str, object] = field(default_factory=dict, compare=False, hash=False)
+    #: ``(plan name, windows)`` pairs (``docs/plans.md``): each plan's windows have the
+    #: names and periods of :attr:`windows`, in that order; only limits and capacities
+    #: differ, so every plan shares the policy's counter.
+    plans: tuple[tuple[str, tuple[Window, ...]], ...] = ()
+
+    def plan_windows(self, plan: str | None) -> tuple[Window, ...] | None:
+        """The windows of ``plan``; None when the policy has no such plan (its own
+        :attr:`windows` then apply)."""
+        for name, windows in self.plans:
+            if name == plan:
+                return windows
+        return None
 
     @property
     def shadow(self) -> bool:
@@ -156,6 +172,79 @@ def settings_revision(algorithm: str, selector: Sequence[str], windows: Sequence
     """First 8 hex characters of SHA-256 of :func:`canonical_definition`."""
     digest = hashlib.sha256(canonical_definition(algorithm, selector, windows).encode())
     return digest.hexdigest()[:8]
+
+
+def canonical_plans_definition(
+    algorithm: str, selector: Sequence[str], windows: Sequence[Window]
+) -> str:
+    """The canonical JSON form of what the counter of a policy with plans means: as
+    :func:`canonical_definition` without limits or capacities (a plan changes them per
+    request on the same counter: ``docs/plans.md``), and ``"limits": "plans"``, so that it
+    never equals a policy's without plans."""
+    return json.dumps(
+        {
+            "algorithm": algorithm,
+            "limits": "plans",
+            "selector": list(selector),
+            "windows": [
+                {"name": window.name, "period_ms": window.period_ms} for window in windows
+            ],
+        },
+        sort_keys=True,
+        separators=(",", ":"),
+    )
+
+
+def plans_revision(algorithm: str, selector: Sequence[str], windows: Sequence[Window]) -> str:
+    """First 8 hex characters of SHA-256 of :func:`canonical_plans_definition`."""
+    digest = hashlib.sha256(canonical_plans_definition(algorithm, selector, windows).encode())
+    return digest.hexdigest()[:8]
+
+
+def _parse_plans(
+    policy_key: str, algorithm: str, raw_plans: object, windows: tuple[Window, ...]
+) -> tuple[tuple[str, tuple[Window, ...]], ...]:
+    """``plans``: ``{plan name: windows}``, each value shaped like ``windows``, with the
+    same window names and periods (``docs/plans.md``); each plan's windows in the order
+    of ``windows``."""
+    if raw_plans is None:
+        return ()
+    key = f"{policy_key}['plans']"
+    if not isinstance(raw_plans, Mapping) or not raw_plans:
+        raise ConfigurationError(
+            key, "plans must be a non-empty dict of plan name -> windows ('100/h', or a dict)"
+        )
+    periods = {window.name: window.period_ms for window in windows}
+    plans = []
+    for name, raw in raw_plans.items():
+        if not isinstance(name, str) or not PLAN_NAME_RE.match(name):
+            raise ConfigurationError(
+                key, f"plan name {name!r} must match [A-Za-z0-9][A-Za-z0-9_.:-]{{0,63}}"
+            )
+        plan_key = f"{key}[{name!r}]"
+        if isinstance(raw, str) and set(periods) != {DEFAULT_WINDOW}:
+            raise ConfigurationError(
+                plan_key, f"name the windows as the policy does: {', '.join(periods)}"
+            )
+        by_name = {
+            window.name: window
+            for window in _parse_windows(policy_key, algorithm, raw, None, windows_key=plan_key)
+        }
+        if set(by_name) != set(periods):
+            raise ConfigurationError(
+                plan_key,
+                f"a plan has the policy's windows ({', '.join(periods)}), "
+                f"not {', '.join(by_name)}",
+            )
+        for window_name, period_ms in periods.items():
+            if by_name[window_name].period_ms != period_ms:
+                raise ConfigurationError(
+                    plan_key,
+                    f"window {window_name!r} must keep the policy's period "
+                    f"(/{format_period(period_ms)}): a plan changes limits only",
+                )
+        plans.append((name, tuple(by_name[window.name] for window in windows)))
+    return tuple(plans)
 
 
 def generated_policy_id(prefix: str, name: str) -> str:
@@ -209,9 +298,14 @@ def parse_selector(value: object, key: str, *, allow_internal: bool = False) -> 
 
 
 def _parse_windows(
-    policy_key: str, algorithm: str, raw_windows: object, raw_capacity: object
+    policy_key: str,
+    algorithm: str,
+    raw_windows: object,
+    raw_capacity: object,
+    *,
+    windows_key: str | None = None,
 ) -> tuple[Window, ...]:
-    key = f"{policy_key}['windows']"
+    key = windows_key or f"{policy_key}['windows']"
     rates: list[tuple[str, Rate]] = []
     if isinstance(raw_windows, str):
         rates.append((DEFAULT_WINDOW, parse_rate(raw_windows, key)))
@@ -353,6 +447,12 @@ def parse_policy(
     enabled = raw.get("enabled", True)
     if not isinstance(enabled, bool):
         raise ConfigurationError(f"{key}['enabled']", "expected True or False")
+    plans = _parse_plans(key, algorithm, raw.get("plans"), windows)
+    revision = (
+        plans_revision(algorithm, selector, windows)
+        if plans
+        else settings_revision(algorithm, selector, windows)
+    )
     return Policy(
         id=policy_id,
         algorithm=algorithm,
@@ -366,8 +466,9 @@ def parse_policy(
         max_cost=max_cost,
         exempt=exempt,
         enabled=enabled,
-        revision=settings_revision(algorithm, selector, windows),
+        revision=revision,
         source=source,
+        plans=plans,
     )
 
 

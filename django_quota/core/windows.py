@@ -167,6 +167,8 @@ def window_result(
         capacity_scaled = window.capacity * period
         deficit = used + cost * period if charged else used
         remaining = floor_div(capacity_scaled - deficit, period)
+        if remaining < 0:  # a deficit kept from a plan with a larger capacity
+            remaining = 0
         reset_after = ceil_div(deficit, limit)
         wanted = used + cost * period
         retry_after = -1 if wanted <= capacity_scaled else ceil_div(wanted - capacity_scaled, limit)

@@ -36,6 +36,7 @@ from django_quota.core.policy import (
     Policy,
     Window,
     generated_policy_id,
+    plans_revision,
     settings_revision,
 )
 from django_quota.core.rates import check_rate_bounds
@@ -249,10 +250,14 @@ def _frame(group: str, methods: str, value: str) -> str:
 
 
 # -- the policy ----------------------------------------------------------------------------
-def _policy(group: str, limit: int, period: int) -> Policy:
+def _policy(group: str, limit: int, period: int, per_request: bool = False) -> Policy:
     """The generated policy of ``group`` at ``limit`` per ``period`` seconds (a fixed
     window), failing open when ``RATELIMIT_FAIL_OPEN``; a policy configured with the id
-    ``ratelimit:<group>`` wins. Cached until settings change."""
+    ``ratelimit:<group>`` wins. Cached until settings change.
+
+    ``per_request``: the rate is chosen per request (a callable or dotted ``rate``), so
+    the limit is a plan's (``docs/plans.md``): the revision leaves it out, and every limit
+    of one period shares the group's counter (``docs/django-ratelimit.md``)."""
     fail_open = bool(getattr(settings, "RATELIMIT_FAIL_OPEN", False))
     policy_id = generated_policy_id(GENERATED_SOURCE, group)
 
@@ -270,11 +275,14 @@ def _policy(group: str, limit: int, period: int) -> Policy:
             windows=windows,
             selector=_SELECTOR,
             failure_mode="open" if fail_open else "closed",
-            revision=settings_revision(FIXED_WINDOW, _SELECTOR, windows),
+            revision=(plans_revision if per_request else settings_revision)(
+                FIXED_WINDOW, _SELECTOR, windows
+            ),
             source=GENERATED_SOURCE,
         )
 
-    return policies.generated((GENERATED_SOURCE, policy_id, limit, period, fail_open), build)
+    key = (GENERATED_SOURCE, policy_id, limit, period, fail_open, per_request)
+    return policies.generated(key, build)
 
 
 @dataclass(frozen=True, slots=True)
@@ -309,10 +317,13 @@ def _resolve(
         return None
     if group is None:
         group = _group_of(fn)
+    per_request = True
     if callable(rate):
         rate = rate(group, request)
     elif isinstance(rate, str) and "." in rate:
         rate = import_string(rate)(group, request)
+    else:
+        per_request = False
     if rate is None:
         return None
     limit, period = _split_rate(rate)
@@ -324,7 +335,7 @@ def _resolve(
     value = _identity_value(request, group, key)
     if limit <= 0:
         return _Limit(None, None, 0, period)
-    policy = _policy(group, limit, period)
+    policy = _policy(group, limit, period, per_request)
     if policy.source != GENERATED_SOURCE:
         # A policy configured under ratelimit:<group> replaces the rate, with its selector.
         return _Limit(policy, RequestSubject(request), limit, period)
