@@ -80,8 +80,12 @@ def peek_request(request: Any) -> list[Outcome]:
         group = [policy for policy in group if policy.id not in skipped]
     if not group:
         return []
+    # The caller's plan sets the limits of the policies with plans (docs/plans.md).
+    plan = subject.plan() if any(policy.plans for policy in group) else None
     current = limiter.get_limiter()
-    prepared = current.prepare(group, lambda policy: subjects[policy.id], 1, peek=True)
+    prepared = current.prepare(
+        group, lambda policy: subjects[policy.id], 1, peek=True, plan=plan
+    )
     return current.run(prepared)
 
 

@@ -172,3 +172,30 @@ def test_a_backend_failure_is_a_503(quota: Any) -> None:
     assert response.status_code == 503
     assert response["Retry-After"] == "1"
     assert json.loads(response.content)["reason"] == "backend_unavailable"
+
+
+def plan_of(request: Any) -> str | None:
+    """The tests' PLAN_RESOLVER: the plan a header names."""
+    return request.META.get("HTTP_X_PLAN")
+
+
+def test_the_callers_plan_gives_the_limits(quota: Any) -> None:
+    quota(
+        CLOCK=CLOCK,
+        PLAN_RESOLVER="tests.test_usage.plan_of",
+        POLICIES={
+            "api": {
+                **API,
+                "windows": "3/m",
+                "plans": {"free": "3/m", "pro": "100/m"},
+            }
+        },
+    )
+    client = Client()
+    client.get("/api/items/", REMOTE_ADDR=IP, HTTP_X_PLAN="pro")
+    pro = client.get("/api/rate_limit/", REMOTE_ADDR=IP, HTTP_X_PLAN="pro")
+    (entry,) = json.loads(pro.content)["policies"]
+    assert (entry["limit"], entry["remaining"]) == (100, 99)
+    free = client.get("/api/rate_limit/", REMOTE_ADDR=IP, HTTP_X_PLAN="free")
+    (entry,) = json.loads(free.content)["policies"]
+    assert (entry["limit"], entry["remaining"]) == (3, 2)
