@@ -110,6 +110,7 @@ def mount(settings: Any) -> Iterator[Any]:
 def test_the_page_has_the_recipes_this_module_runs() -> None:
     assert list(RECIPES) == [
         "Exempting health checks and internal networks",
+        "Tiers: a plan per API key",
         "A usage endpoint",
         "Login protection",
     ]
@@ -147,6 +148,31 @@ def test_exempting_health_checks_and_internal_networks(
     staff = django_user_model.objects.create_user("sam", is_staff=True)
     client.force_login(staff)
     assert set(statuses("/api/items", 3, "198.51.100.2")) == {200}
+
+
+# -- tiers: a plan per API key ----------------------------------------------------------------
+def test_tiers_a_plan_per_api_key(recipe: Any, mount: Any) -> None:
+    modules = recipe("Tiers: a plan per API key")
+    customers = modules["myproject.quota"].CUSTOMERS
+    mount([path("api/items", ok)])
+    client = Client()
+
+    def get(key: str | None) -> Any:
+        headers = {"HTTP_X_API_KEY": key} if key else {}
+        return client.get("/api/items", **headers)
+
+    assert [get("key-acme").status_code for _ in range(101)][-2:] == [200, 429]
+    (premium,) = django_quota.outcomes(get("key-globex").wsgi_request)
+    assert (premium.limit, premium.remaining) == (10000, 9999)
+    # Acme upgrades: the day's 100 calls stay counted, against the premium limit.
+    customers["key-acme"] = "premium"
+    upgraded = get("key-acme")
+    assert upgraded.status_code == 200
+    (found,) = django_quota.outcomes(upgraded.wsgi_request)
+    assert (found.limit, found.remaining) == (10000, 9899)
+    # No key, or one nobody issued: no identity, refused without a budget.
+    assert get(None).status_code == 429
+    assert get("key-made-up").status_code == 429
 
 
 # -- a usage endpoint -------------------------------------------------------------------------
