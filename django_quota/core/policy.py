@@ -6,11 +6,13 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import zoneinfo
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from django_quota.core.errors import ConfigurationError
 from django_quota.core.rates import (
+    CALENDAR_ONLY,
     MAX_PRODUCT,
     Rate,
     check_rate_bounds,
@@ -57,8 +59,11 @@ POLICY_KEYS = frozenset(
         "max_cost",
         "capacity",
         "enabled",
+        "timezone",
     }
 )
+#: The timezone of a policy without ``timezone`` when no other default is given.
+DEFAULT_TIMEZONE = "UTC"
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,13 +71,19 @@ class Window:
     """One window of a policy: ``limit`` units per ``period_ms`` milliseconds.
 
     ``capacity`` is the token bucket's size (``limit`` unless configured); other
-    algorithms ignore it and keep it equal to ``limit``.
+    algorithms ignore it and keep it equal to ``limit``. ``calendar`` is ``"day"``,
+    ``"week"``, ``"month"`` or ``"year"`` for a calendar window (a fixed window of exactly
+    one of them, starting at local midnight in ``timezone``, an IANA name:
+    docs/policies.md), else ``""``. A one-day window in UTC is no calendar window: it is
+    exactly the epoch-aligned day.
     """
 
     name: str
     limit: int
     period_ms: int
     capacity: int
+    calendar: str = ""
+    timezone: str = ""
 
     @property
     def period(self) -> float:
@@ -81,8 +92,15 @@ class Window:
 
     @property
     def rate(self) -> str:
-        """The window's rate as the grammar writes it: ``"100/h"``."""
-        return format_rate(self.limit, self.period_ms)
+        """The window's rate as the grammar writes it: ``"100/h"``, ``"10000/month"``."""
+        return format_rate(self.limit, self.period_ms, self.calendar)
+
+    @property
+    def described(self) -> str:
+        """The rate with a calendar window's timezone: ``"10000/month (Europe/Berlin)"``."""
+        if self.calendar:
+            return f"{self.rate} ({self.timezone})"
+        return self.rate
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,6 +127,7 @@ class Policy:
     revision: str = ""
     source: str = "settings"
     extra: Mapping[str, object] = field(default_factory=dict, compare=False, hash=False)
+    timezone: str = DEFAULT_TIMEZONE
 
     @property
     def shadow(self) -> bool:
@@ -125,25 +144,78 @@ def canonical_definition(algorithm: str, selector: Sequence[str], windows: Seque
     """The canonical JSON form of what a counter means (documented in docs/policies.md).
 
     Sorted keys, no whitespace, periods in milliseconds, windows in declaration order,
-    ``capacity`` the effective bucket size for token buckets and ``null`` otherwise.
+    ``capacity`` the effective bucket size for token buckets and ``null`` otherwise. A
+    calendar window adds ``calendar`` and ``timezone``; no other window has them, so
+    every policy without a calendar window keeps its revision (a one-day window in UTC
+    is none: it is the epoch-aligned day).
     """
     return json.dumps(
         {
             "algorithm": algorithm,
             "selector": list(selector),
-            "windows": [
-                {
-                    "name": window.name,
-                    "limit": window.limit,
-                    "period_ms": window.period_ms,
-                    "capacity": window.capacity if algorithm == TOKEN_BUCKET else None,
-                }
-                for window in windows
-            ],
+            "windows": [_canonical_window(algorithm, window) for window in windows],
         },
         sort_keys=True,
         separators=(",", ":"),
     )
+
+
+def _canonical_window(algorithm: str, window: Window) -> dict[str, object]:
+    """One window of :func:`canonical_definition`."""
+    canonical: dict[str, object] = {
+        "name": window.name,
+        "limit": window.limit,
+        "period_ms": window.period_ms,
+        "capacity": window.capacity if algorithm == TOKEN_BUCKET else None,
+    }
+    if window.calendar:
+        canonical["calendar"] = window.calendar
+        canonical["timezone"] = window.timezone
+    return canonical
+
+
+def parse_timezone(value: object, key: str) -> str:
+    """``value`` when it names an IANA timezone ``zoneinfo`` knows (``"Europe/Berlin"``,
+    ``"UTC"``), else :class:`ConfigurationError` naming ``key``."""
+    if not isinstance(value, str) or not value:
+        raise ConfigurationError(
+            key, f"a timezone is an IANA name like 'Europe/Berlin', not {value!r}"
+        )
+    try:
+        zoneinfo.ZoneInfo(value)
+    except (zoneinfo.ZoneInfoNotFoundError, ValueError, OSError):
+        raise ConfigurationError(
+            key, f"unknown timezone {value!r}; use an IANA name like 'Europe/Berlin'"
+        ) from None
+    return value
+
+
+def _calendar_windows(
+    policy_key: str,
+    algorithm: str,
+    timezone: str,
+    windows: tuple[Window, ...],
+    rates: Sequence[Rate],
+) -> tuple[Window, ...]:
+    """``windows`` with their calendar unit and ``timezone`` where they are calendar
+    windows (fixed_window, exactly one day, week, month or year; not a day in UTC);
+    :class:`ConfigurationError` for a month or a year in another algorithm."""
+    result = []
+    for window, rate in zip(windows, rates, strict=True):
+        calendar = rate.calendar
+        if calendar in CALENDAR_ONLY and algorithm != FIXED_WINDOW:
+            raise ConfigurationError(
+                f"{policy_key}['windows']",
+                f"a {calendar} is a calendar window: fixed_window only, not {algorithm}",
+            )
+        if algorithm != FIXED_WINDOW or (calendar == "day" and timezone == "UTC"):
+            calendar = ""
+        if calendar:
+            window = Window(
+                window.name, window.limit, window.period_ms, window.capacity, calendar, timezone
+            )
+        result.append(window)
+    return tuple(result)
 
 
 def settings_revision(algorithm: str, selector: Sequence[str], windows: Sequence[Window]) -> str:
@@ -203,7 +275,11 @@ def parse_selector(value: object, key: str, *, allow_internal: bool = False) -> 
 
 
 def _parse_windows(
-    policy_key: str, algorithm: str, raw_windows: object, raw_capacity: object
+    policy_key: str,
+    algorithm: str,
+    raw_windows: object,
+    raw_capacity: object,
+    timezone: str = DEFAULT_TIMEZONE,
 ) -> tuple[Window, ...]:
     key = f"{policy_key}['windows']"
     rates: list[tuple[str, Rate]] = []
@@ -255,7 +331,9 @@ def _parse_windows(
         raise ConfigurationError(
             key, "the 'burst' window's period must be shorter than the 'sustained' one's"
         )
-    return tuple(windows)
+    return _calendar_windows(
+        policy_key, algorithm, timezone, tuple(windows), [rate for _, rate in rates]
+    )
 
 
 def _positive_int(value: object, key: str) -> int:
@@ -279,12 +357,15 @@ def parse_policy(
     default_algorithm: str = FIXED_WINDOW,
     key: str | None = None,
     allow_internal_dimensions: bool = False,
+    default_timezone: str = DEFAULT_TIMEZONE,
 ) -> Policy:
     """Validate one policy dict (``docs/policies.md``) and return the :class:`Policy`.
 
     ``key`` names the definition in error messages (default
     ``QUOTA['POLICIES'][<id>]``). The revision is the settings revision (8 hex
     characters); database policies replace it with their integer revision.
+    ``default_timezone`` is the timezone of a policy without ``timezone``
+    (``QUOTA["TIMEZONE"]``).
 
     Raises :class:`ConfigurationError` naming the first invalid key.
     """
@@ -302,7 +383,8 @@ def parse_policy(
     algorithm = _choice(raw.get("algorithm", default_algorithm), ALGORITHMS, f"{key}['algorithm']")
     if "windows" not in raw:
         raise ConfigurationError(f"{key}['windows']", "a policy needs windows")
-    windows = _parse_windows(key, algorithm, raw["windows"], raw.get("capacity"))
+    timezone = parse_timezone(raw.get("timezone", default_timezone), f"{key}['timezone']")
+    windows = _parse_windows(key, algorithm, raw["windows"], raw.get("capacity"), timezone)
     selector = parse_selector(
         raw.get("selector", [AUTO]), f"{key}['selector']", allow_internal=allow_internal_dimensions
     )
@@ -340,6 +422,7 @@ def parse_policy(
         enabled=enabled,
         revision=settings_revision(algorithm, selector, windows),
         source=source,
+        timezone=timezone,
     )
 
 
