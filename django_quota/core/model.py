@@ -104,9 +104,9 @@ PACKED_POLICY = struct.Struct(">BBHQ")
 PACKED_WINDOW = struct.Struct(">3Q")
 #: The algorithm code of a fixed window call with calendar windows (the script's header).
 CALENDAR_CODE = 5
-#: A window of such a call: limit, period (ms), capacity, then its boundaries b0, b1, b2
-#: (ms; 0, 0, 0 for an epoch-aligned window: core/calendar.py).
-PACKED_CALENDAR_WINDOW = struct.Struct(">6Q")
+#: A window of such a call: limit, then its boundaries b1, b0, b2 (ms: core/calendar.py);
+#: an epoch-aligned window of the call: limit, period (ms), 0, 0.
+PACKED_CALENDAR_WINDOW = struct.Struct(">4Q")
 #: Every packed number stays below this: the script reads the low six bytes of each.
 PACKABLE = 2**48
 
@@ -129,8 +129,8 @@ class PolicyCall:
 
     ``bounds``: a fixed window call with calendar windows holds three boundaries per
     window (:func:`~django_quota.core.calendar.calendar_bounds`; 0, 0, 0 for its
-    epoch-aligned windows), packed after each window's numbers under the algorithm code
-    :data:`CALENDAR_CODE`; ``()`` for every other call.
+    epoch-aligned windows), packed with each window's limit under the algorithm code
+    :data:`CALENDAR_CODE` (:data:`PACKED_CALENDAR_WINDOW`); ``()`` for every other call.
     """
 
     algorithm: str
@@ -175,15 +175,13 @@ class PolicyCall:
                 len(self.windows),
                 check_packable(self.cost),
             )
-            windows = [
-                PACKED_CALENDAR_WINDOW.pack(
-                    check_packable(window.limit),
-                    check_packable(window.period_ms),
-                    check_packable(window.capacity),
-                    *(check_packable(bound) for bound in bounds[3 * i : 3 * i + 3]),
-                )
-                for i, window in enumerate(self.windows)
-            ]
+            windows = []
+            for i, window in enumerate(self.windows):
+                b0, b1, b2 = (check_packable(bound) for bound in bounds[3 * i : 3 * i + 3])
+                if b1 == 0:  # epoch-aligned
+                    b1 = check_packable(window.period_ms)
+                limit = check_packable(window.limit)
+                windows.append(PACKED_CALENDAR_WINDOW.pack(limit, b1, b0, b2))
         except struct.error as exc:
             raise ValueError(f"cannot pack this policy call for evaluate.lua: {exc}") from exc
         return head + b"".join(windows)
