@@ -417,3 +417,16 @@ def test_clocks_that_disagree_past_the_boundaries_are_clock_unsafe(
         server_clock=True,
     )  # fmt: skip
     assert (model.status, model.writes) == (GROUP_CLOCK_UNSAFE, ())
+
+
+def test_a_refusal_is_held_only_until_the_local_boundary() -> None:
+    """The denial cache holds a refusal until its window rolls over: a calendar window
+    rolls over at its local midnight (hold_ms reads reset_after, counted to it)."""
+    from django_quota.core.denials import hold_ms
+
+    edge = ms("2026-03-31T22:00:00")  # 1 April in Berlin
+    call = PolicyCall("fixed_window", (MONTH,), 1, True, windows_bounds((MONTH,), edge - 5)[0])
+    state = {"t": edge - 3_600_000, "c1": 3}
+    result = evaluate_group([call], [state], edge - 5)
+    assert result.results[0].status == 0  # refused
+    assert hold_ms("fixed_window", result.results[0].windows) == 5
