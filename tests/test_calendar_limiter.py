@@ -6,6 +6,7 @@ counted exactly to the local midnight that ends the month."""
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
@@ -13,7 +14,7 @@ from typing import Any
 import pytest
 
 from django_quota import limiter, policies
-from django_quota.core.calendar import calendar_bounds
+from django_quota.core.calendar import window_end, window_start
 from django_quota.core.outcome import Outcome
 from tests import clock
 from tests.cluster import Cluster, redis_cluster
@@ -99,7 +100,8 @@ def test_on_the_redis_clock_the_window_ends_at_the_local_midnight(
     (outcome,) = limiter.evaluate_policies([policies.get_policy("monthly")], {"user": "9"}, 1)
     after = client.time()
     assert (outcome.decision, outcome.remaining) == ("allowed", 2)
-    end = calendar_bounds("month", "Europe/Berlin", int(before[0]) * 1000 + 60_000)[1]
+    start = window_start("month", "Europe/Berlin", int(before[0]) * 1000)
+    end = window_end("month", "Europe/Berlin", start)
     earliest = end / 1000 - (int(after[0]) + int(after[1]) / 1e6)
     latest = end / 1000 - (int(before[0]) + int(before[1]) / 1e6)
     assert outcome.reset_after is not None
@@ -155,3 +157,18 @@ def test_a_calendar_group_across_cluster_slots_decides_as_memory(
     assert [o.remaining for o in monthly][-5:] == [o.remaining for o in [
         o for step in in_memory for o in step if o.policy == "monthly"]][-5:]  # fmt: skip
     assert any(o.decision == "denied" and o.policy == "daily" for step in on_cluster for o in step)
+
+
+def test_the_memory_backend_places_its_own_clock(quota: Any) -> None:
+    """CLOCK = "redis" on the memory backend: the counters follow this process's clock,
+    the boundaries are sent around the same clock, and the month is the local one."""
+    quota(CLOCK="redis", POLICIES=PLANS)
+    assert limiter.get_backend().mode == "memory"
+    before = time.time()
+    (outcome,) = limiter.evaluate_policies([policies.get_policy("monthly")], {"user": "5"}, 1)
+    after = time.time()
+    assert (outcome.decision, outcome.remaining) == ("allowed", 2)
+    start = window_start("month", "Europe/Berlin", int(before * 1000))
+    end = window_end("month", "Europe/Berlin", start) / 1000
+    assert outcome.reset_after is not None
+    assert end - after - 0.002 <= outcome.reset_after <= end - before + 0.002
