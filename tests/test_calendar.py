@@ -430,3 +430,16 @@ def test_a_refusal_is_held_only_until_the_local_boundary() -> None:
     result = evaluate_group([call], [state], edge - 5)
     assert result.results[0].status == 0  # refused
     assert hold_ms("fixed_window", result.results[0].windows) == 5
+
+
+@pytest.mark.parametrize("rate", ["5/month", "5/mo", "5/Months", "5/y", "5/year"])
+def test_the_drf_drop_ins_refuse_months_and_years(rate: str) -> None:
+    """DRF reads "5/month" as 5 per minute, the grammar as a calendar month: a drop-in
+    refuses it (check E013) rather than choosing either silently. A week is 7 days."""
+    from django.core.exceptions import ImproperlyConfigured
+
+    from django_quota.throttling import parse_drf_rate
+
+    with pytest.raises(ImproperlyConfigured, match="calendar window"):
+        parse_drf_rate(rate)
+    assert parse_drf_rate("5/week") == (5, 7 * 86_400)
