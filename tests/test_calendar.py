@@ -331,6 +331,17 @@ def _run_calendar(
         want = engines[0].state(counter, call)
         for engine in engines[1:]:
             assert engine.state(counter, call) == want, f"{engine.name} stored another state"
+        # The lifetime each charge set: to the window's end, plus the grace (the model's
+        # wall clock stands at 0, so its expiry is the lifetime; Redis counts down).
+        entry = engines[0].backend._counters.get(counter)
+        for engine in engines[1:]:
+            pttl = engine.client.pttl(counter)
+            if entry is None:
+                assert pttl == -2, f"{engine.name}: a counter the model does not hold"
+            else:
+                assert entry.expires_at - 2_000 < pttl <= entry.expires_at, (
+                    f"{engine.name} step {number}: PTTL {pttl}, model {entry.expires_at}"
+                )
     for engine in engines:
         SEQUENCES[("calendar", engine.name)] += 1
 
