@@ -454,3 +454,27 @@ def test_the_drf_drop_ins_refuse_months_and_years(rate: str) -> None:
     with pytest.raises(ImproperlyConfigured, match="calendar window"):
         parse_drf_rate(rate)
     assert parse_drf_rate("5/week") == (5, 7 * 86_400)
+
+
+@pytest.mark.redis
+def test_on_redis_time_a_charge_in_the_same_window_keeps_its_expiry(engines: list[Any]) -> None:
+    """keeps_expiry for calendar windows: on the server clock, t and now in one window
+    that outlives now by DEDUP_TTL, the script writes KEEPTTL (a marker expiry stays),
+    and the model says keep_ttl; after the boundary a charge sets the expiry afresh."""
+    engine = engines[2]
+    engine.reset()
+    window = Window("d", 5, DAY, 5, "day", "Europe/Berlin")
+    server = _server_now(engine.client)
+    bounds = (server - 3_600_000, server + 3_600_000, server + 3_600_000 + DAY)
+    first = _on_server_clock(engine, window, bounds)
+    marker = 30 * DAY
+    assert engine.client.pexpire("q:{s}:srv", marker)
+    _on_server_clock(engine, window, bounds)
+    assert engine.client.pttl("q:{s}:srv") > marker - 60_000  # kept
+    call = PolicyCall("fixed_window", (window,), 1, True, bounds)
+    state = {"t": first.results[0].now_ms, "c1": 1}
+    now = first.results[0].now_ms + 10
+    (write,) = evaluate_group([call], [state], now, server_clock=True).writes
+    assert write.keep_ttl
+    (write,) = evaluate_group([call], [state], bounds[1], server_clock=True).writes
+    assert not write.keep_ttl  # the next window: a new expiry
