@@ -43,6 +43,7 @@ DQ_SLIDING_LOG = f"{DQ}/sliding_log"
 DQ_TOKEN = f"{DQ}/token_bucket"
 DQ_TWO_WINDOWS = f"{DQ}/two_windows"
 DQ_TWO_POLICIES = f"{DQ}/two_policies"
+DQ_CALENDAR = f"{DQ}/calendar_month"
 DQ_ASYNC_FIXED = f"{DQ_ASYNC}/fixed_window"
 DQ_MEMORY_FIXED = f"{DQ_MEMORY}/fixed_window"
 LIMITS_FIXED = "limits/FixedWindowRateLimiter"
@@ -176,6 +177,15 @@ def django_quota_contenders(redis_url: str, limit: int) -> list[Contender]:
             DQ_TWO_WINDOWS,
             DQ_SLIDING,
             _quota_maker([bench_settings.TWO_WINDOWS]),
+        )
+    )
+    rows.append(
+        Contender(
+            DQ,
+            "calendar month (Europe/Berlin)",
+            DQ_CALENDAR,
+            DQ_FIXED,
+            _quota_maker([bench_settings.CALENDAR_MONTH]),
         )
     )
     rows.append(

@@ -30,6 +30,10 @@ HAMMER_LIMIT = 50
 
 ALGORITHMS = ("fixed_window", "sliding_window", "token_bucket", "sliding_log")
 TWO_WINDOWS = "two_windows"
+#: A calendar month in a customer's timezone (docs/paid-api.md): a fixed window whose
+#: calls carry the month's boundaries.
+CALENDAR_MONTH = "calendar_month"
+CALENDAR_TIMEZONE = "Europe/Berlin"
 
 #: The whole-request rows' paths (``benchmarks.urls``) and the middleware's policy.
 PLAIN_PATH = "/plain/"
@@ -81,6 +85,14 @@ def quota_policies(limit: int) -> dict[str, dict[str, Any]]:
         "windows": {"burst": f"{limit}/h", "sustained": f"{2 * limit}/d"},
         "selector": ["ip"],
     }
+    calendar_limits = ((bulk_id(CALENDAR_MONTH), BULK_LIMIT), (exact_id(CALENDAR_MONTH), limit))
+    for name, limit_of in calendar_limits:
+        policies[name] = {
+            "algorithm": "fixed_window",
+            "windows": f"{limit_of}/month",
+            "timezone": CALENDAR_TIMEZONE,
+            "selector": ["ip"],
+        }
     policies[HAMMER_POLICY] = {
         "algorithm": "fixed_window",
         "windows": f"{HAMMER_LIMIT}/h",

@@ -217,7 +217,7 @@ def evaluate(rows: Sequence[Row], figures: e.EngineFigures | None = None) -> lis
         _ratio_goal(by_key, "p50", c.DQ_TWO_WINDOWS, c.DQ_SLIDING, 1.15, _p50),
         _ratio_goal(by_key, "p50", c.DQ_TWO_POLICIES, c.DQ_FIXED, 1.15, _p50),
     ]
-    for key in (c.DQ_FIXED, c.DQ_SLIDING, c.DQ_TOKEN):
+    for key in (c.DQ_FIXED, c.DQ_SLIDING, c.DQ_TOKEN, c.DQ_CALENDAR):
         goals += _memory_goals(by_key, key)
     goals.append(_added_goal(by_key, "drop-in AnonRateThrottle", wr.DRF_QUOTA))
     goals.append(_added_goal(by_key, "QuotaMiddleware", wr.PLAIN_MIDDLEWARE))

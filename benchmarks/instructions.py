@@ -220,6 +220,9 @@ def run(args: argparse.Namespace) -> int:
 SERVER_GOALS = {c.DQ_FIXED: 62_000, c.DQ_SLIDING: 67_000}
 #: The memory backend's Python instructions per decision, at most this times limits'.
 MEMORY_GOAL = 2.0
+#: A calendar month's server instructions, at most this times the epoch-aligned fixed
+#: window's (issue 26).
+CALENDAR_GOAL = 1.05
 
 
 def instruction_goals(counted: Sequence[Counted], python_counts: dict[str, float]) -> list[str]:
@@ -245,4 +248,14 @@ def instruction_goals(counted: Sequence[Counted], python_counts: dict[str, float
         verdict = "PASS" if round(ratio, 2) <= MEMORY_GOAL else "MISS"
         lines.append(f"{p.DQ_MEMORY} / {p.LIMITS_MEMORY} Python instructions: {ratio:.2f}x "
                      f"({ours:,.0f} / {theirs:,.0f}; target <= {MEMORY_GOAL:.2f}x): {verdict}")
+    calendar, fixed = by_key.get(c.DQ_CALENDAR), by_key.get(c.DQ_FIXED)
+    if calendar is None or fixed is None or not fixed.instructions:
+        lines.append(f"{c.DQ_CALENDAR} / {c.DQ_FIXED}: not measured "
+                     f"(target <= {CALENDAR_GOAL:.2f}x)")
+    else:
+        ratio = calendar.instructions / fixed.instructions
+        verdict = "PASS" if round(ratio, 2) <= CALENDAR_GOAL else "MISS"
+        lines.append(f"{calendar.name} / {fixed.name} server instructions: {ratio:.3f}x "
+                     f"({calendar.instructions:,.0f} / {fixed.instructions:,.0f}; "
+                     f"target <= {CALENDAR_GOAL:.2f}x): {verdict}")
     return lines

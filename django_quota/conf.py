@@ -19,7 +19,13 @@ from django.core.exceptions import ImproperlyConfigured
 from django_quota.backends import url_problem
 from django_quota.core.errors import ConfigurationError
 from django_quota.core.identity import IPNetwork, derive_hmac_key
-from django_quota.core.policy import ALGORITHMS, FAILURE_MODES, Policy, parse_policy
+from django_quota.core.policy import (
+    ALGORITHMS,
+    FAILURE_MODES,
+    Policy,
+    parse_policy,
+    parse_timezone,
+)
 from django_quota.fields import (
     Field,
     Invalid,
@@ -114,6 +120,7 @@ class QuotaSettings:
     headers: str
     denied_view: str | None
     exempt_paths: tuple[str, ...]
+    timezone: str
     policies: Mapping[str, Policy]
     policy_sources: tuple[str, ...]
     policy_cache_ttl: float
@@ -271,6 +278,16 @@ def _path(entry: str, reader: Reader) -> str:
     return entry
 
 
+def _timezone(value: Any, reader: Reader) -> str:
+    """``TIMEZONE``: an IANA name, the timezone of the policies without ``timezone``
+    (their calendar windows, docs/policies.md); read before ``POLICIES``."""
+    try:
+        reader.timezone = parse_timezone(value, "QUOTA['TIMEZONE']")
+    except ConfigurationError:
+        raise Invalid(Problems.UNKNOWN_TIMEZONE, value=value) from None
+    return reader.timezone
+
+
 def _policies(value: Any, reader: Reader) -> dict[str, Policy]:
     """The policies by id, each invalid one reported under its own key (E004); none when
     ``parse_settings`` was asked ``with_policies=False``."""
@@ -281,7 +298,9 @@ def _policies(value: Any, reader: Reader) -> dict[str, Policy]:
         return found
     for policy_id, definition in value.items():
         try:
-            found[policy_id] = parse_policy(policy_id, definition, source="settings")
+            found[policy_id] = parse_policy(
+                policy_id, definition, source="settings", default_timezone=reader.timezone
+            )
         except ConfigurationError as exc:
             reader.problems.append(
                 SettingsProblem(E_INVALID_POLICY, exc.key, exc.message, exc.hint)
@@ -324,6 +343,7 @@ FIELDS = (
     Field("HEADERS", "ietf", choice(HEADER_STYLES)),
     Field("DENIED_VIEW", None, dotted_path),
     Field("EXEMPT_PATHS", [], string_list(_path)),
+    Field("TIMEZONE", "UTC", _timezone),
     Field("POLICIES", {}, _policies),
     Field("POLICY_SOURCES", ["settings", "database"], string_list(one_of(POLICY_SOURCE_NAMES))),
     Field("POLICY_CACHE_TTL", 5.0, number(0, allow_zero=True)),

@@ -130,6 +130,8 @@ class Limiter:
         self._guards: dict[str, NodeGuard] = {}
         self._lock = threading.Lock()
         self._compiled: dict[int, Compiled] = {}
+        #: Whether a policy with calendar windows was compiled: its calls need boundaries.
+        self.calendar = False
         self.identities = IdentityCache(
             IDENTITY_CACHE_SIZE,
             hmac_key=settings.hmac_key,
@@ -215,6 +217,8 @@ class Limiter:
                 self._compiled.clear()
             found = Compiled(policy, self.settings)
             self._compiled[id(policy)] = found
+            if found.calendar:
+                self.calendar = True
         return found
 
     def identity(self, policy: Policy, subject: Subject) -> Identity:
@@ -354,6 +358,8 @@ class Limiter:
         except ClockUnusable as exc:
             prepared.clock_error = str(exc)
             return
+        if self.calendar:
+            calls = self._calendar_calls(prepared, calls, now_ms)
         peek = prepared.peek
         prepared.request = new_tuple(  # every field, in order: the hot path's cheaper call
             GroupRequest,
@@ -370,6 +376,20 @@ class Limiter:
             ),
         )
 
+    @staticmethod
+    def _calendar_calls(
+        prepared: Prepared, calls: list[PolicyCall], now_ms: int | None
+    ) -> list[PolicyCall]:
+        """``calls`` with the boundaries of their calendar windows around the client's
+        now: ``now_ms``, or this machine's clock when the counters follow Redis ``TIME``
+        (the script places its own now among them: docs/policies.md)."""
+        client_now = round(time.time() * 1000) if now_ms is None else now_ms
+        placed = list(calls)
+        for position, index in enumerate(prepared.sent):
+            compiled = prepared.compiled[index]
+            if compiled.calendar:
+                placed[position] = compiled.calendar_call(calls[position], client_now)
+        return placed
 
     # -- interpret ----------------------------------------------------------------------
     def interpret(self, prepared: Prepared, reply: GroupReply, backend_mode: str) -> list[Outcome]:

@@ -46,6 +46,8 @@ class Reader:
         self.problems: list[SettingsProblem] = []
         self.field: Field | None = None
         self.key = "QUOTA"
+        #: ``TIMEZONE`` once read: the policies' default timezone.
+        self.timezone = "UTC"
 
     def report(self, message: Message, key: str | None = None, /, **values: object) -> None:
         """Add a problem of ``key`` (the key being read when not given)."""

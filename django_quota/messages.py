@@ -123,6 +123,9 @@ class Problems:
         E_INVALID_VALUE, "expected an HTTP header name like 'X-Api-Key', not {value!r}"
     )
     PATH_WITHOUT_SLASH = Message(E_INVALID_VALUE, "{value!r} must start with '/'")
+    UNKNOWN_TIMEZONE = Message(
+        E_INVALID_VALUE, "unknown timezone {value!r}; use an IANA name like 'Europe/Berlin'"
+    )
     EXPECTED_POLICY_DICT = Message(E_INVALID_VALUE, "expected a dict of id -> policy")
     DEADLINE_BELOW_TIMEOUT = Message(
         E_INVALID_VALUE, "DEADLINE ({deadline:g} s) must be at least TIMEOUT ({timeout:g} s)"

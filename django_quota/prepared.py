@@ -10,6 +10,7 @@ from dataclasses import dataclass, replace
 from os import urandom
 
 from django_quota import conf
+from django_quota.core.calendar import windows_bounds
 from django_quota.core.identity import Identity
 from django_quota.core.model import PolicyCall
 from django_quota.core.outcome import (
@@ -49,7 +50,17 @@ class Compiled:
     counter key's tail, the largest cost its windows can ever admit, its script
     arguments per cost, and its failure mode under the current settings."""
 
-    __slots__ = ("calls", "cost_bound", "fail_open", "key_tail", "plans", "policy", "settings")
+    __slots__ = (
+        "calendar",
+        "calendar_calls",
+        "calls",
+        "cost_bound",
+        "fail_open",
+        "key_tail",
+        "plans",
+        "policy",
+        "settings",
+    )
 
     def __init__(self, policy: Policy, settings: conf.QuotaSettings) -> None:
         self.policy = policy
@@ -66,6 +77,10 @@ class Compiled:
         self.cost_bound = min(bounds) if bounds else 0
         self.fail_open = policy.shadow or settings.failure_mode_of(policy) == "open"
         self.calls: dict[int, PolicyCall] = {}
+        #: Whether a window is a calendar window (its calls carry boundaries).
+        self.calendar = any(window.calendar for window in policy.windows)
+        #: Per cost: the call with boundaries, and the client times it holds for.
+        self.calendar_calls: dict[int, tuple[int, int, PolicyCall]] = {}
 
     def call(self, cost: int) -> PolicyCall:
         """The policy's :class:`PolicyCall` at ``cost`` (script arguments encoded once)."""
@@ -88,6 +103,23 @@ class Compiled:
             found = Compiled(replace(self.policy, windows=windows, plans=()), self.settings)
             self.plans[plan] = found
         return found
+
+    def calendar_call(self, call: PolicyCall, now_ms: int) -> PolicyCall:
+        """``call`` with the boundaries of its calendar windows around the client's
+        ``now_ms`` (:func:`~django_quota.core.calendar.windows_bounds`), computed again
+        only when they change."""
+        cached = self.calendar_calls.get(call.cost)
+        if (
+            cached is not None
+            and cached[0] <= now_ms < cached[1]
+            and cached[2].enforce == call.enforce
+        ):
+            return cached[2]
+        bounds, valid_from, valid_until = windows_bounds(call.windows, now_ms)
+        placed = PolicyCall(call.algorithm, call.windows, call.cost, call.enforce, bounds)
+        if len(self.calendar_calls) < 16:
+            self.calendar_calls[call.cost] = (valid_from, valid_until, placed)
+        return placed
 
     def counter(self, prefix: str, identity: Identity) -> str:
         """The counter key of ``identity`` (:func:`~django_quota.core.protocol.counter_key`)."""

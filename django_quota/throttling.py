@@ -35,7 +35,7 @@ from django_quota.core.policy import (
     generated_policy_id,
     settings_revision,
 )
-from django_quota.core.rates import check_rate_bounds, parse_rate
+from django_quota.core.rates import CALENDAR_ONLY, check_rate_bounds, parse_rate
 from django_quota.ledger import Cost, Decision, decide
 from django_quota.messages import E_DRF_RATE
 from django_quota.signals import quota_denied
@@ -141,6 +141,14 @@ def _parse_drf_rate(rate: object) -> tuple[int, int]:
                 f"Invalid throttle rate {rate!r}: {bounds.message}."
             ) from bounds
         return num_requests, duration
+    if parsed.calendar in CALENDAR_ONLY:
+        # DRF reads "N/month" as N per minute, django-quota as a calendar month: refused
+        # rather than either meaning chosen silently (docs/drf.md).
+        raise ImproperlyConfigured(
+            f"Invalid throttle rate {rate!r}: a {parsed.calendar} is a calendar window, "
+            "which the drop-in throttles do not count (DRF reads 'N/month' as N per "
+            "minute); use QuotaThrottle with a fixed_window policy, or a period in days."
+        )
     return parsed.limit, parsed.period_ms // 1000
 
 

@@ -228,3 +228,21 @@ def test_an_unimportable_plan_resolver_fails_the_check(quota: Any) -> None:
     quota(PLAN_RESOLVER="tests.nowhere.resolver")
     errors = [str(message) for message in run_checks() if message.id.startswith("django_quota")]
     assert any("QUOTA['PLAN_RESOLVER']" in error for error in errors), errors
+
+
+def test_calendar_plans_share_the_monthly_counter(configure: Any, frozen: Any) -> None:
+    monthly = {
+        "algorithm": "fixed_window",
+        "windows": "100/month",
+        "timezone": "Europe/Berlin",
+        "plans": {"pro": "10000/month"},
+        "selector": ["ip"],
+    }
+    configure(CLOCK="tests.clock.now", POLICIES={"p": monthly})
+    for _ in range(90):
+        django_quota.evaluate("p", SUBJECT)
+    pro = django_quota.peek("p", SUBJECT, plan="pro")
+    assert (pro.limit, pro.remaining) == (10000, 9910)
+    assert [w.calendar for w in parse_policy("p", monthly).plans[0][1]] == ["month"]
+    with pytest.raises(ConfigurationError, match=r"must keep the policy's period \(/month\)"):
+        parse_policy("p", {**monthly, "plans": {"pro": "10000/31d"}})

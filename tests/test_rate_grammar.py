@@ -50,13 +50,27 @@ FORMS = [
     ("3/2Hours", 3, 7_200),
     ("7/30sec", 7, 30),
     ("1/366d", 1, 31_622_400),
+    ("10/w", 10, 604_800),
+    ("10/Week", 10, 604_800),
+    ("10/weeks", 10, 604_800),
+    ("10/52w", 10, 52 * 604_800),
+]
+#: Calendar-only periods (fixed_window, the settings' default algorithm; no multiplier):
+#: their period is their longest length, the window follows the calendar.
+CALENDAR_FORMS = [
+    ("10/mo", 10, 31 * 86_400),
+    ("10/MONTH", 10, 31 * 86_400),
+    ("10/months", 10, 31 * 86_400),
+    ("10/y", 10, 366 * 86_400),
+    ("10/year", 10, 366 * 86_400),
+    ("10/Years", 10, 366 * 86_400),
 ]
 #: Strings DRF 3.18's ``parse_rate`` reads (only the first letter of the period counts).
 DRF_SPELLINGS = ["5/minute", "5/mon", "5/ms", "5/sxyz", "5/dog", "+5/m", " 5/h", "5 /d", "1_0/s"]
 #: Neither grammar: ``ImproperlyConfigured`` from the drop-ins, E004 in settings.
-INVALID = ["5", "5/", "5/x", "x/m", "5/m/m", "", "5/M0N", "5/week", "1/0s", "1/0-sec"]
+INVALID = ["5", "5/", "5/x", "x/m", "5/m/m", "", "5/M0N", "1/0s", "1/0-sec"]
 #: Parsed, but outside the bounds (count 1..10**9, period 1 s..366 d).
-OUT_OF_BOUNDS = ["0/m", "-1/m", "1/367d", "1000000001/s", "1/400-d"]
+OUT_OF_BOUNDS = ["0/m", "-1/m", "1/367d", "1000000001/s", "1/400-d", "1/53w"]
 
 
 def window_of(text: str) -> tuple[int, int]:
@@ -67,7 +81,7 @@ def window_of(text: str) -> tuple[int, int]:
     return window.limit, window.period_ms // 1000
 
 
-@pytest.mark.parametrize(("rate", "limit", "period"), FORMS)
+@pytest.mark.parametrize(("rate", "limit", "period"), FORMS + CALENDAR_FORMS)
 def test_settings_policies_read_every_form(rate: str, limit: int, period: int) -> None:
     assert window_of(rate) == (limit, period)
 
@@ -149,8 +163,9 @@ def test_e010_names_the_scope_of_an_unusable_rate(settings: Any, rate: object) -
     assert message.msg.startswith("REST_FRAMEWORK['DEFAULT_THROTTLE_RATES']['uploads']: ")
     assert repr(rate) in message.msg
     assert message.hint == (
-        "write 'N/P' with P one of s, m, h, d (or sec, second(s), min, minute(s), hour(s), "
-        "day(s)) and an optional multiplier ('100/5m'), or None for no limit"
+        "write 'N/P' with P one of s, m, h, d, w, mo, y (or sec, second(s), min, minute(s), "
+        "hour(s), day(s), week(s), month(s), year(s)) and an optional multiplier ('100/5m'; "
+        "none for a month or a year), or None for no limit"
     )
 
 

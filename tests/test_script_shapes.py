@@ -38,8 +38,9 @@ SIGNATURES = {
     "sliding_log": r"LINDEX|LRANGE|LPUSH|LTRIM|LLEN|PEXPIRE|LOG_MODULUS|\blv\b|log_view",
 }
 #: What only the general script needs: the loops over policies and windows, the
-#: per-policy arrays, the dispatch on the algorithm.
-GENERAL_ONLY = r"for i = 1, n do|for w = 1, m do|policies\[|policy\[|algorithm == |m > 1"
+#: per-policy arrays, the dispatch on the algorithm (the fixed window's variant tells a
+#: calendar call, code 5, from an epoch-aligned one: that is no dispatch).
+GENERAL_ONLY = r"for i = 1, n do|for w = 1, m do|policies\[|policy\[|algorithm == [1-4]|m > 1"
 
 
 def code_lines(source: str) -> list[str]:

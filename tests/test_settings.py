@@ -94,6 +94,7 @@ def test_defaults_table_is_the_documented_table() -> None:
         "HEADERS": "ietf",
         "DENIED_VIEW": None,
         "EXEMPT_PATHS": [],
+        "TIMEZONE": "UTC",
         "POLICIES": {},
         "POLICY_SOURCES": ["settings", "database"],
         "POLICY_CACHE_TTL": 5.0,

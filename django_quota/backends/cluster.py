@@ -76,6 +76,7 @@ from django_quota.backends.scripting import (
 from django_quota.core.errors import BLAME_NONE, CLUSTERDOWN, TRYAGAIN, BackendError
 from django_quota.core.model import (
     ALGORITHM_CODES,
+    CALENDAR_CODE,
     CHARGED,
     GROUP_CLOCK_UNSAFE,
     GROUP_INDETERMINATE,
@@ -94,6 +95,7 @@ from django_quota.core.outcome import (
 )
 from django_quota.core.policy import FIXED_WINDOW, SLIDING_LOG, TOKEN_BUCKET, Window
 from django_quota.core.protocol import GroupReply, GroupRequest, log_key
+from django_quota.core.windows import calendar_place
 
 logger = logging.getLogger("django_quota")
 
@@ -205,6 +207,12 @@ def refund_call(request: GroupRequest, results: Sequence[PolicyResult]) -> Call 
         keys.append(counter)
         if call.algorithm == SLIDING_LOG:
             logs += [log_key(counter, index) for index in range(1, len(call.windows) + 1)]
+        if call.bounds:  # a calendar call: each window's start and end at the charge
+            args += [CALENDAR_CODE, call.cost, result.now_ms, len(call.windows)]
+            for index, window in enumerate(call.windows):
+                start, end = calendar_place(call.bounds, index, result.now_ms, window.period_ms)
+                args += [window.period_ms, start, end]
+            continue
         args += [ALGORITHM_CODES[call.algorithm], call.cost, result.now_ms, len(call.windows)]
         args += [window.period_ms for window in call.windows]
     if not keys:

@@ -64,6 +64,9 @@ from django_quota.core.windows import (
     _log_view,
     _view,
     allows,
+    calendar_place,
+    calendar_result,
+    calendar_view,
     floor_div,
     new_tuple,
     window_result,
@@ -99,6 +102,11 @@ PACKED_HEADER = struct.Struct(">BH4Q")
 PACKED_POLICY = struct.Struct(">BBHQ")
 #: A window: limit, period (ms), capacity.
 PACKED_WINDOW = struct.Struct(">3Q")
+#: The algorithm code of a fixed window call with calendar windows (the script's header).
+CALENDAR_CODE = 5
+#: A window of such a call: limit, then its boundaries b1, b0, b2 (ms: core/calendar.py);
+#: an epoch-aligned window of the call: limit, period (ms), 0, 0.
+PACKED_CALENDAR_WINDOW = struct.Struct(">4Q")
 #: Every packed number stays below this: the script reads the low six bytes of each.
 PACKABLE = 2**48
 
@@ -118,15 +126,24 @@ class PolicyCall:
     header: algorithm, enforce, window count, cost, then limit, period in ms and capacity
     per window), encoded once. Raises ``ValueError`` for more than 65,535 windows or a
     number outside 0..2**48.
+
+    ``bounds``: a fixed window call with calendar windows holds three boundaries per
+    window (:func:`~django_quota.core.calendar.calendar_bounds`; 0, 0, 0 for its
+    epoch-aligned windows), packed with each window's limit under the algorithm code
+    :data:`CALENDAR_CODE` (:data:`PACKED_CALENDAR_WINDOW`); ``()`` for every other call.
     """
 
     algorithm: str
     windows: tuple[Window, ...]
     cost: int
     enforce: bool = True
+    bounds: tuple[int, ...] = ()
     packed: bytes = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        if self.bounds:
+            object.__setattr__(self, "packed", self._calendar_packed())
+            return
         try:
             head = PACKED_POLICY.pack(
                 ALGORITHM_CODES[self.algorithm],
@@ -145,6 +162,29 @@ class PolicyCall:
         except struct.error as exc:
             raise ValueError(f"cannot pack this policy call for evaluate.lua: {exc}") from exc
         object.__setattr__(self, "packed", head + b"".join(windows))
+
+    def _calendar_packed(self) -> bytes:
+        """The packed arguments of a call with ``bounds`` (:data:`CALENDAR_CODE`)."""
+        bounds = self.bounds
+        if self.algorithm != FIXED_WINDOW or len(bounds) != 3 * len(self.windows):
+            raise ValueError("calendar bounds need a fixed window and three per window")
+        try:
+            head = PACKED_POLICY.pack(
+                CALENDAR_CODE,
+                1 if self.enforce else 0,
+                len(self.windows),
+                check_packable(self.cost),
+            )
+            windows = []
+            for i, window in enumerate(self.windows):
+                b0, b1, b2 = (check_packable(bound) for bound in bounds[3 * i : 3 * i + 3])
+                if b1 == 0:  # epoch-aligned
+                    b1 = check_packable(window.period_ms)
+                limit = check_packable(window.limit)
+                windows.append(PACKED_CALENDAR_WINDOW.pack(limit, b1, b0, b2))
+        except struct.error as exc:
+            raise ValueError(f"cannot pack this policy call for evaluate.lua: {exc}") from exc
+        return head + b"".join(windows)
 
 
 class PolicyResult(NamedTuple):
@@ -489,7 +529,13 @@ def evaluate_group(
     ``now_ms`` is on the clock expiries follow).
     """
     call = calls[0] if len(calls) == 1 else None
-    if call is None or may_repeat or len(call.windows) != 1 or call.algorithm == SLIDING_LOG:
+    if (
+        call is None
+        or may_repeat
+        or len(call.windows) != 1
+        or call.algorithm == SLIDING_LOG
+        or call.bounds
+    ):
         group = GroupInputs(
             now_ms, peek, max_regression_ms, cleanup_grace_ms, fingerprint, may_repeat,
             dedup_ttl_ms, server_clock,
@@ -535,6 +581,9 @@ def _evaluate_general(
         if now is None:
             return _CLOCK_UNSAFE_RESULT
         nows.append(now)
+    places = _places(calls, nows)
+    if places is None:
+        return _CLOCK_UNSAFE_RESULT
     ledgers = records if records is not None else [b""] * len(calls)
     peek = group.peek
     replay = False
@@ -548,7 +597,10 @@ def _evaluate_general(
     for index, call in enumerate(calls):
         stored = logs[index] if logs is not None else ()
         cost = 1 if peek else call.cost
-        views, log, fit = _windows_at(call, seen[index], nows[index], stored, cost)
+        if places[index]:
+            views, log, fit = _calendar_at(call, seen[index], places[index], cost)
+        else:
+            views, log, fit = _windows_at(call, seen[index], nows[index], stored, cost)
         sights.append((views, log))
         fits.append(fit)
     allowed = not replay and group_allows(calls, fits)
@@ -562,7 +614,10 @@ def _evaluate_general(
         else:
             status = decide_policy(call, fits[index], allowed, peek)
         charged = status == CHARGED and not replay
-        windows, ttl = _reported(call, views, log, now, 1 if peek else call.cost, charged)
+        if places[index]:
+            windows, ttl = _calendar_reported(call, views, places[index], now, peek, charged)
+        else:
+            windows, ttl = _reported(call, views, log, now, 1 if peek else call.cost, charged)
         if replay:
             windows = tuple(result._replace(retry_after_ms=-1) for result in windows)
         results.append(new_tuple(PolicyResult, (status, now, windows)))
@@ -573,6 +628,93 @@ def _evaluate_general(
                 cleanup_grace_ms=group.cleanup_grace_ms, dedup_ttl_ms=group.dedup_ttl_ms,
                 server_clock=group.server_clock,
             )
+            if places[index]:
+                keep = _calendar_keeps(
+                    seen[index],
+                    places[index],
+                    group.now_ms,
+                    ttl,
+                    group.dedup_ttl_ms,
+                    server_clock=group.server_clock,
+                )
+                write = write._replace(keep_ttl=keep)
             writes.append(write)
     group_status = GROUP_REPLAYED if replay else GROUP_DECIDED
     return new_tuple(GroupResult, (group_status, tuple(results), tuple(writes)))
+
+
+# -- calendar windows (core/calendar.py; docs/policies.md, "Calendar windows") ---------------
+Place = list[tuple[int, int]]
+
+
+def _places(calls: Sequence[PolicyCall], nows: Sequence[int]) -> list[Place] | None:
+    """Per call, the window ``[start, end)`` each of its windows is decided in, placed by
+    the decider's effective ``now`` between the boundaries the client sent
+    (:func:`~django_quota.core.windows.calendar_place`); ``[]`` for a call without
+    boundaries. None when a calendar window's ``now`` is outside them: the group is
+    clock unsafe (evaluate.lua checks it before the ledgers, as here)."""
+    places: list[Place] = []
+    for call, now in zip(calls, nows, strict=True):
+        place: Place = []
+        if call.bounds:
+            for index, window in enumerate(call.windows):
+                start, end = calendar_place(call.bounds, index, now, window.period_ms)
+                if end == 0:
+                    return None
+                place.append((start, end))
+        places.append(place)
+    return places
+
+
+def _calendar_at(
+    call: PolicyCall, state: Mapping[str, int], place: Place, cost: int
+) -> tuple[list[tuple[int, int]], None, bool]:
+    """:func:`_windows_at` for a call with calendar windows placed in ``place``."""
+    views = [calendar_view(index, state, start, end) for index, (start, end) in enumerate(place, 1)]
+    fits = True
+    for index, (used, _) in enumerate(views):
+        if used + cost > call.windows[index].limit:
+            fits = False
+            break
+    return views, None, fits
+
+
+def _calendar_reported(
+    call: PolicyCall,
+    views: Sequence[tuple[int, int]],
+    place: Place,
+    now: int,
+    peek: bool,
+    charged: bool,
+) -> tuple[tuple[WindowResult, ...], int]:
+    """:func:`_reported` for a call with calendar windows placed in ``place``: every
+    window counts to its end."""
+    cost = 1 if peek else call.cost
+    results = []
+    ttl = 0
+    for index, window in enumerate(call.windows):
+        result, window_ttl = calendar_result(
+            window, views[index][0], place[index][1], now, cost, charged
+        )
+        results.append(result)
+        if window_ttl > ttl:
+            ttl = window_ttl
+    return tuple(results), ttl
+
+
+def _calendar_keeps(
+    state: Mapping[str, int],
+    place: Place,
+    now: int,
+    ttl: int,
+    dedup_ttl_ms: int,
+    *,
+    server_clock: bool,
+) -> bool:
+    """:func:`keeps_expiry` for a call with calendar windows: on the expiries' clock, not
+    behind ``t``, every window still the one of ``t`` (then its end, hence the expiry set
+    at ``t``, is the same) and outliving ``now`` by ``dedup_ttl_ms``."""
+    last = state.get("t")
+    if not server_clock or last is None or now < last or ttl < dedup_ttl_ms:
+        return False
+    return all(start <= last < end for start, end in place)

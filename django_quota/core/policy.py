@@ -7,11 +7,13 @@ import hashlib
 import ipaddress
 import json
 import re
+import zoneinfo
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from django_quota.core.errors import ConfigurationError
 from django_quota.core.rates import (
+    CALENDAR_ONLY,
     MAX_PRODUCT,
     Rate,
     check_rate_bounds,
@@ -65,8 +67,11 @@ POLICY_KEYS = frozenset(
         "capacity",
         "enabled",
         "plans",
+        "timezone",
     }
 )
+#: The timezone of a policy without ``timezone`` when no other default is given.
+DEFAULT_TIMEZONE = "UTC"
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,13 +79,19 @@ class Window:
     """One window of a policy: ``limit`` units per ``period_ms`` milliseconds.
 
     ``capacity`` is the token bucket's size (``limit`` unless configured); other
-    algorithms ignore it and keep it equal to ``limit``.
+    algorithms ignore it and keep it equal to ``limit``. ``calendar`` is ``"day"``,
+    ``"week"``, ``"month"`` or ``"year"`` for a calendar window (a fixed window of exactly
+    one of them, starting at local midnight in ``timezone``, an IANA name:
+    docs/policies.md), else ``""``. A one-day window in UTC is no calendar window: it is
+    exactly the epoch-aligned day.
     """
 
     name: str
     limit: int
     period_ms: int
     capacity: int
+    calendar: str = ""
+    timezone: str = ""
 
     @property
     def period(self) -> float:
@@ -89,8 +100,15 @@ class Window:
 
     @property
     def rate(self) -> str:
-        """The window's rate as the grammar writes it: ``"100/h"``."""
-        return format_rate(self.limit, self.period_ms)
+        """The window's rate as the grammar writes it: ``"100/h"``, ``"10000/month"``."""
+        return format_rate(self.limit, self.period_ms, self.calendar)
+
+    @property
+    def described(self) -> str:
+        """The rate with a calendar window's timezone: ``"10000/month (Europe/Berlin)"``."""
+        if self.calendar:
+            return f"{self.rate} ({self.timezone})"
+        return self.rate
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,6 +137,7 @@ class Policy:
     revision: str = ""
     source: str = "settings"
     extra: Mapping[str, object] = field(default_factory=dict, compare=False, hash=False)
+    timezone: str = DEFAULT_TIMEZONE
     #: ``(plan name, windows)`` pairs (``docs/plans.md``): each plan's windows have the
     #: names and periods of :attr:`windows`, in that order; only limits and capacities
     #: differ, so every plan shares the policy's counter.
@@ -147,31 +166,91 @@ def canonical_definition(algorithm: str, selector: Sequence[str], windows: Seque
     """The canonical JSON form of what a counter means (documented in docs/policies.md).
 
     Sorted keys, no whitespace, periods in milliseconds, windows in declaration order,
-    ``capacity`` the effective bucket size for token buckets and ``null`` otherwise.
+    ``capacity`` the effective bucket size for token buckets and ``null`` otherwise. A
+    calendar window adds ``calendar`` and ``timezone``; no other window has them, so
+    every policy without a calendar window keeps its revision (a one-day window in UTC
+    is none: it is the epoch-aligned day).
     """
-    return json.dumps(
+    return _canonical_json(
         {
             "algorithm": algorithm,
             "selector": list(selector),
-            "windows": [
-                {
-                    "name": window.name,
-                    "limit": window.limit,
-                    "period_ms": window.period_ms,
-                    "capacity": window.capacity if algorithm == TOKEN_BUCKET else None,
-                }
-                for window in windows
-            ],
-        },
-        sort_keys=True,
-        separators=(",", ":"),
+            "windows": [_canonical_window(algorithm, window) for window in windows],
+        }
     )
+
+
+def _canonical_json(definition: Mapping[str, object]) -> str:
+    """Sorted keys, no whitespace: the text a revision hashes."""
+    return json.dumps(definition, sort_keys=True, separators=(",", ":"))
+
+
+def _revision(definition: str) -> str:
+    """First 8 hex characters of SHA-256 of ``definition``."""
+    return hashlib.sha256(definition.encode()).hexdigest()[:8]
+
+
+def _canonical_window(algorithm: str, window: Window) -> dict[str, object]:
+    """One window of :func:`canonical_definition`."""
+    canonical: dict[str, object] = {
+        "name": window.name,
+        "limit": window.limit,
+        "period_ms": window.period_ms,
+        "capacity": window.capacity if algorithm == TOKEN_BUCKET else None,
+    }
+    if window.calendar:
+        canonical["calendar"] = window.calendar
+        canonical["timezone"] = window.timezone
+    return canonical
+
+
+def parse_timezone(value: object, key: str) -> str:
+    """``value`` when it names an IANA timezone ``zoneinfo`` knows (``"Europe/Berlin"``,
+    ``"UTC"``), else :class:`ConfigurationError` naming ``key``."""
+    if not isinstance(value, str) or not value:
+        raise ConfigurationError(
+            key, f"a timezone is an IANA name like 'Europe/Berlin', not {value!r}"
+        )
+    try:
+        zoneinfo.ZoneInfo(value)
+    except (zoneinfo.ZoneInfoNotFoundError, ValueError, OSError):
+        raise ConfigurationError(
+            key, f"unknown timezone {value!r}; use an IANA name like 'Europe/Berlin'"
+        ) from None
+    return value
+
+
+def _calendar_windows(
+    policy_key: str,
+    algorithm: str,
+    timezone: str,
+    windows: tuple[Window, ...],
+    rates: Sequence[Rate],
+) -> tuple[Window, ...]:
+    """``windows`` with their calendar unit and ``timezone`` where they are calendar
+    windows (fixed_window, exactly one day, week, month or year; not a day in UTC);
+    :class:`ConfigurationError` for a month or a year in another algorithm."""
+    result = []
+    for window, rate in zip(windows, rates, strict=True):
+        calendar = rate.calendar
+        if calendar in CALENDAR_ONLY and algorithm != FIXED_WINDOW:
+            raise ConfigurationError(
+                f"{policy_key}['windows']",
+                f"a {calendar} is a calendar window: fixed_window only, not {algorithm}",
+            )
+        if algorithm != FIXED_WINDOW or (calendar == "day" and timezone == "UTC"):
+            calendar = ""
+        if calendar:
+            window = Window(
+                window.name, window.limit, window.period_ms, window.capacity, calendar, timezone
+            )
+        result.append(window)
+    return tuple(result)
 
 
 def settings_revision(algorithm: str, selector: Sequence[str], windows: Sequence[Window]) -> str:
     """First 8 hex characters of SHA-256 of :func:`canonical_definition`."""
-    digest = hashlib.sha256(canonical_definition(algorithm, selector, windows).encode())
-    return digest.hexdigest()[:8]
+    return _revision(canonical_definition(algorithm, selector, windows))
 
 
 def canonical_plans_definition(
@@ -180,33 +259,33 @@ def canonical_plans_definition(
     """The canonical JSON form of what the counter of a policy with plans means: as
     :func:`canonical_definition` without limits or capacities (a plan changes them per
     request on the same counter: ``docs/plans.md``), and ``"limits": "plans"``, so that it
-    never equals a policy's without plans."""
-    return json.dumps(
-        {
-            "algorithm": algorithm,
-            "limits": "plans",
-            "selector": list(selector),
-            "windows": [
-                {"name": window.name, "period_ms": window.period_ms} for window in windows
-            ],
-        },
-        sort_keys=True,
-        separators=(",", ":"),
+    never equals a policy's without plans. A calendar window keeps its ``calendar`` and
+    ``timezone``."""
+    shapes = []
+    for window in windows:
+        shape = _canonical_window(algorithm, window)
+        del shape["limit"], shape["capacity"]
+        shapes.append(shape)
+    return _canonical_json(
+        {"algorithm": algorithm, "limits": "plans", "selector": list(selector), "windows": shapes}
     )
 
 
 def plans_revision(algorithm: str, selector: Sequence[str], windows: Sequence[Window]) -> str:
     """First 8 hex characters of SHA-256 of :func:`canonical_plans_definition`."""
-    digest = hashlib.sha256(canonical_plans_definition(algorithm, selector, windows).encode())
-    return digest.hexdigest()[:8]
+    return _revision(canonical_plans_definition(algorithm, selector, windows))
 
 
 def _parse_plans(
-    policy_key: str, algorithm: str, raw_plans: object, windows: tuple[Window, ...]
+    policy_key: str,
+    algorithm: str,
+    raw_plans: object,
+    windows: tuple[Window, ...],
+    timezone: str,
 ) -> tuple[tuple[str, tuple[Window, ...]], ...]:
     """``plans``: ``{plan name: windows}``, each value shaped like ``windows``, with the
-    same window names and periods (``docs/plans.md``); each plan's windows in the order
-    of ``windows``."""
+    same window names and periods, calendar windows included (``docs/plans.md``); each
+    plan's windows in the order of ``windows``."""
     if raw_plans is None:
         return ()
     key = f"{policy_key}['plans']"
@@ -214,7 +293,7 @@ def _parse_plans(
         raise ConfigurationError(
             key, "plans must be a non-empty dict of plan name -> windows ('100/h', or a dict)"
         )
-    periods = {window.name: window.period_ms for window in windows}
+    periods = {window.name: window for window in windows}
     plans = []
     for name, raw in raw_plans.items():
         if not isinstance(name, str) or not PLAN_NAME_RE.match(name):
@@ -228,7 +307,9 @@ def _parse_plans(
             )
         by_name = {
             window.name: window
-            for window in _parse_windows(policy_key, algorithm, raw, None, windows_key=plan_key)
+            for window in _parse_windows(
+                policy_key, algorithm, raw, None, timezone, windows_key=plan_key
+            )
         }
         if set(by_name) != set(periods):
             raise ConfigurationError(
@@ -236,12 +317,14 @@ def _parse_plans(
                 f"a plan has the policy's windows ({', '.join(periods)}), "
                 f"not {', '.join(by_name)}",
             )
-        for window_name, period_ms in periods.items():
-            if by_name[window_name].period_ms != period_ms:
+        for window_name, window in periods.items():
+            planned = by_name[window_name]
+            if (planned.period_ms, planned.calendar) != (window.period_ms, window.calendar):
+                period = window.calendar or format_period(window.period_ms)
                 raise ConfigurationError(
                     plan_key,
                     f"window {window_name!r} must keep the policy's period "
-                    f"(/{format_period(period_ms)}): a plan changes limits only",
+                    f"(/{period}): a plan changes limits only",
                 )
         plans.append((name, tuple(by_name[window.name] for window in windows)))
     return tuple(plans)
@@ -302,6 +385,7 @@ def _parse_windows(
     algorithm: str,
     raw_windows: object,
     raw_capacity: object,
+    timezone: str = DEFAULT_TIMEZONE,
     *,
     windows_key: str | None = None,
 ) -> tuple[Window, ...]:
@@ -355,7 +439,9 @@ def _parse_windows(
         raise ConfigurationError(
             key, "the 'burst' window's period must be shorter than the 'sustained' one's"
         )
-    return tuple(windows)
+    return _calendar_windows(
+        policy_key, algorithm, timezone, tuple(windows), [rate for _, rate in rates]
+    )
 
 
 def _positive_int(value: object, key: str) -> int:
@@ -399,12 +485,15 @@ def parse_policy(
     default_algorithm: str = FIXED_WINDOW,
     key: str | None = None,
     allow_internal_dimensions: bool = False,
+    default_timezone: str = DEFAULT_TIMEZONE,
 ) -> Policy:
     """Validate one policy dict (``docs/policies.md``) and return the :class:`Policy`.
 
     ``key`` names the definition in error messages (default
     ``QUOTA['POLICIES'][<id>]``). The revision is the settings revision (8 hex
     characters); database policies replace it with their integer revision.
+    ``default_timezone`` is the timezone of a policy without ``timezone``
+    (``QUOTA["TIMEZONE"]``).
 
     Raises :class:`ConfigurationError` naming the first invalid key.
     """
@@ -422,7 +511,8 @@ def parse_policy(
     algorithm = _choice(raw.get("algorithm", default_algorithm), ALGORITHMS, f"{key}['algorithm']")
     if "windows" not in raw:
         raise ConfigurationError(f"{key}['windows']", "a policy needs windows")
-    windows = _parse_windows(key, algorithm, raw["windows"], raw.get("capacity"))
+    timezone = parse_timezone(raw.get("timezone", default_timezone), f"{key}['timezone']")
+    windows = _parse_windows(key, algorithm, raw["windows"], raw.get("capacity"), timezone)
     selector = parse_selector(
         raw.get("selector", [AUTO]), f"{key}['selector']", allow_internal=allow_internal_dimensions
     )
@@ -447,7 +537,7 @@ def parse_policy(
     enabled = raw.get("enabled", True)
     if not isinstance(enabled, bool):
         raise ConfigurationError(f"{key}['enabled']", "expected True or False")
-    plans = _parse_plans(key, algorithm, raw.get("plans"), windows)
+    plans = _parse_plans(key, algorithm, raw.get("plans"), windows, timezone)
     revision = (
         plans_revision(algorithm, selector, windows)
         if plans
@@ -468,6 +558,7 @@ def parse_policy(
         enabled=enabled,
         revision=revision,
         source=source,
+        timezone=timezone,
         plans=plans,
     )
 

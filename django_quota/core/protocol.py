@@ -35,7 +35,13 @@ from django_quota.core.policy import (
     TOKEN_BUCKET,
     Policy,
 )
-from django_quota.core.windows import WindowResult, new_tuple, window_result
+from django_quota.core.windows import (
+    WindowResult,
+    calendar_place,
+    calendar_result,
+    new_tuple,
+    window_result,
+)
 
 
 def counter_tail(policy: Policy) -> str:
@@ -154,7 +160,6 @@ def fingerprint(evaluation_id: str) -> bytes:
     """The ledger fingerprint of an evaluation id: the 5-byte (40-bit) BLAKE2b digest of
     its UTF-8 bytes. Two ids share one with probability 2**-40."""
     return hashlib.blake2b(evaluation_id.encode(), digest_size=FINGERPRINT_BYTES).digest()
-
 
 
 #: Added to the header's mode when the group gives ``now`` (the client's clock): without
@@ -347,6 +352,8 @@ def _windows(
     each allows: a sliding log's numbers as the script reports them, the other
     algorithms' computed from their views as ``charged`` or not (whether a window allows
     does not depend on it: its ``retry_after`` is -1 iff it does)."""
+    if call.bounds:
+        return _calendar_windows(reply, position, call, now, cost, charged)
     algorithm = call.algorithm
     fit = True
     windows = []
@@ -367,6 +374,25 @@ def _windows(
                 position += 1
             position += 1
             result = window_result(algorithm, window, used, prev, now, cost, charged)[0]
+        if result.retry_after_ms != -1:
+            fit = False
+        windows.append(result)
+    return windows, fit
+
+
+def _calendar_windows(
+    reply: Sequence[int], position: int, call: PolicyCall, now: int, cost: int, charged: bool
+) -> tuple[list[WindowResult], bool]:
+    """:func:`_windows` for a call with calendar windows: each placed by the script's
+    ``now`` between the call's boundaries, as the script placed it
+    (:func:`~django_quota.core.windows.calendar_place`), and counted to its end."""
+    fit = True
+    windows = []
+    for index, window in enumerate(call.windows):
+        end = calendar_place(call.bounds, index, now, window.period_ms)[1]
+        if end == 0:
+            raise ValueError("script reply's now outside the calendar boundaries sent")
+        result = calendar_result(window, int(reply[position + index]), end, now, cost, charged)[0]
         if result.retry_after_ms != -1:
             fit = False
         windows.append(result)

@@ -1,12 +1,13 @@
-"""Rate strings: ``"N/P"`` with P one of s, m, h, d (or sec, second, seconds, min,
-minute, minutes, hour, hours, day, days), in any case, with an optional integer
-multiplier (``"100/5m"``, ``"10/minute"``): the one grammar of settings, the decorator
-and the DRF drop-ins (docs/policies.md)."""
+"""Rate strings: ``"N/P"`` with P one of s, m, h, d, w, mo, y (or sec, second, seconds,
+min, minute, minutes, hour, hours, day, days, week, weeks, month, months, year, years),
+in any case, with an optional integer multiplier (``"100/5m"``, ``"10/minute"``): the one
+grammar of settings, the decorator and the DRF drop-ins (docs/policies.md). ``m`` is
+minutes; a month or a year takes no multiplier (a calendar window, docs/policies.md)."""
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from django_quota.core.errors import ConfigurationError
 
@@ -18,6 +19,27 @@ MAX_PERIOD_MS = 366 * 86_400_000
 MAX_PRODUCT = 2**52
 
 _SECOND, _MINUTE, _HOUR, _DAY = 1_000, 60_000, 3_600_000, 86_400_000
+_WEEK = 7 * _DAY
+#: A month's and a year's period in ms where a number is needed (the bounds, the
+#: revision): their longest (31 and 366 days). Their windows follow the calendar.
+_MONTH, _YEAR = 31 * _DAY, 366 * _DAY
+#: The calendar units (:attr:`Rate.calendar`) a period written with a multiplier of 1 has.
+CALENDAR_UNITS = {
+    "d": "day",
+    "day": "day",
+    "days": "day",
+    "w": "week",
+    "week": "week",
+    "weeks": "week",
+    "mo": "month",
+    "month": "month",
+    "months": "month",
+    "y": "year",
+    "year": "year",
+    "years": "year",
+}
+#: Calendar units that exist only as calendar windows (no multiplier, fixed_window only).
+CALENDAR_ONLY = ("month", "year")
 #: Period names (lower case; the text is matched in any case) -> milliseconds.
 UNIT_MS = {
     "s": _SECOND,
@@ -34,13 +56,23 @@ UNIT_MS = {
     "d": _DAY,
     "day": _DAY,
     "days": _DAY,
+    "w": _WEEK,
+    "week": _WEEK,
+    "weeks": _WEEK,
+    "mo": _MONTH,
+    "month": _MONTH,
+    "months": _MONTH,
+    "y": _YEAR,
+    "year": _YEAR,
+    "years": _YEAR,
 }
 #: The units a period is written back in, largest first (:func:`format_period`).
 _WRITTEN_UNITS = (("d", _DAY), ("h", _HOUR), ("m", _MINUTE), ("s", _SECOND))
 #: How error messages and hints spell the grammar.
 GRAMMAR = (
-    "'N/P' with P one of s, m, h, d (or sec, second(s), min, minute(s), hour(s), day(s)) "
-    "and an optional multiplier ('100/5m')"
+    "'N/P' with P one of s, m, h, d, w, mo, y (or sec, second(s), min, minute(s), hour(s), "
+    "day(s), week(s), month(s), year(s)) and an optional multiplier ('100/5m'; none for a "
+    "month or a year)"
 )
 _RATE_RE = re.compile(
     r"^\s*(?P<limit>[0-9]+)\s*/\s*(?P<multiplier>[0-9]*)\s*(?P<unit>[A-Za-z]+)\s*$"
@@ -49,10 +81,14 @@ _RATE_RE = re.compile(
 
 @dataclass(frozen=True, slots=True)
 class Rate:
-    """A limit of ``limit`` units per ``period_ms`` milliseconds."""
+    """A limit of ``limit`` units per ``period_ms`` milliseconds; ``calendar`` is the
+    unit (``"day"``, ``"week"``, ``"month"``, ``"year"``) of a period written as exactly
+    one of them (``"d"``, ``"1w"``, ``"month"``), else ``""``."""
 
     limit: int
     period_ms: int
+    #: How the period was written, not its length: rates of one period compare equal.
+    calendar: str = field(default="", compare=False)
 
     @property
     def period(self) -> float:
@@ -83,7 +119,7 @@ def parse_rate(text: object, key: str = "rate") -> Rate:
     # anything over 20 significant digits is far outside the bounds anyway.
     if max(len(match["limit"].lstrip("0")), len(match["multiplier"].lstrip("0"))) > 20:
         raise ConfigurationError(
-            key, f"{text!r}: the count must be at most {MAX_LIMIT} and the period at most 366 d"
+            key, f"{text!r}: the count must be at most {MAX_LIMIT} and the period at most 1 year"
         )
     limit = int(match["limit"])
     multiplier = int(match["multiplier"]) if match["multiplier"] else 1
@@ -91,7 +127,12 @@ def parse_rate(text: object, key: str = "rate") -> Rate:
         raise ConfigurationError(key, f"{text!r}: the count must be a positive integer")
     if multiplier < 1:
         raise ConfigurationError(key, f"{text!r}: the period multiplier must be positive")
-    rate = Rate(limit=limit, period_ms=multiplier * UNIT_MS[unit])
+    calendar = CALENDAR_UNITS.get(unit, "") if multiplier == 1 else ""
+    if calendar == "" and unit in CALENDAR_UNITS and CALENDAR_UNITS[unit] in CALENDAR_ONLY:
+        raise ConfigurationError(
+            key, f"{text!r}: a {CALENDAR_UNITS[unit]} takes no multiplier (a calendar window)"
+        )
+    rate = Rate(limit=limit, period_ms=multiplier * UNIT_MS[unit], calendar=calendar)
     check_rate_bounds(rate.limit, rate.period_ms, key)
     return rate
 
@@ -104,7 +145,8 @@ def check_rate_bounds(limit: int, period_ms: int, key: str) -> None:
         raise ConfigurationError(key, f"the limit must be between 1 and {MAX_LIMIT}, not {limit}")
     if period_ms < MIN_PERIOD_MS or period_ms > MAX_PERIOD_MS:
         raise ConfigurationError(
-            key, f"the period must be between 1 s and 366 d, not {period_ms / 1000:g} s"
+            key,
+            f"the period must be between 1 s and 366 d (a year), not {format_period(period_ms)}",
         )
     if limit * period_ms > MAX_PRODUCT:
         raise ConfigurationError(
@@ -122,6 +164,9 @@ def format_period(period_ms: int) -> str:
     return f"{period_ms}ms"
 
 
-def format_rate(limit: int, period_ms: int) -> str:
-    """Write a rate as the grammar reads it: ``"5/m"``, ``"10000/30d"``."""
+def format_rate(limit: int, period_ms: int, calendar: str = "") -> str:
+    """Write a rate as the grammar reads it: ``"5/m"``, ``"10000/30d"``; a calendar
+    window in words: ``"10000/month"``."""
+    if calendar:
+        return f"{limit}/{calendar}"
     return f"{limit}/{format_period(period_ms)}"

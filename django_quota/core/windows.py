@@ -294,3 +294,52 @@ def _log_result(
         retry_after = _log_wait(window, view, count, log, now, cost)
     remaining = limit - counted if counted < limit else 0
     return new_tuple(WindowResult, (remaining, reset_after, retry_after, replenish)), reset_after
+
+
+# -- calendar windows ----------------------------------------------------------------------
+# A fixed window's call with a calendar window (docs/policies.md, "Calendar windows")
+# carries, per window, the boundaries b0 < b1 < b2 the client computed
+# (core/calendar.py; 0, 0, 0 for an epoch-aligned window of the same call). Whoever
+# decides places its own now between them; evaluate.lua mirrors these functions.
+
+
+def calendar_place(bounds: tuple[int, ...], index: int, now: int, period: int) -> tuple[int, int]:
+    """The window ``[start, end)`` holding ``now`` of window ``index`` (0-based) of a call
+    whose flat ``bounds`` hold three numbers per window: ``[b0, b1)`` or ``[b1, b2)``;
+    ``(0, 0)`` when ``now`` is in neither (clock unsafe). An epoch-aligned window
+    (``b1 == 0``) is the period's multiple holding ``now``."""
+    at = 3 * index
+    b1 = bounds[at + 1]
+    if b1 == 0:
+        start = now - now % period
+        return start, start + period
+    if now < b1:
+        if now >= bounds[at]:
+            return bounds[at], b1
+        return 0, 0
+    b2 = bounds[at + 2]
+    if now < b2:
+        return b1, b2
+    return 0, 0
+
+
+def calendar_view(index: int, state: Mapping[str, int], start: int, end: int) -> tuple[int, int]:
+    """A calendar call's window ``index`` (1-based) seen in ``[start, end)``: its stored
+    count when the stored ``t`` is inside, else 0 (as :func:`_view`)."""
+    last = state.get("t")
+    if last is None or not start <= last < end:
+        return 0, 0
+    return state.get(COUNT_FIELDS[index], 0), 0
+
+
+def calendar_result(
+    window: Window, used: int, end: int, now: int, cost: int, charged: bool
+) -> tuple[WindowResult, int]:
+    """A calendar call's window's reported numbers and time to live (ms), as
+    :func:`window_result` for a fixed window, but ending at ``end``."""
+    limit = window.limit
+    reset_after = end - now
+    count = used + cost if charged else used
+    retry_after = -1 if used + cost <= limit else reset_after
+    remaining = limit - count if count < limit else 0
+    return new_tuple(WindowResult, (remaining, reset_after, retry_after, reset_after)), reset_after

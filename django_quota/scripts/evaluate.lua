@@ -38,8 +38,14 @@ ARGV:
            indeterminate
        u64 cleanup grace (CLEANUP_GRACE), ms
      then per policy: u8 algorithm (1 fixed_window, 2 sliding_window, 3 token_bucket,
-       4 sliding_log), u8 enforce (1 enforce, 0 shadow), u16 window count m, u64 cost,
-       then per window: u64 limit, u64 period (ms), u64 capacity
+       4 sliding_log, 5 fixed_window with calendar windows), u8 enforce (1 enforce,
+       0 shadow), u16 window count m, u64 cost,
+       then per window: u64 limit, u64 period (ms), u64 capacity; for algorithm 5
+       instead u64 limit, u64 b1, u64 b0, u64 b2 (ms): the boundaries of the window's
+       local calendar windows around the client's now (core/calendar.py), or u64 limit,
+       u64 period, 0, 0 for an epoch-aligned window of the policy; the window is
+       [b0, b1) or [b1, b2), whichever holds now, and the group is clock unsafe (1) when
+       neither does (model._places, docs/policies.md)
 Reply (integers only):
   { group status (0 decided, 1 clock unsafe, 2 indeterminate, 3 replayed),
     then per policy (only when 0 or 3): its status, only when replayed (1 charged by the
@@ -311,7 +317,9 @@ for i = 1, n do  --@ general
   local m = m_high * 256 + m_low  --@ general
   local call_cost = ((((c1 * 256 + c2) * 256 + c3) * 256 + c4) * 256 + c5) * 256 + c6
   local first = offset + 12  --@ general
-  offset = first + 24 * m  --@ general
+  local width = 24  --@ general
+  if algorithm == 5 then width = 32 end  -- a calendar call's windows  --@ general
+  offset = first + width * m  --@ general
   local value = redis.pcall('GET', KEYS[i])
   if not value then
     value = ''
@@ -369,14 +377,14 @@ for i = 1, n do  --@ general
   local allowed = true
   -- Whether every window is still the one of the stored t (fixed window and sliding
   -- window counter only): then a charge may keep the counter's expiry (model.keeps_expiry).
-  local same_windows = last ~= nil and (algorithm == 1 or algorithm == 2)  --@ general
+  local same_windows = last ~= nil and (algorithm == 1 or algorithm == 2 or algorithm == 5)  --@ general
   --+ local same_windows = last ~= nil  --@ fixed_window or sliding_window
   --+ local same_windows = false  --@ token_bucket or sliding_log
   for w = 1, m do  --@ general
   --+ local w = 1
 --@ if general
     if w > 1 then
-      local at = first + 24 * (w - 1)
+      local at = first + width * (w - 1)
       l1, l2, l3, l4, l5, l6, _, _, p1, p2, p3, p4, p5, p6, _, _, q1, q2, q3, q4, q5, q6 =
         byte(packed, at + 2, at + 23)
       if last ~= nil then
@@ -408,9 +416,34 @@ for i = 1, n do  --@ general
       -- The window seen at now (model._view): used (the fixed count, the sliding cur, the
       -- bucket's deficit) and prev; then whether cost fits (model.allows).
       local used, prev = 0, 0
-      if algorithm == 1 then  --@ general
+      if algorithm == 1 or algorithm == 5 then  --@ general
 --@ if fixed_window
-        if last ~= nil and policy_now - policy_now % period == last - last % period then
+        if algorithm == 5 then
+          -- A calendar call (model._places, windows.calendar_place): period holds b1; the
+          -- window of policy_now among the boundaries sent, t's count when t is inside it
+          -- (t <= policy_now: t is before its end), and its end kept in prev (a fixed
+          -- window has none) for the lifetime.
+          local at = first + 32 * (w - 1) + 18  --@ general
+          --+ local at = 66
+          local a1, a2, a3, a4, a5, a6, _, _, z1, z2, z3, z4, z5, z6 = byte(packed, at, at + 13)
+          local start = ((((a1 * 256 + a2) * 256 + a3) * 256 + a4) * 256 + a5) * 256 + a6
+          if start == 0 then  -- an epoch-aligned window of the call
+            start = policy_now - policy_now % period
+            prev = start + period
+          elseif policy_now < period then
+            if policy_now < start then return {1} end
+            prev = period
+          else
+            prev = ((((z1 * 256 + z2) * 256 + z3) * 256 + z4) * 256 + z5) * 256 + z6
+            if policy_now >= prev then return {1} end
+            start = period
+          end
+          if last ~= nil and last >= start then
+            used = count
+          else
+            same_windows = false
+          end
+        elseif last ~= nil and policy_now - policy_now % period == last - last % period then
           used = count
         else
           same_windows = false
@@ -563,9 +596,13 @@ for i = 1, n do  --@ general
 --@ end
       end  --@ general
       if charged then
-        if algorithm == 1 then  --@ general
+        if algorithm == 1 or algorithm == 5 then  --@ general
 --@ if fixed_window
-          window_ttl = period - policy_now % period
+          if prev > 0 then  -- a calendar call: to its window's end
+            window_ttl = prev - policy_now
+          else
+            window_ttl = period - policy_now % period
+          end
           a = used + call_cost
 --@ end
         elseif algorithm == 3 then  --@ general

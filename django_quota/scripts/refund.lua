@@ -18,17 +18,19 @@ ARGV:
   2  the evaluation's fingerprint (5 bytes), whose entries leave each counter's ledger,
      so that a later repeat of the refused evaluation is decided afresh
   then per policy: algorithm (1 fixed_window, 2 sliding_window, 3 token_bucket,
-       4 sliding_log),
+       4 sliding_log, 5 fixed_window with calendar windows),
        cost (integer >= 1, the units charged),
        charged now (ms: the effective now evaluate.lua returned for the charge, which it
                     stored as t),
        window count m,
-       then per window: period (ms)
+       then per window: period (ms); for algorithm 5 also the start and end (ms) of the
+       window charged (the one of charged now among the boundaries evaluate.lua had)
 Reply (integer): how many windows were refunded.
 
 Per window i of period P:
   fixed_window    c<i> -= cost (never below 0) only while t's window is the charged one
-                  (t - t mod P == charged now - charged now mod P);
+                  (t - t mod P == charged now - charged now mod P; with calendar
+                  windows, start <= t < end);
   sliding_window  the same; and when t has moved into the next window, where the charged
                   window's count is now p<i>, p<i> -= cost (never below 0);
   token_bucket    the deficit c<i>·P + p<i> -= cost·P (never below 0), split again into
@@ -136,8 +138,10 @@ for i = 1, n do
       local stride = 1
       if algorithm == 2 or algorithm == 3 then stride = 2 end
       local field = numbers + 6
+      local width = 1  -- arguments per window
+      if algorithm == 5 then width = 3 end
       for w = 1, m do
-        local period = tonumber(ARGV[position + w - 1])
+        local period = tonumber(ARGV[position + width * (w - 1)])
         local count = u48(value, field)
         local extra = 0
         if stride == 2 then extra = u48(value, field + 6) end
@@ -153,6 +157,13 @@ for i = 1, n do
           count = floor_div(deficit, period)
           extra = deficit - count * period
           refunded = refunded + 1
+        elseif algorithm == 5 then  -- a calendar call: t still in the window charged
+          local start = tonumber(ARGV[position + 3 * (w - 1) + 1])
+          local finish = tonumber(ARGV[position + 3 * (w - 1) + 2])
+          if last >= start and last < finish then
+            count = max(0, count - cost)
+            refunded = refunded + 1
+          end
         else
           local stored_start = last - mod(last, period)
           local charged_start = charged_now - mod(charged_now, period)
@@ -177,5 +188,6 @@ for i = 1, n do
     log_position = log_position + m
   end
   position = position + m
+  if algorithm == 5 then position = position + 2 * m end  -- start and end per window
 end
 return refunded

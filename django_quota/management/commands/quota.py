@@ -286,6 +286,8 @@ def _policy_row(policy: Policy, settings: conf.QuotaSettings) -> dict[str, objec
                 "limit": w.limit,
                 "period": w.period,
                 "capacity": w.capacity if policy.algorithm == TOKEN_BUCKET else None,
+                # a calendar window's unit and timezone (docs/policies.md#calendar-windows)
+                **({"calendar": w.calendar, "timezone": w.timezone} if w.calendar else {}),
             }
             for w in policy.windows
         ],
@@ -297,11 +299,19 @@ def _policy_row(policy: Policy, settings: conf.QuotaSettings) -> dict[str, objec
     }
 
 
+def _written_rate(window: dict[str, Any]) -> str:
+    """A window row's rate: ``5/30d``, a calendar window in words with its timezone
+    (``10000/month (Europe/Berlin)``)."""
+    if "calendar" in window:
+        return f"{window['limit']}/{window['calendar']} ({window['timezone']})"
+    return format_rate(window["limit"], round(window["period"] * 1000))
+
+
 def _cell(value: object) -> str:
     if isinstance(value, list):
         if value and isinstance(value[0], dict):
             return ",".join(
-                f"{w['window']}={format_rate(w['limit'], round(w['period'] * 1000))}"
+                f"{w['window']}={_written_rate(w)}"
                 + ("" if w["capacity"] in (None, w["limit"]) else f"(capacity={w['capacity']})")
                 for w in value
             )
