@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from django.apps import AppConfig
+from django.apps import AppConfig, apps
 from django.core.signals import setting_changed
 from django.db.models.signals import post_delete, post_migrate, post_save
 
@@ -34,6 +34,10 @@ class DjangoQuotaConfig(AppConfig):
         post_delete.connect(window_changed, sender=QuotaWindow, dispatch_uid="quota-window-delete")
         # A registry built before the tables existed holds no database policy.
         post_migrate.connect(policies.database_changed, dispatch_uid="quota-registry-migrate")
+        if apps.is_installed("django.contrib.auth"):
+            # Connects the user_login_failed receiver of LOGIN_POLICIES (docs/login.md).
+            from django_quota import auth  # noqa: F401
+
         for model in (QuotaPolicy, QuotaWindow):
             for signal in (post_save, post_delete):
                 signal.connect(

@@ -48,7 +48,36 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
     reported += _middleware_order(parsed, effective)
     reported += _header_items(effective)
     reported += _folded_generated_ids()
+    reported += _login_protection(parsed, effective)
     return reported
+
+
+def _login_protection(parsed: QuotaSettings, effective: Iterable[Policy]) -> list[CheckMessage]:
+    """E014 and E009 for ``LOGIN_POLICIES`` (docs/login.md): the backend first in
+    ``AUTHENTICATION_BACKENDS``, the middleware installed, each id defined, each selector
+    of ``user`` and ``ip`` only."""
+    if not parsed.login_policies:
+        return []
+    from django_quota.auth import BACKEND_PATH, LOGIN_DIMENSIONS
+
+    found: list[CheckMessage] = []
+    backends = [str(entry) for entry in getattr(django_settings, "AUTHENTICATION_BACKENDS", [])]
+    at = _index(backends, BACKEND_PATH)
+    if at != 0:
+        where = Checks.LOGIN_BACKEND_MISSING if at is None else Checks.LOGIN_BACKEND_LATE
+        found.append(_error(Checks.LOGIN_BACKEND_NOT_FIRST, backend=BACKEND_PATH, where=where))
+    middleware = [str(entry) for entry in getattr(django_settings, "MIDDLEWARE", None) or []]
+    if _index(middleware, MIDDLEWARE_PATH) is None:
+        found.append(_error(Checks.LOGIN_MIDDLEWARE_MISSING, middleware=MIDDLEWARE_PATH))
+    by_id = {policy.id: policy for policy in effective}
+    for policy_id in parsed.login_policies:
+        policy = by_id.get(policy_id)
+        if policy is None:
+            found.append(_error(Checks.LOGIN_POLICY_UNKNOWN, policy=policy_id))
+        elif not set(policy.selector) <= LOGIN_DIMENSIONS:
+            selector = list(policy.selector)
+            found.append(_error(Checks.LOGIN_SELECTOR, policy=policy_id, selector=selector))
+    return found
 
 
 def _effective_policies(parsed: QuotaSettings) -> list[Policy]:

@@ -125,6 +125,8 @@ class QuotaSettings:
     policy_sources: tuple[str, ...]
     policy_cache_ttl: float
     drf_algorithm: str
+    exempt_when: str | None
+    login_policies: tuple[str, ...]
     raw: Mapping[str, Any] = field(repr=False, compare=False)
 
     @property
@@ -347,6 +349,8 @@ FIELDS = (
     Field("POLICY_CACHE_TTL", 5.0, number(0, allow_zero=True)),
     # the drop-ins decide as DRF's history log does
     Field("DRF_ALGORITHM", "sliding_log", choice(ALGORITHMS)),
+    Field("EXEMPT_WHEN", None, dotted_path),  # callable(request) -> bool (docs/policies.md)
+    Field("LOGIN_POLICIES", [], string_list()),  # policy ids (docs/login.md)
 )
 DEFAULTS: Mapping[str, Any] = MappingProxyType({field.key: field.default for field in FIELDS})
 

@@ -19,6 +19,7 @@ from asgiref.sync import iscoroutinefunction
 from django_quota import limiter
 from django_quota.core.outcome import DENIED_DECISION, FAILED_CLOSED, Outcome
 from django_quota.core.policy import Policy
+from django_quota.exemptions import aexempt_step, exempt_step
 
 #: The one attribute django-quota sets on a request.
 LEDGER_ATTR = "_quota"
@@ -155,10 +156,15 @@ class RequestLedger:
         return current, current.lease(throttle)
 
 
+def django_request(request: Any) -> Any:
+    """Django's ``HttpRequest``: ``request`` itself, or the one DRF's ``Request`` wraps."""
+    return getattr(request, "_request", request)
+
+
 def ledger_of(request: Any) -> RequestLedger:
     """The ledger of ``request``, made on first use. DRF's ``Request`` keeps it on the
     ``HttpRequest`` it wraps, where every layer finds it."""
-    request = getattr(request, "_request", request)
+    request = django_request(request)
     found: RequestLedger | None = getattr(request, LEDGER_ATTR, None)
     if found is None:
         found = RequestLedger()
@@ -284,6 +290,7 @@ def decide(
     :func:`~django_quota.limiter.evaluate_policies`.
     """
     step = _Step(request, group, lease, throttle, unknown, cause)
+    exempt_step(request, step, subject)
     fresh: list[Outcome] = []
     if step.pending:
         assert subject is not None
@@ -309,6 +316,7 @@ async def adecide(
     """Async twin of :func:`decide`: the subject's database sources are read in a worker
     thread first, and an async ``cost`` callable is awaited."""
     step = _Step(request, group, lease, None, unknown, cause)
+    await aexempt_step(request, step, subject)
     fresh: list[Outcome] = []
     if step.pending:
         assert subject is not None

@@ -28,6 +28,7 @@ E_MIDDLEWARE_BEFORE_AUTHENTICATION = "django_quota.E010"
 E_DUPLICATE_HEADER_ITEM = "django_quota.E011"
 E_FOLDED_GENERATED_ID = "django_quota.E012"
 E_DRF_RATE = "django_quota.E013"
+E_LOGIN_PROTECTION = "django_quota.E014"
 W_MEMORY_IN_PRODUCTION = "django_quota.W001"
 W_HMAC_KEY_UNSET = "django_quota.W002"
 W_DRF_NUM_PROXIES = "django_quota.W003"
@@ -220,6 +221,32 @@ class Checks:
         E_DRF_RATE,
         "REST_FRAMEWORK['DEFAULT_THROTTLE_RATES'][{scope!r}]: {error}",
         "write {grammar}, or None for no limit",
+    )
+    # -- login protection (docs/login.md) --
+    LOGIN_POLICY_UNKNOWN = Message(
+        E_UNKNOWN_VIEW_POLICY,
+        "QUOTA['LOGIN_POLICIES'] names policy {policy!r}, which is not defined",
+        "add it to QUOTA['POLICIES'] or the admin, or fix the name",
+    )
+    LOGIN_BACKEND_NOT_FIRST = Message(
+        E_LOGIN_PROTECTION,
+        "QUOTA['LOGIN_POLICIES'] is set but {backend!r} is {where} in "
+        "AUTHENTICATION_BACKENDS: passwords are checked before the login policies refuse",
+        "put {backend!r} first in AUTHENTICATION_BACKENDS",
+    )
+    LOGIN_BACKEND_MISSING = "missing"
+    LOGIN_BACKEND_LATE = "not first"
+    LOGIN_SELECTOR = Message(
+        E_LOGIN_PROTECTION,
+        "QUOTA['LOGIN_POLICIES'] names policy {policy!r}, whose selector {selector} uses "
+        "more than user (the submitted username) and ip",
+        "give the login policy a selector of ['user'], ['ip'] or ['user', 'ip']",
+    )
+    LOGIN_MIDDLEWARE_MISSING = Message(
+        E_LOGIN_PROTECTION,
+        "QUOTA['LOGIN_POLICIES'] is set but QuotaMiddleware is not in MIDDLEWARE: a refused "
+        "login answers the login form's error, not 429 with Retry-After",
+        "add {middleware!r} after AuthenticationMiddleware",
     )
     MEMORY_IN_PRODUCTION = Message(
         W_MEMORY_IN_PRODUCTION,

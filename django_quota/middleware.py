@@ -4,6 +4,7 @@ request on the way out. Sync and async capable."""
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -16,6 +17,14 @@ from django_quota.core.policy import Policy
 from django_quota.ledger import adecide, decide, ledger_of, outcomes
 from django_quota.routes import path_matches, policy_applies
 from django_quota.subjects import RequestSubject
+from django_quota.usage import is_usage_request
+
+
+def login_refusal(request: HttpRequest) -> Outcome | None:
+    """The outcome with which ``QuotaLoginBackend`` refused this request's login, if any
+    (``django_quota.auth`` is imported only where ``django.contrib.auth`` is)."""
+    auth = sys.modules.get("django_quota.auth")
+    return None if auth is None else auth.refusal(request)
 
 
 class QuotaMiddleware:
@@ -57,6 +66,7 @@ class QuotaMiddleware:
                 refused = await sync_to_async(self._refuse)(request, refusing)
                 return self._finish(request, refused)
         response = await self.get_response(request)
+        response = await self._alogin_refused(request, response)
         return self._finish(request, response)
 
     def _matching(self, request: HttpRequest, registry: policies.Registry) -> list[Policy]:
@@ -67,14 +77,34 @@ class QuotaMiddleware:
         if any(path_matches(prefix, path) for prefix in settings.exempt_paths):
             return []
         decided = ledger_of(request).memo
-        return [
+        found = [
             policy
             for policy in registry.middleware
             if policy.id not in decided and policy_applies(policy, request)
         ]
+        if found and is_usage_request(request):
+            return []  # the usage view is never limited (docs/usage.md)
+        return found
 
     def _refuse(self, request: HttpRequest, refusing: Outcome) -> HttpResponse:
         return http.problem_response(request, refusing, sender=self.__class__)
 
     def _finish(self, request: HttpRequest, response: HttpResponse) -> HttpResponse:
+        if not self.is_async:
+            response = self._login_refused(request, response)
         return http.apply_headers(response, outcomes(request))
+
+    def _login_refused(self, request: HttpRequest, response: HttpResponse) -> HttpResponse:
+        """The 429 (or 503) instead of ``response`` when ``QuotaLoginBackend`` refused
+        this request's login (docs/login.md); ``response`` otherwise."""
+        refused = login_refusal(request)
+        if refused is None:
+            return response
+        ledger_of(request).record([refused])
+        return self._refuse(request, refused)
+
+    async def _alogin_refused(self, request: HttpRequest, response: HttpResponse) -> HttpResponse:
+        """Async twin of :meth:`_login_refused`: the refusal is built in a thread."""
+        if login_refusal(request) is None:
+            return response
+        return await sync_to_async(self._login_refused)(request, response)

@@ -12,8 +12,10 @@ from collections.abc import Iterator
 from typing import Any
 
 from django_quota import conf, limiter
+from django_quota.core.outcome import Outcome
+from django_quota.ledger import outcomes
 
-__all__ = ["reset", "reset_memory"]
+__all__ = ["outcome", "reset", "reset_memory"]
 
 #: Keys asked for per SCAN call and deleted per UNLINK (or pipeline) batch.
 BATCH = 500
@@ -66,6 +68,23 @@ def reset_memory() -> None:
     fallback = limiter.get_fallback()
     if fallback is not None:
         fallback.clear()
+
+
+def outcome(request: Any, policy: str) -> Outcome:
+    """The outcome ``policy`` got on ``request`` (the test client's
+    ``response.wsgi_request``), whatever else was recorded: DRF's usual pair of default
+    throttles records ``drf:anon`` and ``drf:user`` on one request, so
+    ``[found] = django_quota.outcomes(request)`` cannot take it apart.
+
+    Raises ``AssertionError`` naming the policies that were recorded when ``policy`` is
+    not among them (``docs/testing.md``).
+    """
+    recorded = outcomes(request)
+    for found in recorded:
+        if found.policy == policy:
+            return found
+    names = ", ".join(repr(found.policy) for found in recorded) or "none"
+    raise AssertionError(f"no outcome of policy {policy!r} on this request; recorded: {names}")
 
 
 def glob_escape(text: str) -> str:

@@ -1,4 +1,5 @@
-"""Optional views: the Prometheus exposition of django-quota's metrics.
+"""Optional views: the Prometheus exposition of django-quota's metrics, and
+:func:`usage`, the caller's quota state (``docs/usage.md``).
 
 ``path("metrics/quota", django_quota.views.metrics)`` exposes the process's registry, or,
 with ``PROMETHEUS_MULTIPROC_DIR`` set (gunicorn with several workers), every worker's
@@ -13,6 +14,9 @@ from django.http import HttpRequest, HttpResponse
 
 from django_quota import conf, operations
 from django_quota.metrics import MULTIPROCESS
+from django_quota.usage import usage
+
+__all__ = ["metrics", "refresh_eviction", "usage"]
 
 
 def refresh_eviction() -> None:

@@ -99,6 +99,8 @@ def test_defaults_table_is_the_documented_table() -> None:
         "POLICY_SOURCES": ["settings", "database"],
         "POLICY_CACHE_TTL": 5.0,
         "DRF_ALGORITHM": "sliding_log",
+        "EXEMPT_WHEN": None,
+        "LOGIN_POLICIES": [],
     }
 
 

@@ -33,6 +33,9 @@ CLOCK_UNSAFE = "clock_unsafe"
 INDETERMINATE = "indeterminate"
 #: A view, throttle or decorator names a policy no source defines (docs/failures.md).
 POLICY_UNKNOWN = "policy_unknown"
+#: The request's client is exempt: a policy's ``exempt`` networks or ``EXEMPT_WHEN``
+#: (docs/policies.md#exemptions); the decision is ``skipped``.
+EXEMPT = "exempt"
 FAILURE_REASONS = frozenset(
     {BACKEND_TIMEOUT, BACKEND_UNAVAILABLE, BACKEND_ERROR, CLOCK_UNSAFE, INDETERMINATE}
 )
@@ -42,6 +45,7 @@ FIXED_REASONS = frozenset(
         SELECTOR_IDENTITY_INVALID,
         COST_EXCEEDS_LIMIT,
         POLICY_UNKNOWN,
+        EXEMPT,
         *FAILURE_REASONS,
     }
 )

@@ -4,6 +4,7 @@ revision that isolates counters when a policy's meaning changes (``docs/policies
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import json
 import re
 import zoneinfo
@@ -49,12 +50,15 @@ WINDOW_NAME_RE = re.compile(r"^[a-z][a-z0-9_]{0,31}\Z")
 PLAN_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}\Z")
 DEFAULT_WINDOW = "default"
 
+IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+
 POLICY_KEYS = frozenset(
     {
         "algorithm",
         "windows",
         "selector",
         "routes",
+        "exempt",
         "methods",
         "enforcement",
         "failure_mode",
@@ -127,6 +131,8 @@ class Policy:
     failure_mode: str | None = None
     on_missing: str = "deny"
     max_cost: int | None = None
+    #: Client networks that skip the policy (decision ``skipped``, reason ``exempt``).
+    exempt: tuple[IPNetwork, ...] = ()
     enabled: bool = True
     revision: str = ""
     source: str = "settings"
@@ -451,6 +457,26 @@ def _choice(value: object, choices: Sequence[str], key: str) -> str:
     return value
 
 
+def parse_exempt(value: object, key: str) -> tuple[IPNetwork, ...]:
+    """A policy's ``exempt`` key: a list of IPv4 or IPv6 networks in CIDR notation (a bare
+    address is its one-address network; host bits are dropped, as ``TRUSTED_PROXIES``
+    does). Not part of the revision: who is exempt changes no counter's meaning.
+
+    Raises :class:`ConfigurationError` naming the first entry that is not a network.
+    """
+    networks: list[IPNetwork] = []
+    for index, entry in enumerate(_string_list(value, key)):
+        try:
+            networks.append(ipaddress.ip_network(entry.strip(), strict=False))
+        except ValueError:
+            raise ConfigurationError(
+                f"{key}[{index}]",
+                f"{entry!r} is not an IP network; write it in CIDR notation, e.g. "
+                "'10.0.0.0/8' or '2001:db8::/32'",
+            ) from None
+    return tuple(networks)
+
+
 def parse_policy(
     policy_id: object,
     raw: object,
@@ -502,6 +528,7 @@ def parse_policy(
     if failure_mode is not None:
         failure_mode = _choice(failure_mode, FAILURE_MODES, f"{key}['failure_mode']")
     on_missing = _choice(raw.get("on_missing", "deny"), ON_MISSING, f"{key}['on_missing']")
+    exempt = parse_exempt(raw.get("exempt"), f"{key}['exempt']")
     max_cost = raw.get("max_cost")
     if max_cost is not None and (
         isinstance(max_cost, bool) or not isinstance(max_cost, int) or max_cost < 0
@@ -527,6 +554,7 @@ def parse_policy(
         failure_mode=failure_mode,
         on_missing=on_missing,
         max_cost=max_cost,
+        exempt=exempt,
         enabled=enabled,
         revision=revision,
         source=source,

@@ -26,7 +26,7 @@ from django.core.cache import InvalidCacheBackendError
 from django.core.exceptions import ImproperlyConfigured
 from django.utils.module_loading import import_string
 
-from django_quota import conf, limiter, policies, subjects
+from django_quota import conf, exemptions, limiter, policies, subjects
 from django_quota.core.errors import ConfigurationError
 from django_quota.core.identity import INVALID_VALUE, IdentityError, client_ip
 from django_quota.core.outcome import FAILED_CLOSED, FAILED_OPEN, Outcome
@@ -392,6 +392,9 @@ def _decide(request: Any, found: _Limit, increment: bool, sender: object) -> Out
     if policy is None:
         return None
     if not increment:
+        skipped = exemptions.exempted(request, [policy], found.subject, record=False)
+        if skipped:
+            return skipped[policy.id]
         current = limiter.get_limiter()
         return current.run(current.prepare([policy], _peek_subject(found), 1, peek=True))[0]
     lease = Lease()
@@ -409,6 +412,9 @@ async def _adecide(request: Any, found: _Limit, increment: bool, sender: object)
         return None
     if not increment:
         assert found.subject is not None
+        skipped = await exemptions.aexempted(request, [policy], found.subject, record=False)
+        if skipped:
+            return skipped[policy.id]
         await found.subject.aload([policy])
         current = limiter.get_limiter()
         prepared = current.prepare([policy], _peek_subject(found), 1, peek=True)

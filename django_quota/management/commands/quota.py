@@ -114,7 +114,13 @@ class Command(BaseCommand):
         """The subject of ``inspect``/``reset``, ``--user`` resolved to a primary key (the
         note on stderr, so that ``--json`` output stays JSON)."""
         subject = _subject(options)
-        if "user" in subject:
+        if "user" in subject and options["policy"] in conf.get_settings().login_policies:
+            # A login policy counts the submitted username (docs/login.md).
+            from django_quota.auth import submitted_username
+
+            subject["user"] = submitted_username({"username": subject["user"]}) or ""
+            self.stderr.write("--user is a username: the policy is in LOGIN_POLICIES")
+        elif "user" in subject:
             subject["user"], note = _user_pk(subject["user"])
             self.stderr.write(note)
         return subject

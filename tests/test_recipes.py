@@ -1,0 +1,232 @@
+"""docs/recipes.md, run: each recipe's blocks are executed as written (a ``# settings.py``
+block's upper-case names become the test's settings, a ``# myproject/<name>.py`` block
+becomes the module ``myproject.<name>``), then requests check what the recipe's text
+promises, on the memory backend with a frozen clock."""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+import types
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.contrib import admin
+from django.contrib.auth.signals import user_logged_in
+from django.contrib.auth.views import LoginView
+from django.http import HttpRequest, HttpResponse
+from django.test import Client
+from django.urls import clear_url_caches, path
+
+import django_quota
+from django_quota import metrics
+from tests.test_middleware import CLOCK
+
+pytestmark = pytest.mark.django_db
+
+PAGE = Path(__file__).resolve().parent.parent / "docs" / "recipes.md"
+PROXY = "10.0.0.5"
+
+
+def recipes() -> dict[str, list[tuple[str, str]]]:
+    """Recipe title -> its ``(file, code)`` blocks, in page order."""
+    found: dict[str, list[tuple[str, str]]] = {}
+    for section in PAGE.read_text().split("\n## ")[1:]:
+        title = section.splitlines()[0].strip()
+        blocks = re.findall(r"^```python\n(.*?)^```$", section, flags=re.M | re.S)
+        found[title] = [
+            (block.splitlines()[0].removeprefix("# ").strip(), block) for block in blocks
+        ]
+    return found
+
+
+RECIPES = recipes()
+
+
+@pytest.fixture
+def recipe(settings: Any) -> Iterator[Any]:
+    """``recipe(title)`` executes that recipe's blocks; its modules are removed after."""
+    made: list[str] = []
+    receivers: list[Any] = []
+
+    def run(title: str) -> dict[str, types.ModuleType]:
+        modules: dict[str, types.ModuleType] = {}
+        for filename, code in RECIPES[title]:
+            if filename == "settings.py":
+                namespace: dict[str, Any] = {}
+                exec(code, namespace)
+                for name, value in namespace.items():
+                    if name == "QUOTA":
+                        value = {"HMAC_KEY": "tests-hmac-key-0123456789", "CLOCK": CLOCK, **value}
+                        value.setdefault("POLICY_SOURCES", ["settings"])
+                    if name.isupper():
+                        setattr(settings, name, value)
+                continue
+            assert filename.startswith("myproject/") and filename.endswith(".py"), filename
+            name = "myproject." + filename.removeprefix("myproject/").removesuffix(".py")
+            if "myproject" not in sys.modules:
+                package = types.ModuleType("myproject")
+                package.__path__ = []
+                sys.modules["myproject"] = package
+                made.append("myproject")
+            module = types.ModuleType(name)
+            sys.modules[name] = module
+            made.append(name)
+            before = list(user_logged_in.receivers)
+            exec(compile(code, filename, "exec"), module.__dict__)
+            receivers.extend(r for r in user_logged_in.receivers if r not in before)
+            modules[name] = module
+        return modules
+
+    yield run
+    for receiver_key in receivers:
+        user_logged_in.receivers.remove(receiver_key)
+    user_logged_in.sender_receivers_cache.clear()
+    for name in made:
+        sys.modules.pop(name, None)
+    clear_url_caches()
+
+
+@pytest.fixture
+def mount(settings: Any) -> Iterator[Any]:
+    """``mount(patterns)``: make ``patterns`` the root URLconf for the test."""
+    name = "tests.test_recipes_urlconf"
+
+    def apply(patterns: list[Any]) -> None:
+        module = types.ModuleType(name)
+        module.urlpatterns = patterns  # type: ignore[attr-defined]
+        sys.modules[name] = module
+        settings.ROOT_URLCONF = name
+        clear_url_caches()
+
+    yield apply
+    sys.modules.pop(name, None)
+    clear_url_caches()
+
+
+def test_the_page_has_the_recipes_this_module_runs() -> None:
+    assert list(RECIPES) == [
+        "Exempting health checks and internal networks",
+        "Tiers: a plan per API key",
+        "A usage endpoint",
+        "Login protection",
+    ]
+
+
+# -- exempting health checks and internal networks ------------------------------------------
+def ok(request: HttpRequest) -> HttpResponse:
+    return HttpResponse("ok")
+
+
+exempting_urls = [path("healthz", ok), path("api/items", ok)]
+
+
+def test_exempting_health_checks_and_internal_networks(
+    recipe: Any, mount: Any, django_user_model: Any
+) -> None:
+    recipe("Exempting health checks and internal networks")
+    mount(exempting_urls)
+    client = Client()
+
+    def statuses(url: str, count: int, address: str) -> list[int]:
+        forwarded = {"REMOTE_ADDR": PROXY, "HTTP_X_FORWARDED_FOR": address}
+        return [client.get(url, **forwarded).status_code for _ in range(count)]
+
+    # The health check is never looked at; the office and the VPN skip the policy.
+    assert set(statuses("/healthz", 70, "198.51.100.1")) == {200}
+    assert set(statuses("/api/items", 70, "192.0.2.10")) == {200}
+    assert set(statuses("/api/items", 70, "2001:db8:42:7::3")) == {200}
+    exempt_before = metrics.outcome_counts().get(("api", "skipped", "exempt"), 0)
+    assert statuses("/api/items", 1, "192.0.2.10") == [200]
+    assert metrics.outcome_counts()[("api", "skipped", "exempt")] == exempt_before + 1
+    # Anyone else meets the limit...
+    assert statuses("/api/items", 61, "198.51.100.2")[-2:] == [200, 429]
+    # ...except signed-in staff, from the same address.
+    staff = django_user_model.objects.create_user("sam", is_staff=True)
+    client.force_login(staff)
+    assert set(statuses("/api/items", 3, "198.51.100.2")) == {200}
+
+
+# -- tiers: a plan per API key ----------------------------------------------------------------
+def test_tiers_a_plan_per_api_key(recipe: Any, mount: Any) -> None:
+    modules = recipe("Tiers: a plan per API key")
+    customers = modules["myproject.quota"].CUSTOMERS
+    mount([path("api/items", ok)])
+    client = Client()
+
+    def get(key: str | None) -> Any:
+        headers = {"HTTP_X_API_KEY": key} if key else {}
+        return client.get("/api/items", **headers)
+
+    assert [get("key-acme").status_code for _ in range(101)][-2:] == [200, 429]
+    (premium,) = django_quota.outcomes(get("key-globex").wsgi_request)
+    assert (premium.limit, premium.remaining) == (10000, 9999)
+    # Acme upgrades: the day's 100 calls stay counted, against the premium limit.
+    customers["key-acme"] = "premium"
+    upgraded = get("key-acme")
+    assert upgraded.status_code == 200
+    (found,) = django_quota.outcomes(upgraded.wsgi_request)
+    assert (found.limit, found.remaining) == (10000, 9899)
+    # No key, or one nobody issued: no identity, refused without a budget.
+    assert get(None).status_code == 429
+    assert get("key-made-up").status_code == 429
+
+
+# -- a usage endpoint -------------------------------------------------------------------------
+def test_a_usage_endpoint(recipe: Any, mount: Any, quota: Any, settings: Any) -> None:
+    modules = recipe("A usage endpoint")
+    mount([*modules["myproject.urls"].urlpatterns, path("api/items", ok)])
+    settings.REST_FRAMEWORK = {
+        "DEFAULT_THROTTLE_CLASSES": ["django_quota.throttling.AnonRateThrottle"],
+        "DEFAULT_THROTTLE_RATES": {"anon": "1/min"},
+    }
+    quota(CLOCK=CLOCK, POLICIES={"api": {"windows": "3/m", "selector": ["ip"], "routes": ["/api"]}})
+    client = Client()
+    address = {"REMOTE_ADDR": "203.0.113.9"}
+    assert client.get("/api/items", **address).status_code == 200
+    for url in ("/rate_limit", "/api/rate_limit") * 3:
+        response = client.get(url, **address)
+        assert response.status_code == 200
+        (entry,) = json.loads(response.content)["policies"]
+        assert (entry["policy"], entry["limit"], entry["remaining"]) == ("api", 3, 2)
+    assert django_quota.peek("api", {"ip": "203.0.113.9"}).remaining == 2
+
+
+# -- login protection -------------------------------------------------------------------------
+login_urls = [
+    path("login/", LoginView.as_view(template_name="admin/login.html")),
+    path("admin/", admin.site.urls),
+    path("home/", ok),
+]
+
+
+def test_login_protection(
+    recipe: Any, mount: Any, settings: Any, django_user_model: Any
+) -> None:
+    recipe("Login protection")
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+    settings.LOGIN_REDIRECT_URL = "/home/"
+    mount(login_urls)
+    django_user_model.objects.create_user("fiona", password="s3cret-pass")
+    client = Client()
+
+    def login(password: str) -> Any:
+        return client.post(
+            "/login/", {"username": "fiona", "password": password}, REMOTE_ADDR="203.0.113.7"
+        )
+
+    # Two failures, then a success: the reset-on-success receiver forgets them.
+    assert [login("wrong").status_code for _ in range(2)] == [200, 200]
+    assert login("s3cret-pass").status_code == 302
+    assert django_quota.peek("login-user", {"user": "fiona"}).remaining == 5
+    client.logout()
+    # Five failures, then the sixth attempt (the right password) is refused.
+    assert [login("wrong").status_code for _ in range(5)] == [200] * 5
+    refused = login("s3cret-pass")
+    assert refused.status_code == 429
+    assert int(refused["Retry-After"]) >= 1
+    assert "_auth_user_id" not in client.session
+
