@@ -312,7 +312,12 @@ def _release_request(
     """What releases the leases ``evaluation_id`` acquired from ``subject``'s counter of
     ``policy_id``; None when the policy is not a concurrency policy (nothing to free)."""
     check_evaluation_id(evaluation_id)
-    policy = policies.get_policy(policy_id)
+    return lease_request(policies.get_policy(policy_id), subject, evaluation_id)
+
+
+def lease_request(policy: Policy, subject: Subject, evaluation_id: str) -> ReleaseRequest | None:
+    """:func:`_release_request` for a policy object (the edges hold theirs, generated
+    ones included)."""
     if policy.algorithm != CONCURRENCY:
         return None
     limiter = get_limiter()
@@ -339,7 +344,12 @@ def release(policy_id: str, subject: Subject, evaluation_id: str) -> int:
     :class:`~django_quota.core.errors.BackendError` when the backend fails: the lease
     then frees itself after the policy's period).
     """
-    request = _release_request(policy_id, subject, evaluation_id)
+    return release_leases(_release_request(policy_id, subject, evaluation_id))
+
+
+def release_leases(request: ReleaseRequest | None) -> int:
+    """Run ``request`` (None: nothing held) in this process's fallback, then in the
+    backend; the units released."""
     if request is None:
         return 0
     local = _release_fallback(request)
@@ -352,7 +362,11 @@ def release(policy_id: str, subject: Subject, evaluation_id: str) -> int:
 async def arelease(policy_id: str, subject: Subject, evaluation_id: str) -> int:
     """Async twin of :func:`release`."""
     await policies.aget_registry()
-    request = _release_request(policy_id, subject, evaluation_id)
+    return await arelease_leases(_release_request(policy_id, subject, evaluation_id))
+
+
+async def arelease_leases(request: ReleaseRequest | None) -> int:
+    """Async twin of :func:`release_leases`."""
     if request is None:
         return 0
     local = _release_fallback(request)
