@@ -30,6 +30,9 @@ HAMMER_LIMIT = 50
 
 ALGORITHMS = ("fixed_window", "sliding_window", "token_bucket", "sliding_log")
 TWO_WINDOWS = "two_windows"
+#: The concurrency policy (docs/concurrency.md): its largest N, and leases of a minute.
+CONCURRENCY = "concurrency"
+CONCURRENCY_BULK = 65_535
 
 #: The whole-request rows' paths (``benchmarks.urls``) and the middleware's policy.
 PLAIN_PATH = "/plain/"
@@ -79,6 +82,16 @@ def quota_policies(limit: int) -> dict[str, dict[str, Any]]:
     policies[exact_id(TWO_WINDOWS)] = {
         "algorithm": "sliding_window",
         "windows": {"burst": f"{limit}/h", "sustained": f"{2 * limit}/d"},
+        "selector": ["ip"],
+    }
+    policies[bulk_id(CONCURRENCY)] = {
+        "algorithm": CONCURRENCY,
+        "windows": f"{CONCURRENCY_BULK}/m",
+        "selector": ["ip"],
+    }
+    policies[exact_id(CONCURRENCY)] = {
+        "algorithm": CONCURRENCY,
+        "windows": f"{min(limit, CONCURRENCY_BULK)}/m",
         "selector": ["ip"],
     }
     policies[HAMMER_POLICY] = {

@@ -39,8 +39,8 @@ ARGV:
            indeterminate
        u64 cleanup grace (CLEANUP_GRACE), ms
      then per policy: u8 algorithm (1 fixed_window, 2 sliding_window, 3 token_bucket,
-       4 sliding_log, 5 concurrency), u8 enforce (1 enforce, 0 shadow), u16 window count m, u64 cost,
-       then per window: u64 limit, u64 period (ms), u64 capacity
+       4 sliding_log, 5 concurrency), u8 enforce (1 enforce, 0 shadow), u16 window count
+       m, u64 cost, then per window: u64 limit, u64 period (ms), u64 capacity
 Reply (integers only):
   { group status (0 decided, 1 clock unsafe, 2 indeterminate, 3 replayed),
     then per policy (only when 0 or 3): its status, only when replayed (1 charged by the
