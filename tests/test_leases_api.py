@@ -140,3 +140,27 @@ def test_concurrency_windows_are_checked(
     }
     (message,) = [m for m in check_settings() if m.id == "django_quota.E004"]
     assert message.msg.startswith("QUOTA['POLICIES']['p']['windows']: ") and problem in message.msg
+
+
+def test_a_group_with_a_concurrency_policy_is_one_script_call(
+    quota: Any, redis_url: str, redis_client: Any
+) -> None:
+    """One EVALSHA per decision: a concurrency policy alone, and grouped with a rate
+    policy (INFO commandstats of the test's own server)."""
+    quota(REDIS_URL=redis_url, POLICIES=POLICIES)
+    django_quota.evaluate("inflight", USER, evaluation_id="warm")  # scripts loaded
+    django_quota.release("inflight", USER, "warm")
+
+    def evalsha() -> int:
+        stats = redis_client.info("commandstats")
+        return int(stats.get("cmdstat_evalsha", {}).get("calls", 0))
+
+    before = evalsha()
+    django_quota.evaluate("inflight", USER, evaluation_id="one")
+    assert evalsha() - before == 1
+    before = evalsha()
+    decide("burst", "inflight", evaluation_id="two")
+    assert evalsha() - before == 1
+    before = evalsha()
+    assert django_quota.release("inflight", USER, "two") == 1
+    assert evalsha() - before == 1
