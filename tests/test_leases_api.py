@@ -164,3 +164,11 @@ def test_a_group_with_a_concurrency_policy_is_one_script_call(
     before = evalsha()
     assert django_quota.release("inflight", USER, "two") == 1
     assert evalsha() - before == 1
+
+
+def test_reset_forgets_every_lease_and_counts_its_window(backend: str) -> None:
+    django_quota.evaluate("inflight", USER, cost=2, evaluation_id="r")
+    assert django_quota.reset("inflight", USER) == 1
+    assert django_quota.peek("inflight", USER).remaining == 2
+    assert django_quota.reset("inflight", USER) == 0
+    assert django_quota.release("inflight", USER, "r") == 0

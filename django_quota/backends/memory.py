@@ -154,6 +154,8 @@ class MemoryBackend:
                 return 0
             state = entry.state
             had = sum(1 for index in range(1, window_count + 1) if COUNT_FIELDS[index] in state)
+            if entry.logs and "t" not in state:  # a concurrency policy's leases
+                had = window_count
             state.pop("t", None)
             entry.logs = ()
             for index in range(1, window_count + 1):
