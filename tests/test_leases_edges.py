@@ -20,7 +20,7 @@ from rest_framework.views import APIView
 
 import django_quota
 from django_quota.decorators import quota
-from django_quota.throttling import QuotaThrottle
+from django_quota.throttling import QuotaThrottle, ScopedRateThrottle
 
 pytestmark = [pytest.mark.urls(__name__), pytest.mark.django_db]
 
@@ -86,7 +86,20 @@ class Throttled(APIView):
         return Response({"ok": True})
 
 
+class Scoped(APIView):
+    """The drop-in ScopedRateThrottle, its scope's policy configured as a concurrency
+    policy (a configured ``drf:<scope>`` wins over the generated one)."""
+
+    throttle_classes = [ScopedRateThrottle]
+    throttle_scope = "reports"
+
+    def get(self, request: Any) -> Response:
+        SEEN.append(django_quota.peek("drf:reports", IP).remaining or 0)
+        return Response({"ok": True})
+
+
 urlpatterns = [
+    path("drf/scoped/", Scoped.as_view()),
     path("mw/plain/", plain),
     path("mw/boom/", boom),
     path("mw/stream/", stream),
@@ -100,6 +113,7 @@ urlpatterns = [
 POLICIES = {
     "mw": {"algorithm": "concurrency", "windows": "2/m", "selector": ["ip"], "routes": ["/mw"]},
     "conc": {"algorithm": "concurrency", "windows": "2/m", "selector": ["ip"]},
+    "drf:reports": {"algorithm": "concurrency", "windows": "2/m", "selector": ["ip"]},
 }
 
 
@@ -113,8 +127,8 @@ def backend(request: pytest.FixtureRequest, quota: Any) -> Iterator[None]:
     quota(**values)
     SEEN.clear()
     yield
-    django_quota.reset("mw", IP)
-    django_quota.reset("conc", IP)
+    for policy in POLICIES:
+        django_quota.reset(policy, IP)
 
 
 def remaining(policy: str) -> int:
@@ -181,3 +195,13 @@ def test_a_full_policy_refuses_with_the_oldest_lease_as_retry_after(backend: Non
     assert django_quota.release("conc", IP, "held-by-another") == 2
     assert django_quota.release("conc", IP, "held-by-another") == 0  # twice releases once
     assert Client().get("/dec/plain/").status_code == 200
+
+
+def test_a_drf_drop_in_naming_a_concurrency_policy_releases_its_lease(
+    backend: None, settings: Any
+) -> None:
+    settings.REST_FRAMEWORK = {"DEFAULT_THROTTLE_RATES": {"reports": "2/min"}}
+    response = Client().get("/drf/scoped/")
+    assert response.status_code == 200
+    assert SEEN == [1]
+    assert remaining("drf:reports") == 2
