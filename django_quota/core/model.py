@@ -94,7 +94,7 @@ MODE_MAY_REPEAT = 1  # a retry or a caller's id: the ledger is searched first
 MODE_PEEK = 2  # decide as cost 1 would, write nothing
 
 ALGORITHM_CODES = {FIXED_WINDOW: 1, SLIDING_WINDOW: 2, TOKEN_BUCKET: 3, SLIDING_LOG: 4}
-ALGORITHM_CODES[CONCURRENCY] = 5
+ALGORITHM_CODES[CONCURRENCY] = 6
 
 State = dict[str, int]
 

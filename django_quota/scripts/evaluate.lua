@@ -39,7 +39,7 @@ ARGV:
            indeterminate
        u64 cleanup grace (CLEANUP_GRACE), ms
      then per policy: u8 algorithm (1 fixed_window, 2 sliding_window, 3 token_bucket,
-       4 sliding_log, 5 concurrency), u8 enforce (1 enforce, 0 shadow), u16 window count
+       4 sliding_log, 6 concurrency), u8 enforce (1 enforce, 0 shadow), u16 window count
        m, u64 cost, then per window: u64 limit, u64 period (ms), u64 capacity
 Reply (integers only):
   { group status (0 decided, 1 clock unsafe, 2 indeterminate, 3 replayed),
@@ -65,7 +65,7 @@ now), LTRIM of the events that left (only when some did; DEL instead when all di
 PEXPIRE (period + grace: until the unit just recorded leaves). A denial, a peek and a
 replay write nothing.
 
-Concurrency (algorithm 5, one window "N/P", docs/concurrency.md): KEYS[i] is a sorted
+Concurrency (algorithm 6, one window "N/P", docs/concurrency.md): KEYS[i] is a sorted
 set, one member per held lease: the 5-byte fingerprint of the evaluation that acquired
 it, then its units (u16), scored by its expiry (ms). Read with one ZRANGE; its view
 replied as a sliding window counter's two integers: the units held at now (leases
@@ -323,7 +323,7 @@ for i = 1, n do  --@ general
   local first = offset + 12  --@ general
   offset = first + 24 * m  --@ general
   local value = false  -- a concurrency policy's key is its leases' sorted set: no GET  --@ general
-  if algorithm ~= 5 then value = redis.pcall('GET', KEYS[i]) end  --@ general
+  if algorithm ~= 6 then value = redis.pcall('GET', KEYS[i]) end  --@ general
   --+ local value = redis.pcall('GET', KEYS[i])
   if not value then
     value = ''
@@ -416,7 +416,7 @@ for i = 1, n do  --@ general
       if lv.used + cost > limit then allowed = false end
 --@ end
 --@ if general
-    elseif algorithm == 5 then
+    elseif algorithm == 6 then
       -- Concurrency (model._leases_at, docs/concurrency.md): the leases held at now, those
       -- scored (expiring) after it, in the set's order (oldest expiry first); each member
       -- is a fingerprint (5 bytes) and its units (2 bytes). Kept for the charge, after its
@@ -515,7 +515,7 @@ if mode == 1 then
 --@ if general
   for i = 1, n do
     local policy = policies[i]
-    if (policy[1] == 5 and policy[16]) or remembers(policy[4], policy[7], policy[5]) then
+    if (policy[1] == 6 and policy[16]) or remembers(policy[4], policy[7], policy[5]) then
       replay = true
       commit = false
       break
@@ -560,7 +560,7 @@ for i = 1, n do  --@ general
   if peek then cost = 1 end  --@ general
   local charged = commit and allowed and call_cost > 0
 --@ if general
-  if charged and algorithm == 5 then
+  if charged and algorithm == 6 then
     -- A concurrency policy acquires (model._lease_charge): the expired leases leave, the
     -- new one (fingerprint, units) expires at now + period; the set lives until its latest
     -- lease expires, plus the grace. No counter string.
@@ -582,7 +582,7 @@ for i = 1, n do  --@ general
     -- charged by the earlier evaluation when its ledger holds the id (cluster refunds)
     local status = 2
     if remembers(value, ledger_end, policy_now) then status = 1 end
-    if algorithm == 5 and policy[16] then status = 1 end  -- holds its lease  --@ general
+    if algorithm == 6 and policy[16] then status = 1 end  -- holds its lease  --@ general
     r = r + 1
     reply[r] = status
   end
@@ -615,7 +615,7 @@ for i = 1, n do  --@ general
       local used, prev = policy[base + 1], policy[base + 2]  --@ general
       r = r + 1
       reply[r] = used
-      if algorithm == 2 or algorithm == 5 then  --@ general
+      if algorithm == 2 or algorithm == 6 then  --@ general
 --@ if sliding_window
         r = r + 1
         reply[r] = prev
