@@ -44,6 +44,8 @@ DQ_TOKEN = f"{DQ}/token_bucket"
 DQ_TWO_WINDOWS = f"{DQ}/two_windows"
 DQ_TWO_POLICIES = f"{DQ}/two_policies"
 DQ_CALENDAR = f"{DQ}/calendar_month"
+
+DQ_CONCURRENCY = f"{DQ}/concurrency"
 DQ_ASYNC_FIXED = f"{DQ_ASYNC}/fixed_window"
 DQ_MEMORY_FIXED = f"{DQ_MEMORY}/fixed_window"
 LIMITS_FIXED = "limits/FixedWindowRateLimiter"
@@ -130,6 +132,26 @@ def _quota_decide(policy_ids: Sequence[str]) -> Decide:
     return decide_group
 
 
+def _concurrency_maker() -> Maker:
+    """A concurrency policy's acquire (one ``evaluate.lua`` call) and release (one
+    ``release.lua`` call), as a view under ``@quota`` costs: one row, two calls."""
+
+    def make(kind: str) -> Decide:
+        from django_quota import evaluate, release
+
+        policy_id = _to_id(kind)(bench_settings.CONCURRENCY)
+
+        def decide(subject: str) -> bool:
+            outcome = evaluate(policy_id, {"ip": subject})
+            admitted = _admitted([outcome])
+            release(policy_id, {"ip": subject}, outcome.evaluation_id)
+            return admitted
+
+        return decide
+
+    return make
+
+
 def _to_id(kind: str) -> Callable[[str], str]:
     return bench_settings.bulk_id if kind == BULK else bench_settings.exact_id
 
@@ -195,6 +217,16 @@ def django_quota_contenders(redis_url: str, limit: int) -> list[Contender]:
             DQ_TWO_POLICIES,
             DQ_FIXED,
             _quota_maker(["fixed_window", "sliding_window"]),
+        )
+    )
+    rows.append(
+        Contender(
+            DQ,
+            "concurrency, acquire + release",
+            DQ_CONCURRENCY,
+            DQ_FIXED,
+            _concurrency_maker(),
+            exact=False,  # every lease is released: nothing to exhaust
         )
     )
     rows.append(

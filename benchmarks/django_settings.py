@@ -35,6 +35,10 @@ TWO_WINDOWS = "two_windows"
 CALENDAR_MONTH = "calendar_month"
 CALENDAR_TIMEZONE = "Europe/Berlin"
 
+#: The concurrency policy (docs/concurrency.md): its largest N, and leases of a minute.
+CONCURRENCY = "concurrency"
+CONCURRENCY_BULK = 65_535
+
 #: The whole-request rows' paths (``benchmarks.urls``) and the middleware's policy.
 PLAIN_PATH = "/plain/"
 DRF_PATH = "/drf/"
@@ -93,6 +97,17 @@ def quota_policies(limit: int) -> dict[str, dict[str, Any]]:
             "timezone": CALENDAR_TIMEZONE,
             "selector": ["ip"],
         }
+
+    policies[bulk_id(CONCURRENCY)] = {
+        "algorithm": CONCURRENCY,
+        "windows": f"{CONCURRENCY_BULK}/m",
+        "selector": ["ip"],
+    }
+    policies[exact_id(CONCURRENCY)] = {
+        "algorithm": CONCURRENCY,
+        "windows": f"{min(limit, CONCURRENCY_BULK)}/m",
+        "selector": ["ip"],
+    }
     policies[HAMMER_POLICY] = {
         "algorithm": "fixed_window",
         "windows": f"{HAMMER_LIMIT}/h",

@@ -208,8 +208,13 @@ def run(args: argparse.Namespace) -> int:
                 continue
             python_counts[row] = python_instructions.per_decision(row)
             print(f"- {row}: {python_counts[row]:,.0f}")
+    lease_lines: list[str] = []
+    if args.only.lower() in ("", "concurrency"):
+        from benchmarks import leases
+
+        lease_lines = leases.goal_lines(*leases.lease_bytes())
     print("", "goals (printed, never asserted):", sep="\n")
-    for line in instruction_goals(counted, python_counts):
+    for line in [*instruction_goals(counted, python_counts), *lease_lines]:
         print(f"- {line}")
     for note in notes:
         print(f"- {note}")
@@ -218,6 +223,9 @@ def run(args: argparse.Namespace) -> int:
 
 #: Server instructions per decision (issue 24, "One call").
 SERVER_GOALS = {c.DQ_FIXED: 62_000, c.DQ_SLIDING: 67_000}
+#: A concurrency policy's acquire and release together, at most this times a fixed
+#: window's decision (issue 26).
+CONCURRENCY_GOAL = 2.0
 #: The memory backend's Python instructions per decision, at most this times limits'.
 MEMORY_GOAL = 2.0
 #: A calendar month's server instructions, at most this times the epoch-aligned fixed
@@ -237,6 +245,16 @@ def instruction_goals(counted: Sequence[Counted], python_counts: dict[str, float
         verdict = "PASS" if row.instructions <= limit else "MISS"
         lines.append(f"{row.name}: {row.instructions:,.0f} server instructions per decision "
                      f"(target <= {limit:,}): {verdict}")
+    leases, fixed = by_key.get(c.DQ_CONCURRENCY), by_key.get(c.DQ_FIXED)
+    if leases is None or fixed is None or not fixed.instructions:
+        lines.append(f"{c.DQ_CONCURRENCY} / {c.DQ_FIXED}: not measured "
+                     f"(target <= {CONCURRENCY_GOAL:.2f}x)")
+    else:
+        ratio = leases.instructions / fixed.instructions
+        verdict = "PASS" if round(ratio, 2) <= CONCURRENCY_GOAL else "MISS"
+        lines.append(f"{leases.name} / {fixed.name} server instructions: {ratio:.2f}x "
+                     f"({leases.instructions:,.0f} / {fixed.instructions:,.0f}; target <= "
+                     f"{CONCURRENCY_GOAL:.2f}x): {verdict}")
     from benchmarks import python_instructions as p
 
     ours, theirs = python_counts.get(p.DQ_MEMORY), python_counts.get(p.LIMITS_MEMORY)

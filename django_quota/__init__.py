@@ -19,17 +19,28 @@ __all__ = [
     "WindowState",
     "aevaluate",
     "apeek",
+    "arelease",
     "areset",
     "evaluate",
     "outcomes",
     "peek",
+    "release",
     "reset",
 ]
 
 if TYPE_CHECKING:
     from django_quota.core.outcome import Outcome, WindowState
     from django_quota.ledger import outcomes
-    from django_quota.limiter import aevaluate, apeek, areset, evaluate, peek, reset
+    from django_quota.limiter import (
+        aevaluate,
+        apeek,
+        arelease,
+        areset,
+        evaluate,
+        peek,
+        release,
+        reset,
+    )
 
 _LAZY = {
     "Outcome": "django_quota.core.outcome",
@@ -39,6 +50,8 @@ _LAZY = {
     "peek": "django_quota.limiter",
     "apeek": "django_quota.limiter",
     "reset": "django_quota.limiter",
+    "release": "django_quota.limiter",
+    "arelease": "django_quota.limiter",
     "areset": "django_quota.limiter",
     "outcomes": "django_quota.ledger",
 }

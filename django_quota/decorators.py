@@ -13,7 +13,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.http import HttpRequest, HttpResponse
 from django.utils.module_loading import import_string
 
-from django_quota import conf, http, policies
+from django_quota import conf, http, policies, releasing
 from django_quota.core.errors import ConfigurationError
 from django_quota.core.outcome import Outcome
 from django_quota.core.policy import AUTO, SLIDING_WINDOW, Policy, generated_policy_id, parse_policy
@@ -95,39 +95,49 @@ def _group(limit: _Limit) -> tuple[list[Policy], list[str]] | None:
         return [], [limit.policy_id]
 
 
-def _check(request: Any, limit: _Limit, lease: Lease) -> tuple[Outcome | None, bool]:
-    """Decide the view's policy: ``(refusing outcome, whether the layer ran)``."""
+def _check(
+    request: Any, limit: _Limit, lease: Lease
+) -> tuple[Outcome | None, bool, tuple[releasing.Held, ...]]:
+    """Decide the view's policy: ``(refusing outcome, whether the layer ran, the
+    concurrency leases it holds)``."""
     found = _group(limit)
     if found is None:
-        return None, False
+        return None, False, ()
     group, unknown = found
     subject = RequestSubject(request)
     decision = decide(request, group, subject, limit.cost, lease=lease, unknown=unknown)
-    return decision.refusing, True
+    return decision.refusing, True, decision.held
 
 
-async def _acheck(request: Any, limit: _Limit, lease: Lease) -> tuple[Outcome | None, bool]:
+async def _acheck(
+    request: Any, limit: _Limit, lease: Lease
+) -> tuple[Outcome | None, bool, tuple[releasing.Held, ...]]:
     """Async twin of :func:`_check`."""
     found = _group(limit)
     if found is None:
-        return None, False
+        return None, False, ()
     group, unknown = found
     subject = RequestSubject(request)
     decision = await adecide(request, group, subject, limit.cost, lease=lease, unknown=unknown)
-    return decision.refusing, True
+    return decision.refusing, True, decision.held
 
 
 def _respond(request: Any, limit: _Limit, sender: object, view: Callable[[], Any]) -> Any:
     """The view's response, or the refusal's; with the layer's headers when it ran."""
     lease = Lease()
+    held: tuple[releasing.Held, ...] = ()
     try:
-        refusing, ran = _check(request, limit, lease)
+        refusing, ran, held = _check(request, limit, lease)
         if refusing is not None:
             response = http.problem_response(request, refusing, sender)
         else:
             response = view()
+    except BaseException:
+        releasing.release(held)  # the view raised: its leases go now
+        raise
     finally:
         lease.end()
+    response = releasing.release_after(response, held)
     return _finish(request, response) if ran else response
 
 
@@ -136,14 +146,19 @@ async def _arespond(
 ) -> Any:
     """Async twin of :func:`_respond`."""
     lease = Lease()
+    held: tuple[releasing.Held, ...] = ()
     try:
-        refusing, ran = await _acheck(request, limit, lease)
+        refusing, ran, held = await _acheck(request, limit, lease)
         if refusing is not None:
             response = await sync_to_async(http.problem_response)(request, refusing, sender)
         else:
             response = await view()
+    except BaseException:
+        await releasing.arelease(held)  # the view raised: its leases go now
+        raise
     finally:
         lease.end()
+    response = await releasing.arelease_after(response, held)
     return _finish(request, response) if ran else response
 
 

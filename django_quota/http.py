@@ -15,7 +15,7 @@ from django.utils.module_loading import import_string
 
 from django_quota import conf, policies
 from django_quota.core.outcome import DENIED_DECISION, FAILED_CLOSED, Outcome
-from django_quota.core.policy import DEFAULT_WINDOW
+from django_quota.core.policy import CONCURRENCY, DEFAULT_WINDOW
 from django_quota.signals import quota_denied
 
 QUOTA_EXCEEDED_TYPE = "https://iana.org/assignments/http-problem-types#quota-exceeded"
@@ -32,6 +32,16 @@ def _enforced(policy_id: str) -> bool:
     # An allowed outcome does not say whether its policy is shadow: ask the registry.
     policy = policies.known_policy(policy_id)
     return policy is None or not policy.shadow
+
+
+def _policy_item(name: str, policy_id: str, limit: int, period: float) -> str:
+    """A ``RateLimit-Policy`` item: ``q`` the limit and ``w`` the period in seconds; a
+    concurrency policy's without ``w``: it counts units in flight, over no time window
+    (docs/http.md)."""
+    policy = policies.known_policy(policy_id)
+    if policy is not None and policy.algorithm == CONCURRENCY:
+        return f'"{name}";q={limit}'
+    return f'"{name}";q={limit};w={round(period)}'
 
 
 def header_outcomes(found: Iterable[Outcome]) -> list[Outcome]:
@@ -82,7 +92,7 @@ def rate_limit_headers(found: Iterable[Outcome], style: str) -> dict[str, str]:
         for outcome in usable:
             for window in outcome.windows:
                 name = item_name(outcome.policy, window.name, len(outcome.windows))
-                policy_items.append(f'"{name}";q={window.limit};w={round(window.period)}')
+                policy_items.append(_policy_item(name, outcome.policy, window.limit, window.period))
                 limit_items.append(
                     f'"{name}";r={window.remaining};t={_seconds_up(window.replenish_after)}'
                 )

@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 from asgiref.sync import iscoroutinefunction
 
-from django_quota import limiter
+from django_quota import limiter, releasing
 from django_quota.core.outcome import DENIED_DECISION, FAILED_CLOSED, Outcome
 from django_quota.core.policy import Policy
 from django_quota.exemptions import aexempt_step, exempt_step
@@ -195,11 +195,25 @@ class Decision:
     """A layer's decision: its ``outcomes`` (its undefined policies', then its group's,
     reused or fresh, in group order), the ``refusing`` one if any, and whether this
     layer ``announces`` the refusal (sends ``quota_denied``: not when another throttle of
-    the same DRF dispatch already did)."""
+    the same DRF dispatch already did); the concurrency leases it ``held`` for the
+    request, which the layer releases when the response is done (docs/concurrency.md)."""
 
     outcomes: tuple[Outcome, ...]
     refusing: Outcome | None
     announces: bool
+    held: tuple[releasing.Held, ...] = ()
+
+
+def _holding(
+    decision: Decision, group: Sequence[Policy], fresh: Sequence[Outcome], subject: Subject
+) -> Decision:
+    """``decision`` with the leases its fresh outcomes acquired (none when refused)."""
+    if not fresh or decision.refusing is not None:
+        return decision
+    leases = releasing.held(group, fresh, subject.for_policy)
+    if not leases:
+        return decision
+    return Decision(decision.outcomes, None, decision.announces, leases)
 
 
 class _Step:
@@ -299,6 +313,7 @@ def decide(
         fresh = limiter.evaluate_policies(
             step.pending, subject.for_policy, charge, clock=clock, plan=plan
         )
+        return _holding(step.finish(group, fresh), step.pending, fresh, subject)
     return step.finish(group, fresh)
 
 
@@ -330,4 +345,5 @@ async def adecide(
         fresh = await limiter.aevaluate_policies(
             step.pending, subject.for_policy, charge, clock=clock, plan=plan
         )
+        return _holding(step.finish(group, fresh), step.pending, fresh, subject)
     return step.finish(group, fresh)

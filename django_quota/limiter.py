@@ -18,8 +18,13 @@ from django_quota.backends import Backend, backend_from_settings
 from django_quota.backends.memory import MemoryBackend
 from django_quota.core.breaker import BreakerError, CircuitBreaker
 from django_quota.core.outcome import FAILED_CLOSED, FAILED_OPEN, POLICY_UNKNOWN, Outcome
-from django_quota.core.policy import Policy
-from django_quota.core.protocol import counter_key
+from django_quota.core.policy import CONCURRENCY, Policy
+from django_quota.core.protocol import (
+    ReleaseRequest,
+    check_evaluation_id,
+    counter_key,
+    fingerprint,
+)
 from django_quota.engine import Clock, Limiter, Subject, SubjectSource
 from django_quota.messages import E_UNKNOWN_VIEW_POLICY
 
@@ -303,6 +308,7 @@ __all__ = [
     "aevaluate",
     "aevaluate_policies",
     "apeek",
+    "arelease",
     "areset",
     "evaluate",
     "evaluate_policies",
@@ -313,5 +319,77 @@ __all__ = [
     "peek",
     "policy_unknown",
     "recent_errors",
+    "release",
     "reset",
 ]
+
+
+# -- concurrency leases (docs/concurrency.md) ------------------------------------------------
+def _release_request(
+    policy_id: str, subject: Subject, evaluation_id: str
+) -> ReleaseRequest | None:
+    """What releases the leases ``evaluation_id`` acquired from ``subject``'s counter of
+    ``policy_id``; None when the policy is not a concurrency policy (nothing to free)."""
+    check_evaluation_id(evaluation_id)
+    return lease_request(policies.get_policy(policy_id), subject, evaluation_id)
+
+
+def lease_request(policy: Policy, subject: Subject, evaluation_id: str) -> ReleaseRequest | None:
+    """:func:`_release_request` for a policy object (the edges hold theirs, generated
+    ones included)."""
+    if policy.algorithm != CONCURRENCY:
+        return None
+    limiter = get_limiter()
+    identity = limiter.identity_for(policy, subject, "release")
+    counter = counter_key(conf.get_settings().key_prefix, policy, identity)
+    return ReleaseRequest(
+        counter, fingerprint(evaluation_id), limiter.now(None), limiter.cleanup_grace_ms
+    )
+
+
+def _release_fallback(request: ReleaseRequest) -> int:
+    fallback = get_fallback()
+    return fallback.release(request) if fallback is not None else 0
+
+
+def release(policy_id: str, subject: Subject, evaluation_id: str) -> int:
+    """Free the units the evaluation ``evaluation_id`` of ``policy_id`` acquired for
+    ``subject`` (a concurrency policy's lease); return how many (0 when none is held:
+    released already, expired after its period, never acquired, or lost in a failover).
+    Releasing twice releases once. A policy of another algorithm holds nothing: 0.
+
+    Raises as :func:`reset` does (:class:`~django_quota.policies.UnknownPolicy`,
+    ``ValueError`` for a missing or invalid identity or evaluation id,
+    :class:`~django_quota.core.errors.BackendError` when the backend fails: the lease
+    then frees itself after the policy's period).
+    """
+    return release_leases(_release_request(policy_id, subject, evaluation_id))
+
+
+def release_leases(request: ReleaseRequest | None) -> int:
+    """Run ``request`` (None: nothing held) in this process's fallback, then in the
+    backend; the units released."""
+    if request is None:
+        return 0
+    local = _release_fallback(request)
+    try:
+        return local + get_backend().release(request)
+    finally:  # a refusal this process remembers for the counter is stale now
+        get_limiter().forget_denials((request.counter,))
+
+
+async def arelease(policy_id: str, subject: Subject, evaluation_id: str) -> int:
+    """Async twin of :func:`release`."""
+    await policies.aget_registry()
+    return await arelease_leases(_release_request(policy_id, subject, evaluation_id))
+
+
+async def arelease_leases(request: ReleaseRequest | None) -> int:
+    """Async twin of :func:`release_leases`."""
+    if request is None:
+        return 0
+    local = _release_fallback(request)
+    try:
+        return local + await get_backend().arelease(request)
+    finally:
+        get_limiter().forget_denials((request.counter,))

@@ -11,7 +11,7 @@ from typing import Any
 from asgiref.sync import iscoroutinefunction, markcoroutinefunction, sync_to_async
 from django.http import HttpRequest, HttpResponse
 
-from django_quota import conf, http, policies
+from django_quota import conf, http, policies, releasing
 from django_quota.core.outcome import Outcome
 from django_quota.core.policy import Policy
 from django_quota.ledger import adecide, decide, ledger_of, outcomes
@@ -51,20 +51,37 @@ class QuotaMiddleware:
             return self.__acall__(request)
         group = self._matching(request, policies.get_registry())
         if group:
-            refusing = decide(request, group, RequestSubject(request)).refusing
-            if refusing is not None:
-                return self._finish(request, self._refuse(request, refusing))
+            decision = decide(request, group, RequestSubject(request))
+            if decision.refusing is not None:
+                return self._finish(request, self._refuse(request, decision.refusing))
+            if decision.held:  # concurrency leases: released when the response is done
+                try:
+                    response = self.get_response(request)
+                except BaseException:
+                    releasing.release(decision.held)
+                    raise
+                return self._finish(request, releasing.release_after(response, decision.held))
         return self._finish(request, self.get_response(request))
 
     async def __acall__(self, request: HttpRequest) -> HttpResponse:
         group = self._matching(request, await policies.aget_registry())
+        held: tuple[releasing.Held, ...] = ()
         if group:
-            refusing = (await adecide(request, group, RequestSubject(request))).refusing
+            decision = await adecide(request, group, RequestSubject(request))
+            refusing = decision.refusing
             if refusing is not None:
                 # quota_denied receivers and DENIED_VIEW are ordinary sync code (they may
                 # query the database): run them in a thread, as Django runs sync views.
                 refused = await sync_to_async(self._refuse)(request, refusing)
                 return self._finish(request, refused)
+            held = decision.held
+        if held:  # concurrency leases: released when the response is done
+            try:
+                response = await self.get_response(request)
+            except BaseException:
+                await releasing.arelease(held)
+                raise
+            return self._finish(request, await releasing.arelease_after(response, held))
         response = await self.get_response(request)
         response = await self._alogin_refused(request, response)
         return self._finish(request, response)

@@ -23,7 +23,7 @@ from rest_framework.exceptions import APIException
 from rest_framework.settings import api_settings
 from rest_framework.throttling import BaseThrottle
 
-from django_quota import conf, policies, subjects
+from django_quota import conf, policies, releasing, subjects
 from django_quota.core.errors import ConfigurationError
 from django_quota.core.identity import IdentityError
 from django_quota.core.outcome import DENIED_DECISION, FAILED_CLOSED, Outcome
@@ -360,6 +360,8 @@ class QuotaThrottle(BaseThrottle):
         self._quota_decision = decision
         refusing = decision.refusing
         if refusing is None:
+            if decision.held:  # concurrency leases: released when DRF's dispatch is done
+                releasing.after_dispatch(view, decision.held)
             return True
         if decision.announces:
             quota_denied.send(sender=type(self), request=request, outcome=refusing)

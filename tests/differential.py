@@ -13,7 +13,14 @@ from django_quota.backends.redis import RedisBackend
 from django_quota.backends.scripting import Call
 from django_quota.core.errors import BackendError
 from django_quota.core.model import PolicyCall, State
-from django_quota.core.protocol import GroupReply, GroupRequest, decode_counter, log_key
+from django_quota.core.policy import CONCURRENCY
+from django_quota.core.protocol import (
+    GroupReply,
+    GroupRequest,
+    decode_counter,
+    decode_leases,
+    log_key,
+)
 from django_quota.scripts.shapes import SINGLE_WINDOW_SCRIPTS
 
 #: The most windows a generated policy has (tests/test_differential.py).
@@ -30,7 +37,7 @@ def expected_script(request: GroupRequest) -> str:
     group the general script."""
     calls = request.calls
     if len(calls) == 1 and len(calls[0].windows) == 1:
-        return SINGLE_WINDOW_SCRIPTS[calls[0].algorithm]
+        return SINGLE_WINDOW_SCRIPTS.get(calls[0].algorithm, "evaluate")  # concurrency: none
     return "evaluate"
 
 
@@ -52,9 +59,9 @@ class ModelEngine:
     def state(self, key: str, call: PolicyCall | None = None) -> tuple[State | None, bytes]:
         return self.backend.peek_state(key), self.backend.peek_records(key)
 
-    def logs(self, key: str) -> dict[int, list[int]]:
+    def logs(self, key: str, call: PolicyCall | None = None) -> dict[int, list[int]]:
         """The sliding-log lists of counter ``key``, by window, as Redis would hold them
-        (an empty list is no key)."""
+        (an empty list is no key); a concurrency policy's leases as its window 1."""
         return {
             index: list(log)
             for index, log in enumerate(self.backend.peek_logs(key), 1)
@@ -68,6 +75,9 @@ class ModelEngine:
             state, records = self.state(counter)
             if state or records:
                 found.add(counter)
+            elif state is not None and self.logs(counter):  # a concurrency lease set
+                found.add(counter)
+                continue
             found.update(log_key(counter, index) for index in self.logs(counter))
         return found
 
@@ -101,9 +111,14 @@ class RedisEngine:
     def state(self, key: str, call: PolicyCall | None = None) -> tuple[State | None, bytes]:
         """The counter read back in the model's terms (``decode_counter``)."""
         assert call is not None
+        if call.algorithm == CONCURRENCY:  # its key is a sorted set: no numbers, no ledger
+            return ({} if self.client.exists(key) else None), b""
         return decode_counter(self.client.get(key), call.algorithm, len(call.windows))
 
-    def logs(self, key: str) -> dict[int, list[int]]:
+    def logs(self, key: str, call: PolicyCall | None = None) -> dict[int, list[int]]:
+        if call is not None and call.algorithm == CONCURRENCY:
+            leases = decode_leases(self.client.zrange(key, 0, -1, withscores=True))
+            return {1: list(leases)} if leases else {}
         found = {}
         for index in range(1, MAX_WINDOWS + 1):
             values = self.client.lrange(log_key(key, index), 0, -1)

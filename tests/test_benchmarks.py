@@ -454,6 +454,9 @@ def test_instruction_goals_follow_the_counts_they_are_given():
         instructions.Counted("django-quota fixed_window", c.DQ_FIXED, 61_000.0, 4.0),
         instructions.Counted("django-quota sliding_window", c.DQ_SLIDING, 68_000.0, 4.0),
         instructions.Counted("django-quota calendar", c.DQ_CALENDAR, 63_000.0, 4.0),
+        instructions.Counted(
+            "django-quota concurrency, acquire + release", c.DQ_CONCURRENCY, 120_000.0, 9.0
+        ),
     ]
     python_counts = {
         python_instructions.DQ_MEMORY: 60_000.0, python_instructions.LIMITS_MEMORY: 28_000.0
@@ -463,12 +466,17 @@ def test_instruction_goals_follow_the_counts_they_are_given():
         "(target <= 62,000): PASS",
         "django-quota sliding_window: 68,000 server instructions per decision "
         "(target <= 67,000): MISS",
+        "django-quota concurrency, acquire + release / django-quota fixed_window server "
+        "instructions: 1.97x (120,000 / 61,000; target <= 2.00x): PASS",
         "django-quota (memory) / limits (memory) Python instructions: 2.14x "
         "(60,000 / 28,000; target <= 2.00x): MISS",
         "django-quota calendar / django-quota fixed_window server instructions: 1.033x "
         "(63,000 / 61,000; target <= 1.05x): PASS",
     ]
     assert instructions.instruction_goals([], {})[2] == (
+        "django-quota/concurrency / django-quota/fixed_window: not measured (target <= 2.00x)"
+    )
+    assert instructions.instruction_goals([], {})[3] == (
         "django-quota (memory) / limits (memory): not measured (target <= 2.00x)"
     )
 

@@ -529,6 +529,7 @@ def test_quota_preload_loads_every_script_on_every_primary(
         "evaluate_sliding_log",
         "reset",
         "refund",
+        "release",
     }
     out = io.StringIO()
     call_command("quota", "preload", stdout=out, no_color=True)

@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from django_quota.core.model import PolicyCall
-from django_quota.core.policy import ALGORITHMS, Window
+from django_quota.core.policy import ALGORITHMS, CONCURRENCY, MAX_CONCURRENCY, Window
 from django_quota.core.protocol import GroupReply, GroupRequest, fingerprint
 from django_quota.core.rates import MAX_PERIOD_MS, MAX_PRODUCT
 from tests.differential import SEQUENCES, ModelEngine, RedisEngine, expected_script
@@ -32,11 +32,15 @@ DEDUP_TTLS_MS = [HUGE_GRACE_MS, 2_000, 0]
 @st.composite
 def windows(draw: Any, algorithm: str, counts: tuple[int, int] = (1, 3)) -> tuple[Window, ...]:
     count = draw(st.integers(*counts))
+    if algorithm == CONCURRENCY:  # one window of at most MAX_CONCURRENCY units
+        count = 1
     out = []
     for index in range(count):
         period = draw(st.sampled_from(PERIODS_MS))
         kind = draw(st.sampled_from(["small", "small", "small", "bound"]))
-        if kind == "bound":
+        if kind == "bound" and algorithm == CONCURRENCY:
+            limit = MAX_CONCURRENCY
+        elif kind == "bound":
             limit = min(10**9, MAX_PRODUCT // period)
         else:
             limit = draw(st.integers(1, 12))
@@ -164,10 +168,10 @@ def _run(
             )
         for counter, call in zip(counters, request.calls, strict=True):
             want = engines[0].state(counter, call)  # numbers and evaluation-id ledger
-            want_logs = engines[0].logs(counter)  # sliding_log lists
+            want_logs = engines[0].logs(counter, call)  # sliding_log lists, concurrency leases
             for engine in engines[1:]:
                 assert engine.state(counter, call) == want, f"{engine.name} stored another state"
-                assert engine.logs(counter) == want_logs, f"{engine.name} stored another log"
+                assert engine.logs(counter, call) == want_logs, f"{engine.name} stored another log"
         every_counter = tuple(
             f"q:{{s{other}}}:p{index}:r" for other in range(3) for index in range(len(group))
         )
@@ -182,11 +186,20 @@ def _run(
 SHAPES = {"one window": (1, 1), "several windows": (2, 3)}
 
 
-@pytest.mark.parametrize("shape", SHAPES)
-@pytest.mark.parametrize("algorithm", ALGORITHMS)
+#: Every (algorithm, shape) pair that exists: a concurrency policy has one window.
+ONE_POLICY_CASES = [
+    (algorithm, shape)
+    for algorithm in ALGORITHMS
+    for shape in SHAPES
+    if algorithm != CONCURRENCY or shape == "one window"
+]
+
+
+@pytest.mark.parametrize(("algorithm", "shape"), ONE_POLICY_CASES)
 def test_lua_matches_model_for_one_policy(engines: list[Any], algorithm: str, shape: str) -> None:
     """Each step asserts the script that ran (_run): with one window, the variant of
-    evaluate.lua generated for the algorithm; with several, the general script."""
+    evaluate.lua generated for the algorithm; with several, the general script. A
+    concurrency policy has one window, decided by the general script."""
 
     @settings(
         max_examples=max(1, EXAMPLES // 2),

@@ -95,7 +95,7 @@ def test_no_file_cites_a_contract_users_do_not_have() -> None:
 
 
 #: A script named with its SHA1 in a page (``quota preload`` and ``quota check`` output).
-SCRIPT_SHA1 = re.compile(r"\b(evaluate(?:_[a-z_]+)?|reset|refund) ([0-9a-f]{40})\b")
+SCRIPT_SHA1 = re.compile(r"\b(evaluate(?:_[a-z_]+)?|reset|refund|release) ([0-9a-f]{40})\b")
 
 
 def test_the_pages_show_the_scripts_current_sha1() -> None:

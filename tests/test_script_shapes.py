@@ -17,7 +17,7 @@ import redis
 from django_quota.backends.redis import RedisBackend
 from django_quota.backends.scripting import evaluate_call, sources
 from django_quota.core.model import PolicyCall
-from django_quota.core.policy import ALGORITHMS, Window
+from django_quota.core.policy import Window
 from django_quota.core.protocol import GroupRequest, fingerprint
 from django_quota.scripts import SCRIPT_NAMES, load
 from django_quota.scripts.shapes import (
@@ -27,6 +27,10 @@ from django_quota.scripts.shapes import (
     check_general,
     render,
 )
+
+#: The algorithms with a variant of their own (a concurrency policy runs the general
+#: script: docs/concurrency.md).
+VARIANTS = tuple(SINGLE_WINDOW_SCRIPTS)
 
 EVALUATE_LUA = resources.files("django_quota.scripts").joinpath("evaluate.lua").read_text()
 
@@ -83,6 +87,7 @@ def test_every_script_is_known_by_its_name_and_its_own_sha1() -> None:
         "evaluate_token_bucket",
         "reset",
         "refund",
+        "release",
     )
     assert list(sources()) == list(SCRIPT_NAMES)  # what preload loads and NOSCRIPT finds
     shas = [source.sha1 for source in sources().values()]
@@ -103,7 +108,7 @@ def test_the_general_script_is_evaluate_lua_as_it_is() -> None:
     assert rendered == kept
 
 
-@pytest.mark.parametrize("algorithm", ALGORITHMS)
+@pytest.mark.parametrize("algorithm", VARIANTS)
 def test_a_variant_holds_its_algorithms_code_and_no_other(algorithm: str) -> None:
     source = load(SINGLE_WINDOW_SCRIPTS[algorithm]).source
     assert source.startswith(f"-- evaluate_{algorithm}: evaluate.lua specialised to one")
@@ -126,7 +131,7 @@ def test_every_script_compiles(name: str) -> None:
     assert compile_lua(load(name).source) is None
 
 
-@pytest.mark.parametrize("algorithm", ALGORITHMS)
+@pytest.mark.parametrize("algorithm", VARIANTS)
 def test_the_call_names_the_script_of_the_groups_shape(algorithm: str) -> None:
     assert evaluate_call(request(algorithm)).script == f"evaluate_{algorithm}"
     assert evaluate_call(request(algorithm, windows=2)).script == "evaluate"
@@ -216,7 +221,7 @@ def test_a_variant_runs_far_fewer_lua_instructions_than_the_general_script(
 
 
 # -- a real Redis: NOSCRIPT recovered for each script ------------------------------------
-@pytest.mark.parametrize("algorithm", ALGORITHMS)
+@pytest.mark.parametrize("algorithm", VARIANTS)
 def test_noscript_loads_the_variant_and_runs_it(redis_url: str, algorithm: str) -> None:
     backend = RedisBackend(url=redis_url, timeout=5.0, max_inflight=4)
     variant = load(f"evaluate_{algorithm}")

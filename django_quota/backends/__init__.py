@@ -7,7 +7,7 @@ import re
 from collections.abc import Callable, Generator, Mapping
 from typing import Any, Protocol
 
-from django_quota.core.protocol import GroupReply, GroupRequest
+from django_quota.core.protocol import GroupReply, GroupRequest, ReleaseRequest
 
 
 class Backend(Protocol):
@@ -35,6 +35,15 @@ class Backend(Protocol):
 
     async def areset(self, counter: str, window_count: int) -> int:
         """Async twin of :meth:`reset`."""
+        ...
+
+    def release(self, request: ReleaseRequest) -> int:
+        """Free the leases one evaluation acquired from a concurrency policy; the units
+        released (0 when none was held)."""
+        ...
+
+    async def arelease(self, request: ReleaseRequest) -> int:
+        """Async twin of :meth:`release`."""
         ...
 
     def ttl_ms(self, counter: str) -> int:

@@ -93,8 +93,8 @@ from django_quota.core.outcome import (
     BACKEND_UNAVAILABLE,
     INDETERMINATE,
 )
-from django_quota.core.policy import FIXED_WINDOW, SLIDING_LOG, TOKEN_BUCKET, Window
-from django_quota.core.protocol import GroupReply, GroupRequest, log_key
+from django_quota.core.policy import CONCURRENCY, FIXED_WINDOW, SLIDING_LOG, TOKEN_BUCKET, Window
+from django_quota.core.protocol import GroupReply, GroupRequest, ReleaseRequest, log_key
 from django_quota.core.windows import calendar_place
 
 logger = logging.getLogger("django_quota")
@@ -202,7 +202,7 @@ def refund_call(request: GroupRequest, results: Sequence[PolicyResult]) -> Call 
     logs: list[str] = []
     args: list[int | bytes] = [0, request.fingerprint]
     for counter, call, result in zip(request.counters, request.calls, results, strict=True):
-        if result.status != CHARGED:
+        if result.status != CHARGED or call.algorithm == CONCURRENCY:  # release_calls
             continue
         keys.append(counter)
         if call.algorithm == SLIDING_LOG:
@@ -219,6 +219,22 @@ def refund_call(request: GroupRequest, results: Sequence[PolicyResult]) -> Call 
         return None
     args[0] = len(keys)
     return Call("refund", keys + logs, args)
+
+
+def release_calls(request: GroupRequest, results: Sequence[PolicyResult]) -> list[Call]:
+    """The ``release.lua`` calls freeing the leases ``results`` acquired (one per
+    concurrency policy charged), at the ``now`` each was acquired at."""
+    return [
+        Call(
+            "release",
+            (counter,),
+            ReleaseRequest(
+                counter, request.fingerprint, result.now_ms, request.cleanup_grace_ms
+            ).args(),
+        )
+        for counter, call, result in zip(request.counters, request.calls, results, strict=True)
+        if result.status == CHARGED and call.algorithm == CONCURRENCY
+    ]
 
 
 def uncharged(call: PolicyCall, result: PolicyResult) -> PolicyResult:
@@ -303,8 +319,20 @@ def _refund(
     logged, never raised."""
     done = []
     for part, own in charged:
+        releases = release_calls(part.request, own)
+        for release in releases:  # a concurrency policy's lease, freed (docs/concurrency.md)
+            try:
+                yield release
+            except BackendError as error:
+                logger.warning(
+                    "quota cluster release failed, the lease frees itself after its period: "
+                    "reason=%s",
+                    error.reason,
+                )
         call = refund_call(part.request, own)
         if call is None:
+            if releases:
+                done.append((part, own))
             continue
         try:
             yield call

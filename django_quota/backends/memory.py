@@ -11,9 +11,9 @@ import time
 from collections.abc import Callable, Sequence
 
 from django_quota.core.errors import BackendError
-from django_quota.core.model import State, evaluate_group
+from django_quota.core.model import State, evaluate_group, release_leases
 from django_quota.core.outcome import BACKEND_MODE_MEMORY, BACKEND_UNAVAILABLE
-from django_quota.core.protocol import GroupReply, GroupRequest, Probe
+from django_quota.core.protocol import GroupReply, GroupRequest, Probe, ReleaseRequest
 from django_quota.core.windows import COUNT_FIELDS, EXTRA_FIELDS, Log, new_tuple
 
 
@@ -154,6 +154,8 @@ class MemoryBackend:
                 return 0
             state = entry.state
             had = sum(1 for index in range(1, window_count + 1) if COUNT_FIELDS[index] in state)
+            if entry.logs and "t" not in state:  # a concurrency policy's leases
+                had = window_count
             state.pop("t", None)
             entry.logs = ()
             for index in range(1, window_count + 1):
@@ -166,6 +168,31 @@ class MemoryBackend:
     async def areset(self, counter: str, window_count: int) -> int:
         """Async twin of :meth:`reset`."""
         return self.reset(counter, window_count)
+
+    def release(self, request: ReleaseRequest) -> int:
+        """Free the leases one evaluation acquired from a concurrency policy (the model of
+        ``release.lua``); the units released."""
+        with self._lock:
+            clock_now = self._clock_ms()
+            now = clock_now if request.now_ms is None else request.now_ms
+            entry = self._entry(request.counter, clock_now)
+            if entry is None:
+                return 0
+            released, kept, ttl = release_leases(
+                entry.logs, now, request.fingerprint, request.cleanup_grace_ms
+            )
+            if kept is None:
+                return released
+            if not kept:
+                del self._counters[request.counter]
+            else:
+                entry.logs = (kept,)
+                entry.expires_at = clock_now + ttl
+            return released
+
+    async def arelease(self, request: ReleaseRequest) -> int:
+        """Async twin of :meth:`release`."""
+        return self.release(request)
 
     def peek_state(self, counter: str) -> State | None:
         """The raw stored numbers of ``counter`` (for ``quota inspect`` and tests)."""

@@ -19,7 +19,13 @@ from django_quota.backends.failures import is_connect_failure as is_connect_fail
 from django_quota.backends.failures import mark_connect_failure as mark_connect_failure
 from django_quota.core.errors import BackendError
 from django_quota.core.outcome import BACKEND_ERROR
-from django_quota.core.protocol import GroupReply, GroupRequest, parse_reply, reset_keys
+from django_quota.core.protocol import (
+    GroupReply,
+    GroupRequest,
+    ReleaseRequest,
+    parse_reply,
+    reset_keys,
+)
 from django_quota.core.windows import new_tuple
 from django_quota.scripts import ScriptSource, all_scripts
 from django_quota.scripts.shapes import SINGLE_WINDOW_SCRIPTS
@@ -44,7 +50,7 @@ def evaluate_call(request: GroupRequest) -> Call:
     calls = request.calls
     script = "evaluate"
     if len(calls) == 1 and len(calls[0].windows) == 1:
-        script = SINGLE_WINDOW_SCRIPTS[calls[0].algorithm]
+        script = SINGLE_WINDOW_SCRIPTS.get(calls[0].algorithm, "evaluate")  # concurrency: none
     return new_tuple(Call, (script, request.keys(), request.args()))
 
 
@@ -179,6 +185,15 @@ class ScriptedBackend:
     async def aevaluate(self, request: GroupRequest) -> GroupReply:
         """Async twin of :meth:`evaluate`."""
         return await adrive(self.plan(request), self.arun)
+
+    def release(self, request: ReleaseRequest) -> int:
+        """Run ``release.lua``: free the leases one evaluation acquired from a concurrency
+        policy (on a cluster, on its counter's slot); the units released."""
+        return int(self.run(Call("release", (request.counter,), request.args())))
+
+    async def arelease(self, request: ReleaseRequest) -> int:
+        """Async twin of :meth:`release`."""
+        return int(await self.arun(Call("release", (request.counter,), request.args())))
 
     def reset(self, counter: str, window_count: int) -> int:
         """Run ``reset.lua`` for one counter (and its sliding-log lists); how many of its

@@ -30,7 +30,7 @@ from collections.abc import Iterable, Sequence
 from typing import NamedTuple
 
 from django_quota.core.model import GROUP_DECIDED, PolicyResult
-from django_quota.core.policy import FIXED_WINDOW, SLIDING_WINDOW
+from django_quota.core.policy import CONCURRENCY, FIXED_WINDOW, SLIDING_WINDOW
 from django_quota.core.protocol import GroupReply, GroupRequest
 from django_quota.core.windows import WindowResult
 
@@ -242,12 +242,15 @@ def rememberable(
     request: GroupRequest, reply: GroupReply, *, shadow: bool, cluster: bool
 ) -> bool:
     """Whether a refusal Redis decided may be answered again (``docs/failures.md``): the
-    group decided, no shadow policy in it, every policy enforced, and on a Redis Cluster
+    group decided, no shadow policy in it, every policy enforced, none a concurrency
+    policy (a release frees it, in any process), and on a Redis Cluster
     (``cluster``) one hash slot (a group split over slots reports its refunded policies'
     numbers best effort)."""
     if shadow or reply.status != GROUP_DECIDED:
         return False
     for call in request.calls:
         if not call.enforce:
+            return False
+        if call.algorithm == CONCURRENCY:  # a release frees it, in any process
             return False
     return not cluster or len({hash_tag(key) for key in request.counters}) == 1

@@ -47,6 +47,7 @@ from typing import NamedTuple
 
 from django_quota.core.evaluation_ids import appended, remembers
 from django_quota.core.policy import (
+    CONCURRENCY,
     FIXED_WINDOW,
     SLIDING_LOG,
     SLIDING_WINDOW,
@@ -63,12 +64,17 @@ from django_quota.core.windows import (
     _log_result,
     _log_view,
     _view,
+    acquired_leases,
     allows,
     calendar_place,
     calendar_result,
     calendar_view,
     floor_div,
+    holds_lease,
+    lease_view,
+    leases_ttl,
     new_tuple,
+    released_leases,
     window_result,
 )
 
@@ -91,6 +97,7 @@ MODE_MAY_REPEAT = 1  # a retry or a caller's id: the ledger is searched first
 MODE_PEEK = 2  # decide as cost 1 would, write nothing
 
 ALGORITHM_CODES = {FIXED_WINDOW: 1, SLIDING_WINDOW: 2, TOKEN_BUCKET: 3, SLIDING_LOG: 4}
+ALGORITHM_CODES[CONCURRENCY] = 6
 
 State = dict[str, int]
 
@@ -378,6 +385,8 @@ def _windows_at(
     algorithm = call.algorithm
     windows = call.windows
     log = None
+    if algorithm == CONCURRENCY:
+        return _leases_at(windows[0], stored, now, cost)
     if algorithm == SLIDING_LOG:
         log = _log_windows(windows, state, now, stored)
         views = [(view.used, 0) for view in log.views]
@@ -534,6 +543,7 @@ def evaluate_group(
         or may_repeat
         or len(call.windows) != 1
         or call.algorithm == SLIDING_LOG
+        or call.algorithm == CONCURRENCY
         or call.bounds
     ):
         group = GroupInputs(
@@ -589,6 +599,8 @@ def _evaluate_general(
     replay = False
     if group.may_repeat and not peek:
         repeat = _repeats(seen, nows, ledgers, group.fingerprint, group.dedup_ttl_ms)
+        if repeat is not True and _holds_leases(calls, logs, nows, group.fingerprint):
+            repeat = True
         if repeat is None:
             return _INDETERMINATE_RESULT
         replay = repeat
@@ -611,6 +623,8 @@ def _evaluate_general(
         now = nows[index]
         if replay:
             status = _replayed(ledgers[index], now, group.fingerprint, group.dedup_ttl_ms)
+            if call.algorithm == CONCURRENCY and logs is not None:
+                status = _replayed_lease(logs[index], now, group.fingerprint)
         else:
             status = decide_policy(call, fits[index], allowed, peek)
         charged = status == CHARGED and not replay
@@ -621,7 +635,12 @@ def _evaluate_general(
         if replay:
             windows = tuple(result._replace(retry_after_ms=-1) for result in windows)
         results.append(new_tuple(PolicyResult, (status, now, windows)))
-        if charged:
+        if charged and call.algorithm == CONCURRENCY:
+            stored = logs[index] if logs is not None else ()
+            writes.append(
+                _lease_charge(index, call, stored, now, group.fingerprint, group.cleanup_grace_ms)
+            )
+        elif charged:
             write = _charge(
                 index, call, views, log, seen[index], now, ttl, ledgers[index],
                 now_ms=group.now_ms, fingerprint=group.fingerprint,
@@ -718,3 +737,82 @@ def _calendar_keeps(
     if not server_clock or last is None or now < last or ttl < dedup_ttl_ms:
         return False
     return all(start <= last < end for start, end in place)
+
+
+# Concurrency (docs/concurrency.md): a policy's state is its leases, one "log" (the
+# memory backend's), as Redis holds them in one sorted set at the counter's key
+# (:mod:`django_quota.core.windows`). No numbers, no ledger: a lease's member is its
+# evaluation's fingerprint, so a held lease is what remembers the evaluation.
+
+
+def _leases_of(stored: Sequence[Log]) -> Log:
+    return stored[0] if stored else ()
+
+
+def _leases_at(
+    window: Window, stored: Sequence[Log], now: int, cost: int
+) -> tuple[list[tuple[int, int]], _LogWindows | None, bool]:
+    """A concurrency policy's window at ``now`` (:func:`_windows_at`): its view (units
+    held, ms until the oldest held lease expires) and whether ``cost`` more fits."""
+    held, wait = lease_view(_leases_of(stored), now)
+    return [(held, wait)], None, held + cost <= window.limit
+
+
+def _holds_leases(
+    calls: Sequence[PolicyCall],
+    logs: Sequence[Sequence[Log]] | None,
+    nows: Sequence[int],
+    fingerprint: bytes,
+) -> bool:
+    """Whether a concurrency policy of the group holds a lease of ``fingerprint``: the
+    evaluation repeats one that acquired it."""
+    if logs is None or not fingerprint:
+        return False
+    number = int.from_bytes(fingerprint, "big")
+    for index, call in enumerate(calls):
+        if call.algorithm == CONCURRENCY and holds_lease(
+            _leases_of(logs[index]), number, nows[index]
+        ):
+            return True
+    return False
+
+
+def _replayed_lease(stored: Sequence[Log], now: int, fingerprint: bytes) -> int:
+    """A concurrency policy's status in a replay: :data:`CHARGED` when it holds the
+    evaluation's lease, else :data:`UNCHARGED`."""
+    number = int.from_bytes(fingerprint, "big") if fingerprint else -1
+    return CHARGED if holds_lease(_leases_of(stored), number, now) else UNCHARGED
+
+
+def _lease_charge(
+    index: int,
+    call: PolicyCall,
+    stored: Sequence[Log],
+    now: int,
+    fingerprint: bytes,
+    cleanup_grace_ms: int,
+) -> Write:
+    """The write of a concurrency policy acquiring ``call.cost`` units at ``now``: its
+    leases (expired ones dropped, the new one added) and their set's time to live: until
+    the later of the latest lease held before and the new one expires, plus the grace."""
+    before = _leases_of(stored)
+    period = call.windows[0].period_ms
+    leases = acquired_leases(before, now, int.from_bytes(fingerprint, "big"), call.cost, period)
+    latest = now + period
+    if before and before[-3] > latest:
+        latest = before[-3]
+    return Write(index, {}, latest - now + cleanup_grace_ms, b"", (leases,))
+
+
+def release_leases(
+    stored: Sequence[Log], now: int, fingerprint: bytes, cleanup_grace_ms: int
+) -> tuple[int, Log | None, int]:
+    """``release.lua``'s model: the units the evaluation of ``fingerprint`` held at
+    ``now``; the leases left (its own and the expired ones dropped), None when nothing
+    was removed (nothing written); and the set's new time to live (ms: until the latest
+    lease left expires, plus the grace; 0 when none is left, the key is gone)."""
+    leases = _leases_of(stored)
+    released, kept = released_leases(leases, now, int.from_bytes(fingerprint, "big"))
+    if len(kept) == len(leases):
+        return released, None, 0
+    return released, kept, (leases_ttl(kept, now) + cleanup_grace_ms) if kept else 0

@@ -26,7 +26,13 @@ FIXED_WINDOW = "fixed_window"
 SLIDING_WINDOW = "sliding_window"
 SLIDING_LOG = "sliding_log"
 TOKEN_BUCKET = "token_bucket"
-ALGORITHMS = (FIXED_WINDOW, SLIDING_WINDOW, SLIDING_LOG, TOKEN_BUCKET)
+#: At most N units in flight per identity, each lease released by the edge or after P
+#: (docs/concurrency.md).
+CONCURRENCY = "concurrency"
+ALGORITHMS = (FIXED_WINDOW, SLIDING_WINDOW, SLIDING_LOG, TOKEN_BUCKET, CONCURRENCY)
+#: A concurrency policy's largest N: a lease's units are two bytes of its member
+#: (docs/concurrency.md), and every call reads its held leases.
+MAX_CONCURRENCY = 65_535
 
 ENFORCE = "enforce"
 SHADOW = "shadow"
@@ -513,6 +519,8 @@ def parse_policy(
         raise ConfigurationError(f"{key}['windows']", "a policy needs windows")
     timezone = parse_timezone(raw.get("timezone", default_timezone), f"{key}['timezone']")
     windows = _parse_windows(key, algorithm, raw["windows"], raw.get("capacity"), timezone)
+    if algorithm == CONCURRENCY:
+        check_concurrency_windows(f"{key}['windows']", windows)
     selector = parse_selector(
         raw.get("selector", [AUTO]), f"{key}['selector']", allow_internal=allow_internal_dimensions
     )
@@ -561,6 +569,20 @@ def parse_policy(
         timezone=timezone,
         plans=plans,
     )
+
+
+def check_concurrency_windows(key: str, windows: Sequence[Window]) -> None:
+    """A concurrency policy has one window, of at most :data:`MAX_CONCURRENCY` units
+    (docs/concurrency.md): its period is a lease's lifetime, so a second window would
+    mean nothing. Raises :class:`ConfigurationError` naming ``key``."""
+    if len(windows) != 1:
+        raise ConfigurationError(
+            key, "a concurrency policy has one window: 'N/P', N units in flight, leases of P"
+        )
+    if windows[0].limit > MAX_CONCURRENCY:
+        raise ConfigurationError(
+            key, f"a concurrency policy allows at most {MAX_CONCURRENCY:,} units in flight"
+        )
 
 
 def window_from_limit(

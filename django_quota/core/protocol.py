@@ -29,6 +29,7 @@ from django_quota.core.model import (
     group_allows,
 )
 from django_quota.core.policy import (
+    CONCURRENCY,
     FIXED_WINDOW,
     SLIDING_LOG,
     SLIDING_WINDOW,
@@ -369,7 +370,7 @@ def _windows(
         else:
             used = int(reply[position])
             prev = 0
-            if algorithm == SLIDING_WINDOW:
+            if algorithm in (SLIDING_WINDOW, CONCURRENCY):
                 prev = int(reply[position + 1])
                 position += 1
             position += 1
@@ -425,4 +426,31 @@ def _refused(
 
 #: Integers per window in the reply: a view (used; used and prev for the sliding window
 #: counter) or a sliding log's four numbers.
-_WIDTHS = {FIXED_WINDOW: 1, TOKEN_BUCKET: 1, SLIDING_WINDOW: 2, SLIDING_LOG: 4}
+_WIDTHS = {FIXED_WINDOW: 1, TOKEN_BUCKET: 1, SLIDING_WINDOW: 2, SLIDING_LOG: 4, CONCURRENCY: 2}
+
+
+def decode_leases(members: Sequence[tuple[bytes, float]]) -> tuple[int, ...]:
+    """A concurrency policy's sorted set (``ZRANGE … WITHSCORES``: (member, expiry)
+    pairs in order) in the model's terms: flat (expiry, fingerprint as an integer,
+    units) triples (:mod:`django_quota.core.windows`, docs/concurrency.md)."""
+    out: list[int] = []
+    for member, score in members:
+        out += (int(score), int.from_bytes(member[:FINGERPRINT_BYTES], "big"),
+                int.from_bytes(member[FINGERPRINT_BYTES:], "big"))
+    return tuple(out)
+
+
+class ReleaseRequest(NamedTuple):
+    """A release of the leases one evaluation acquired (``release.lua``): the counter,
+    the evaluation's fingerprint and ``now_ms`` (None: Redis ``TIME``)."""
+
+    counter: str
+    fingerprint: bytes
+    now_ms: int | None
+    cleanup_grace_ms: int
+
+    def args(self) -> list[int | str | bytes]:
+        """ARGV for ``release.lua``: the fingerprint, now + 1 (0: Redis ``TIME``), the
+        grace."""
+        now = 0 if self.now_ms is None else check_packable(self.now_ms) + 1
+        return [self.fingerprint, now, self.cleanup_grace_ms]

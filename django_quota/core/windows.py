@@ -32,7 +32,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from django_quota.core.policy import FIXED_WINDOW, SLIDING_LOG, TOKEN_BUCKET, Window
+from django_quota.core.policy import (
+    CONCURRENCY,
+    FIXED_WINDOW,
+    SLIDING_LOG,
+    TOKEN_BUCKET,
+    Window,
+)
 
 #: Builds a named tuple from a tuple of its fields: the hot path's results are built this
 #: way, without the Python-level ``__new__`` a named tuple's constructor calls (several per
@@ -178,6 +184,8 @@ def window_result(
             replenish = ceil_div(deficit - (capacity_scaled - (remaining + 1) * period), limit)
         result = new_tuple(WindowResult, (remaining, reset_after, retry_after, replenish))
         return result, reset_after
+    if algorithm == CONCURRENCY:  # the view: held units and the oldest lease's wait
+        return lease_result(window, used, prev, cost, charged)
     elapsed = now % period
     reset_after = period - elapsed
     cur = used + cost if charged else used
@@ -343,3 +351,93 @@ def calendar_result(
     retry_after = -1 if used + cost <= limit else reset_after
     remaining = limit - count if count < limit else 0
     return new_tuple(WindowResult, (remaining, reset_after, retry_after, reset_after)), reset_after
+
+
+# Concurrency (docs/concurrency.md). A policy's leases, as its Redis sorted set holds them:
+# one member per lease, the evaluation's fingerprint then its units (two bytes,
+# big-endian), scored by its expiry (ms). The model holds them as a flat tuple of
+# (expiry, fingerprint as an integer, units) triples in the set's order (score, then
+# member), so that a fingerprint's member sorts as its integer does.
+
+#: Bytes of a lease's units in its member.
+LEASE_UNIT_BYTES = 2
+
+
+def lease_member(fingerprint: bytes, units: int) -> bytes:
+    """The sorted-set member of a lease: ``fingerprint`` then ``units`` (2 bytes)."""
+    return fingerprint + units.to_bytes(LEASE_UNIT_BYTES, "big")
+
+
+def lease_view(leases: Log, now: int) -> tuple[int, int]:
+    """The leases held at ``now`` (those expiring after it): (units held, ms until the
+    oldest held one expires, 0 when none)."""
+    held = 0
+    wait = 0
+    for index in range(0, len(leases), 3):
+        expiry = leases[index]
+        if expiry > now:
+            if held == 0:
+                wait = expiry - now
+            held += leases[index + 2]
+    return held, wait
+
+
+def holds_lease(leases: Log, fingerprint: int, now: int) -> bool:
+    """Whether a lease of ``fingerprint`` (an integer) is held at ``now``: a repeat of
+    the evaluation that acquired it acquires nothing."""
+    for index in range(0, len(leases), 3):
+        if leases[index + 1] == fingerprint and leases[index] > now:
+            return True
+    return False
+
+
+def lease_result(
+    window: Window, held: int, wait: int, cost: int, charged: bool
+) -> tuple[WindowResult, int]:
+    """A concurrency window's reported numbers from its view (``held`` units, ``wait``
+    ms until the oldest held lease expires) and its time to live: ``remaining`` = N -
+    held after the call, ``reset_after`` = until the oldest held lease expires (the new
+    one's period when it is the only one; 0 when none), which is also a denial's
+    ``retry_after`` (a whole period when nothing is held: a cost above N never fits)."""
+    count = held + cost if charged else held
+    reset_after = wait if wait > 0 else (window.period_ms if charged else 0)
+    retry_after = -1
+    if held + cost > window.limit:
+        retry_after = wait if wait > 0 else window.period_ms
+    remaining = window.limit - count if count < window.limit else 0
+    return new_tuple(WindowResult, (remaining, reset_after, retry_after, reset_after)), reset_after
+
+
+def acquired_leases(leases: Log, now: int, fingerprint: int, units: int, period: int) -> Log:
+    """The leases after acquiring ``units`` for ``fingerprint`` at ``now``: the expired
+    ones dropped, a member of the same fingerprint and units replaced (as ``ZADD``
+    rescores it), the new one expiring at ``now + period``; in the set's order."""
+    kept = [
+        (leases[index], leases[index + 1], leases[index + 2])
+        for index in range(0, len(leases), 3)
+        if leases[index] > now and (leases[index + 1], leases[index + 2]) != (fingerprint, units)
+    ]
+    kept.append((now + period, fingerprint, units))
+    kept.sort()
+    return tuple(value for lease in kept for value in lease)
+
+
+def released_leases(leases: Log, now: int, fingerprint: int) -> tuple[int, Log]:
+    """The units ``fingerprint`` held at ``now`` and the leases after releasing them: its
+    members and the expired ones dropped (``release.lua``)."""
+    released = 0
+    kept: list[int] = []
+    for index in range(0, len(leases), 3):
+        expiry, member, units = leases[index], leases[index + 1], leases[index + 2]
+        if expiry <= now:
+            continue
+        if member == fingerprint:
+            released += units
+            continue
+        kept += (expiry, member, units)
+    return released, tuple(kept)
+
+
+def leases_ttl(leases: Log, now: int) -> int:
+    """ms until the latest lease expires (the set's expiry); 0 when none is left."""
+    return leases[-3] - now if leases else 0

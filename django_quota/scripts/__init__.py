@@ -17,7 +17,7 @@ from django_quota.scripts.shapes import SINGLE_WINDOW_SCRIPTS, single_window
 _VARIANTS = {name: algorithm for algorithm, name in SINGLE_WINDOW_SCRIPTS.items()}
 
 #: Every script: the general ``evaluate.lua``, its variants, then ``reset`` and ``refund``.
-SCRIPT_NAMES = ("evaluate", *SINGLE_WINDOW_SCRIPTS.values(), "reset", "refund")
+SCRIPT_NAMES = ("evaluate", *SINGLE_WINDOW_SCRIPTS.values(), "reset", "refund", "release")
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,7 +18,8 @@ binary arguments read in as few string.byte calls as possible, a binary counter 
 pass that reads it, and a reply without what the client can derive.
 
 KEYS (1 per policy i = 1..n, in call order, then the sliding logs):
-  KEYS[i]  the counter of (policy, revision, identity): a string (layout below)
+  KEYS[i]  the counter of (policy, revision, identity): a string (layout below); for a
+           concurrency policy its leases' sorted set instead (below)
   then, for each sliding_log policy in call order, one list per window w = 1..m: the
   window's log (the counter key with l<w> before its "{": same hash tag, same slot)
 ARGV:
@@ -38,8 +39,8 @@ ARGV:
            indeterminate
        u64 cleanup grace (CLEANUP_GRACE), ms
      then per policy: u8 algorithm (1 fixed_window, 2 sliding_window, 3 token_bucket,
-       4 sliding_log, 5 fixed_window with calendar windows), u8 enforce (1 enforce,
-       0 shadow), u16 window count m, u64 cost,
+       4 sliding_log, 5 fixed_window with calendar windows, 6 concurrency), u8 enforce
+       (1 enforce, 0 shadow), u16 window count m, u64 cost,
        then per window: u64 limit, u64 period (ms), u64 capacity; for algorithm 5
        instead u64 limit, u64 b1, u64 b0, u64 b2 (ms): the boundaries of the window's
        local calendar windows around the client's now (core/calendar.py), or u64 limit,
@@ -69,6 +70,15 @@ sliding log also, per window: LPUSH of a new event (none when its newest event i
 now), LTRIM of the events that left (only when some did; DEL instead when all did) and
 PEXPIRE (period + grace: until the unit just recorded leaves). A denial, a peek and a
 replay write nothing.
+
+Concurrency (algorithm 6, one window "N/P", docs/concurrency.md): KEYS[i] is a sorted
+set, one member per held lease: the 5-byte fingerprint of the evaluation that acquired
+it, then its units (u16), scored by its expiry (ms). Read with one ZRANGE; its view
+replied as a sliding window counter's two integers: the units held at now (leases
+expiring after now) and the ms until the oldest of them expires (0: none). An acquire:
+ZREMRANGEBYSCORE of the expired leases (when some are), ZADD, PEXPIRE (until the latest
+lease expires, plus the grace). A repeat (mode 1) finds its own lease. release.lua frees
+a lease.
 
 Counter value (core/protocol.py decodes it; "u48" = 6 bytes big-endian):
   u8 k, the ledger's entry count (0..8), then its k entries, oldest first, 9 bytes each:
@@ -320,7 +330,9 @@ for i = 1, n do  --@ general
   local width = 24  --@ general
   if algorithm == 5 then width = 32 end  -- a calendar call's windows  --@ general
   offset = first + width * m  --@ general
-  local value = redis.pcall('GET', KEYS[i])
+  local value = false  -- a concurrency policy's key is its leases' sorted set: no GET  --@ general
+  if algorithm ~= 6 then value = redis.pcall('GET', KEYS[i]) end  --@ general
+  --+ local value = redis.pcall('GET', KEYS[i])
   if not value then
     value = ''
   elseif value.err then  -- an error (a string has no field err): only another type is no counter
@@ -410,6 +422,33 @@ for i = 1, n do  --@ general
       policy[base + 1], policy[base + 2], policy[base + 3], policy[base + 4] = lv.used, lv, limit,  --@ general
         period  --@ general
       if lv.used + cost > limit then allowed = false end
+--@ end
+--@ if general
+    elseif algorithm == 6 then
+      -- Concurrency (model._leases_at, docs/concurrency.md): the leases held at now, those
+      -- scored (expiring) after it, in the set's order (oldest expiry first); each member
+      -- is a fingerprint (5 bytes) and its units (2 bytes). Kept for the charge, after its
+      -- one window's view: how many have expired (14), the latest held expiry (15),
+      -- whether this evaluation holds one (16: a repeat).
+      local leases = redis.call('ZRANGE', KEYS[i], '0', '-1', 'WITHSCORES')
+      local held, wait, expired, latest, mine = 0, 0, 0, 0, false
+      for j = 1, #leases, 2 do
+        local expiry = tonumber(leases[j + 1])
+        if expiry > policy_now then
+          local member = leases[j]
+          local u1, u2 = byte(member, 6, 7)
+          if held == 0 then wait = expiry - policy_now end
+          held = held + u1 * 256 + u2
+          latest = expiry
+          if mode == 1 and sub(member, 1, 5) == fingerprint then mine = true end
+        else
+          expired = expired + 1
+        end
+      end
+      policy[base + 1], policy[base + 2], policy[base + 3], policy[base + 4] = held, wait, limit,
+        period
+      policy[14], policy[15], policy[16] = expired, latest, mine
+      if held + cost > limit then allowed = false end
 --@ end
     else  --@ general
 --@ if fixed_window or sliding_window or token_bucket
@@ -509,7 +548,7 @@ if mode == 1 then
 --@ if general
   for i = 1, n do
     local policy = policies[i]
-    if remembers(policy[4], policy[7], policy[5]) then
+    if (policy[1] == 6 and policy[16]) or remembers(policy[4], policy[7], policy[5]) then
       replay = true
       commit = false
       break
@@ -553,10 +592,30 @@ for i = 1, n do  --@ general
   local cost = call_cost  --@ general
   if peek then cost = 1 end  --@ general
   local charged = commit and allowed and call_cost > 0
+--@ if general
+  if charged and algorithm == 6 then
+    -- A concurrency policy acquires (model._lease_charge): the expired leases leave, the
+    -- new one (fingerprint, units) expires at now + period; the set lives until its latest
+    -- lease expires, plus the grace. No counter string.
+    charged = false
+    local expiry = policy_now + policy[13]
+    if policy[14] > 0 then
+      redis.call('ZREMRANGEBYSCORE', KEYS[i], '-inf', format('%d', policy_now))
+    end
+    local low = call_cost % 256
+    redis.call('ZADD', KEYS[i], format('%d', expiry),
+      fingerprint .. char((call_cost - low) / 256, low))
+    local latest = policy[15]
+    if expiry > latest then latest = expiry end
+    local grace = ((((g1 * 256 + g2) * 256 + g3) * 256 + g4) * 256 + g5) * 256 + g6
+    redis.call('PEXPIRE', KEYS[i], format('%d', latest - policy_now + grace))
+  end
+--@ end
   if replay then
     -- charged by the earlier evaluation when its ledger holds the id (cluster refunds)
     local status = 2
     if remembers(value, ledger_end, policy_now) then status = 1 end
+    if algorithm == 6 and policy[16] then status = 1 end  -- holds its lease  --@ general
     r = r + 1
     reply[r] = status
   end
@@ -589,7 +648,7 @@ for i = 1, n do  --@ general
       local used, prev = policy[base + 1], policy[base + 2]  --@ general
       r = r + 1
       reply[r] = used
-      if algorithm == 2 then  --@ general
+      if algorithm == 2 or algorithm == 6 then  --@ general
 --@ if sliding_window
         r = r + 1
         reply[r] = prev

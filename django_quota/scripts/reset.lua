@@ -12,7 +12,8 @@ Drops the numbers (t and every window's) and deletes the sliding-log lists; the
 evaluation-id ledger and d stay, with the counter's expiry, so that a retry of an
 evaluation charged before the reset still never charges twice. A counter left with
 neither is deleted; so is a value not in that layout and another type at the key (a hash
-of an earlier version).
+of an earlier version). A concurrency policy's key is its leases' sorted set
+(docs/concurrency.md): deleted, its window counted as having had state.
 ]]
 
 local value = redis.pcall('GET', KEYS[1])
@@ -32,6 +33,7 @@ if type(value) == 'string' then
   end
 elseif type(value) == 'table' then
   if string.sub(tostring(value.err), 1, 9) ~= 'WRONGTYPE' then return value end
+  if redis.call('TYPE', KEYS[1]).ok == 'zset' then with_state = tonumber(ARGV[1]) end
   redis.call('DEL', KEYS[1])
 end
 if #KEYS > 1 then

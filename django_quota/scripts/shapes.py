@@ -21,7 +21,7 @@ from __future__ import annotations
 import re
 from collections.abc import Collection, Iterator
 
-from django_quota.core.policy import ALGORITHMS
+from django_quota.core.policy import ALGORITHMS, CONCURRENCY
 
 #: What names the general script in a condition.
 GENERAL = "general"
@@ -30,7 +30,7 @@ CONDITION_NAMES = frozenset((GENERAL, *ALGORITHMS))
 
 #: The script deciding one policy with one window, by the policy's algorithm.
 SINGLE_WINDOW_SCRIPTS: dict[str, str] = {
-    algorithm: f"evaluate_{algorithm}" for algorithm in ALGORITHMS
+    algorithm: f"evaluate_{algorithm}" for algorithm in ALGORITHMS if algorithm != CONCURRENCY
 }
 
 _DIRECTIVE = re.compile(r"^\s*--@\s*(?P<word>if|elif|else|end)\b\s*(?P<expr>.*)$")
@@ -108,7 +108,7 @@ def render(source: str, names: Collection[str]) -> str:
 def single_window(source: str, algorithm: str) -> str:
     """The variant of ``evaluate.lua`` (``source``) deciding one ``algorithm`` policy with
     one window, opening with a header that says so."""
-    if algorithm not in ALGORITHMS:
+    if algorithm not in SINGLE_WINDOW_SCRIPTS:
         raise ShapeError(f"no algorithm named {algorithm!r}")
     name = SINGLE_WINDOW_SCRIPTS[algorithm]
     header = (
