@@ -81,8 +81,9 @@ class QuotaMiddleware:
             except BaseException:
                 await releasing.arelease(held)
                 raise
-            return self._finish(request, await releasing.arelease_after(response, held))
-        response = await self.get_response(request)
+            response = await releasing.arelease_after(response, held)
+        else:
+            response = await self.get_response(request)
         response = await self._alogin_refused(request, response)
         return self._finish(request, response)
 
@@ -117,6 +118,7 @@ class QuotaMiddleware:
         refused = login_refusal(request)
         if refused is None:
             return response
+        response.close()  # never sent: its resources (a streaming response's leases) go
         ledger_of(request).record([refused])
         return self._refuse(request, refused)
 

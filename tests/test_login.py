@@ -239,3 +239,54 @@ def test_e009_an_undefined_login_policy(quota: Any, settings: Any) -> None:
     quota(LOGIN_POLICIES=["nowhere"])
     ((check, text),) = quota_errors()
     assert check == "django_quota.E009" and "'nowhere'" in text
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_async_stack_holding_a_lease_still_answers_429(
+    protected: Any, quota: Any, settings: Any
+) -> None:
+    """Under ASGI, a login refused while the route's concurrency policy holds a lease is
+    a 429 too, and the lease is released."""
+    import asyncio
+
+    from django.test import AsyncClient
+
+    from django_quota.middleware import QuotaMiddleware
+
+    quota(
+        CLOCK=CLOCK,
+        LOGIN_POLICIES=["login-user", "login-ip"],
+        POLICIES={
+            "login-user": USER_POLICY,
+            "login-ip": IP_POLICY,
+            "inflight": {
+                "algorithm": "concurrency",
+                "windows": "10/m",
+                "selector": ["ip"],
+                "routes": ["/login"],
+            },
+        },
+    )
+    seen_async: list[bool] = []
+    original = QuotaMiddleware.__acall__
+
+    async def spying(self: Any, request: Any) -> Any:
+        seen_async.append(True)
+        return await original(self, request)
+
+    QuotaMiddleware.__acall__ = spying  # type: ignore[method-assign]
+    try:
+
+        async def scenario() -> list[Any]:
+            client = AsyncClient()
+            form = {"username": "fiona", "password": "wrong"}
+            return [await client.post("/login/", form) for _ in range(6)]
+
+        answers = asyncio.run(scenario())
+    finally:
+        QuotaMiddleware.__acall__ = original  # type: ignore[method-assign]
+    assert seen_async, "the middleware ran its async path"
+    assert [r.status_code for r in answers] == [200] * 5 + [429]
+    assert refused(answers[5])
+    assert CountingBackend.calls == 5
+    assert django_quota.peek("inflight", {"ip": "127.0.0.1"}).remaining == 10
