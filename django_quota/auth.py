@@ -21,7 +21,7 @@ import weakref
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from django.contrib.auth import get_user_model
+from django.contrib.auth import get_backends, get_user_model
 from django.contrib.auth.backends import BaseBackend
 from django.contrib.auth.signals import user_login_failed
 from django.core.exceptions import PermissionDenied
@@ -133,6 +133,20 @@ class QuotaLoginBackend(BaseBackend):
         else:
             _refused_here.set(refusing)
         raise PermissionDenied("too many failed login attempts")
+
+    def get_user(self, user_id: Any) -> Any:
+        """The user of a session recorded with this backend, found by the backends after
+        it. Django records the first of ``AUTHENTICATION_BACKENDS`` for a login made
+        without a backend (the test client's ``force_login``, ``login(request, user)`` for
+        a user not from ``authenticate()``); without this, every such session would be
+        anonymous (docs/login.md)."""
+        for backend in get_backends():
+            if isinstance(backend, QuotaLoginBackend):
+                continue
+            user = backend.get_user(user_id)
+            if user is not None:
+                return user
+        return None
 
 
 def _refusing(found: Sequence[Outcome]) -> Outcome | None:

@@ -52,8 +52,9 @@ class Inspection:
         }
 
 
-def inspect(policy_id: str, subject: Subject) -> Inspection:
-    """Read a subject's windows without consuming or writing anything.
+def inspect(policy_id: str, subject: Subject, *, plan: str | None = None) -> Inspection:
+    """Read a subject's windows without consuming or writing anything, under ``plan``'s
+    limits for a policy with plans (docs/plans.md; None: the policy's own windows).
 
     Raises ``ValueError`` for a missing or invalid identity, :class:`UnknownPolicy` and
     :class:`BackendError` (the backend could not answer).
@@ -62,7 +63,7 @@ def inspect(policy_id: str, subject: Subject) -> Inspection:
     policy = dataclasses.replace(policies.get_policy(policy_id), enabled=True)
     limiter = get_limiter()
     identity = limiter.identity_for(policy, subject, "inspect")
-    prepared = limiter.prepare([policy], subject, 1, peek=True)
+    prepared = limiter.prepare([policy], subject, 1, peek=True, plan=plan)
     if prepared.clock_error is not None:
         raise BackendError(CLOCK_UNSAFE, f"QUOTA['CLOCK']: {prepared.clock_error}")
     assert prepared.request is not None

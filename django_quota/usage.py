@@ -46,15 +46,32 @@ def _state(outcome: Outcome) -> dict[str, object]:
     }
 
 
+def _login_username(request: Any) -> str | None:
+    """The signed-in caller's username as a login policy counts it (the submitted
+    username, normalised: docs/login.md), or None for an anonymous caller."""
+    user = getattr(request, "user", None)
+    if user is None or not getattr(user, "is_authenticated", False):
+        return None
+    # Imported here: django_quota.auth needs django.contrib.auth installed, the view not.
+    from django_quota.auth import submitted_username
+
+    return submitted_username({"username": user.get_username()})
+
+
 def _resolving(
-    group: Sequence[Policy], subject: RequestSubject
+    group: Sequence[Policy], subject: RequestSubject, request: Any = None
 ) -> tuple[list[Policy], dict[str, Mapping[str, object]]]:
-    """The policies whose selector gives the request a valid identity, and their subjects."""
+    """The policies whose selector gives the request a valid identity, and their subjects.
+    A login policy's ``user`` is the caller's username, as its failed logins are counted,
+    not the user's primary key (docs/usage.md)."""
     current = limiter.get_limiter()
+    login = set(conf.get_settings().login_policies)
     found: list[Policy] = []
     subjects: dict[str, Mapping[str, object]] = {}
     for policy in group:
         values = subject.for_policy(policy)
+        if policy.id in login and "user" in values:
+            values = {**values, "user": _login_username(request)}
         try:
             current.identity(policy, values)
         except (IdentityError, TypeError):
@@ -72,7 +89,7 @@ def peek_request(request: Any) -> list[Outcome]:
     registry = policies.get_registry()
     candidates = [p for p in registry.policies.values() if p.enabled and not p.shadow]
     subject = RequestSubject(request, drf_auth=getattr(request, "auth", None))
-    group, subjects = _resolving(candidates, subject)
+    group, subjects = _resolving(candidates, subject, request)
     if not group:
         return []
     skipped = exemptions.exempted(request, group, subject, record=False)

@@ -549,3 +549,20 @@ def test_traceback_works_on_either_side_of_the_subcommand(tmp_path: Path, where:
     assert failed.stderr.rstrip().endswith("CommandError: no policy named 'nope'")
     plain = run_without_settings_env(tmp_path, *inspect, "--settings", "command_settings")
     assert plain.stderr == "CommandError: no policy named 'nope'\n"
+
+
+def test_inspect_with_a_plan_shows_that_plans_limits(quota: Any) -> None:
+    """A policy with plans keeps one counter (docs/plans.md): ``--plan`` reads it under
+    the customer's plan; without it, under the policy's own windows."""
+    plans = {"pro": {"burst": "30/m", "sustained": "100/h"}}
+    quota(CLOCK=CLOCK, POLICIES={"api": {**API, "plans": plans}})
+    for _ in range(2):
+        django_quota.evaluate("api", {"ip": IP}, plan="pro")
+    found = json.loads(quota_command("inspect", "api", "--ip", IP, "--plan", "pro", "--json"))
+    assert [(w["limit"], w["count"], w["remaining"]) for w in found["windows"]] == [
+        (30, 2, 28), (100, 2, 98)
+    ]
+    found = json.loads(quota_command("inspect", "api", "--ip", IP, "--json"))
+    assert [(w["limit"], w["count"], w["remaining"]) for w in found["windows"]] == [
+        (3, 2, 1), (10, 2, 8)
+    ]

@@ -33,6 +33,7 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("api-token-auth/", obtain_auth_token),
     path("home/", lambda request: HttpResponse("home")),
+    path("whoami/", lambda request: HttpResponse(request.user.get_username() or "anonymous")),
 ]
 
 IP = "203.0.113.60"
@@ -101,6 +102,15 @@ def test_six_failures_then_the_right_password_is_still_429(protected: Any, url: 
     # The refusals charged nothing more: 5 of 5 used.
     assert django_quota.peek("login-user", {"user": "fiona"}).remaining == 0
     assert django_quota.peek("login-ip", {"ip": IP}).remaining == 3
+
+
+def test_force_login_with_the_backend_first_signs_the_user_in(protected: Any) -> None:
+    """The test client's ``force_login`` (and ``login()`` without a backend) records the
+    first backend, ``QuotaLoginBackend``, in the session: its ``get_user`` must still
+    find the user (it asks the backends after it), or every such session is anonymous."""
+    client = Client()
+    client.force_login(protected)
+    assert client.get("/whoami/").content == b"fiona"
 
 
 def test_quota_reset_by_username_unlocks(protected: Any) -> None:

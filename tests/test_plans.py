@@ -146,6 +146,21 @@ def test_a_plan_with_named_windows_must_name_them() -> None:
         parse_policy("p", {"windows": {"a": "1/s", "b": "9/d"}, "plans": {"pro": "5/s"}})
 
 
+def test_a_concurrency_plan_keeps_the_65535_units_bound(quota: Any) -> None:
+    """A lease's units take two bytes (docs/concurrency.md): a plan may not allow more in
+    flight than the policy's windows may; Redis refused such a cost (backend_error)
+    while the memory backend admitted it."""
+    policy = {"algorithm": "concurrency", "windows": "5/m", "plans": {"big": "70000/m"}}
+    with pytest.raises(ConfigurationError) as raised:
+        parse_policy("p", policy)
+    assert "['plans']['big']" in str(raised.value)
+    assert "at most 65,535 units in flight" in str(raised.value)
+    quota(POLICIES={"p": policy})
+    errors = [str(message) for message in run_checks() if message.id.startswith("django_quota")]
+    assert any("QUOTA['POLICIES']['p']['plans']['big']" in error for error in errors), errors
+    parse_policy("p", {**policy, "plans": {"big": "65535/m"}})
+
+
 # -- PLAN_RESOLVER at the edges -----------------------------------------------------------
 def plan_from_header(request: Any) -> str | None:
     """The plan a test request names in its X-Plan header."""

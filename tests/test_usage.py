@@ -199,3 +199,25 @@ def test_the_callers_plan_gives_the_limits(quota: Any) -> None:
     free = client.get("/api/rate_limit/", REMOTE_ADDR=IP, HTTP_X_PLAN="free")
     (entry,) = json.loads(free.content)["policies"]
     assert (entry["limit"], entry["remaining"]) == (3, 2)
+
+
+def test_a_login_policy_is_read_for_the_callers_username(
+    quota: Any, settings: Any, django_user_model: Any
+) -> None:
+    """A login policy's ``user`` is the submitted username (docs/login.md), not the
+    signed-in user's primary key: the view reads it for the caller's username."""
+    settings.AUTHENTICATION_BACKENDS = [
+        "django_quota.auth.QuotaLoginBackend",
+        "django.contrib.auth.backends.ModelBackend",
+    ]
+    quota(
+        CLOCK=CLOCK,
+        LOGIN_POLICIES=["login-user"],
+        POLICIES={"login-user": {"windows": "5/15m", "selector": ["user"]}},
+    )
+    user = django_user_model.objects.create_user("fiona")
+    for _ in range(2):
+        django_quota.evaluate("login-user", {"user": "fiona"})
+    client = Client()
+    client.force_login(user, backend="django.contrib.auth.backends.ModelBackend")
+    assert remaining(read(client)) == {"login-user": 3}

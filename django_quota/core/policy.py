@@ -332,6 +332,8 @@ def _parse_plans(
                     f"window {window_name!r} must keep the policy's period "
                     f"(/{period}): a plan changes limits only",
                 )
+        if algorithm == CONCURRENCY:  # a plan's N has the policy's bound (a lease's 2 bytes)
+            check_concurrency_windows(plan_key, tuple(by_name.values()))
         plans.append((name, tuple(by_name[window.name] for window in windows)))
     return tuple(plans)
 

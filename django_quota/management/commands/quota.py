@@ -45,6 +45,9 @@ class Command(BaseCommand):
         inspect = commands.add_parser("inspect", help="show a subject's windows (read-only)")
         inspect.add_argument("policy")
         inspect.add_argument("--json", action="store_true")
+        inspect.add_argument(
+            "--plan", help="read a policy with plans under this plan's limits (docs/plans.md)"
+        )
         reset = commands.add_parser("reset", help="delete a subject's counters")
         reset.add_argument("policy")
         reset.add_argument("--yes", "--no-input", action="store_true", dest="yes")
@@ -126,7 +129,9 @@ class Command(BaseCommand):
         return subject
 
     def _inspect(self, options: dict[str, Any]) -> None:
-        found = operations.inspect(options["policy"], self._subject(options))
+        found = operations.inspect(
+            options["policy"], self._subject(options), plan=options.get("plan")
+        )
         if options["json"]:
             self._json(found.as_dict())
             return
