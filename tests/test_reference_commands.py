@@ -83,7 +83,7 @@ def test_every_common_option_is_in_the_common_section() -> None:
     for option in sorted(every - own):
         assert documented(option, text), option
     assert own == {"--json", "--user", "--api-key", "--ip", "--route", "--tenant", "--yes",
-                   "--no-input"}
+                   "--no-input", "--plan"}
 
 
 def test_exit_codes_are_documented() -> None:
