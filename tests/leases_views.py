@@ -72,6 +72,8 @@ def worker(requests: int) -> None:
         "POLICY_SOURCES": ["settings"],
         "REDIS_URL": os.environ["LEASES_TEST_REDIS_URL"],
         "POLICIES": POLICIES,
+        "TIMEOUT": 2.0,  # the bound is tested, not the latency (test_leases_load.py)
+        "DEADLINE": 5.0,
     }
     settings.ROOT_URLCONF = __name__
     django.setup()
