@@ -649,8 +649,14 @@ class Limiter:
         return None
 
     def _recorded(self, prepared: Prepared, outcomes: list[Outcome]) -> list[Outcome]:
-        if not prepared.peek:
-            metrics.record_outcomes(prepared.compiled, outcomes, prepared.group_denied)
+        if prepared.peek:
+            return outcomes
+        compiled = prepared.compiled
+        if len(outcomes) == 1 and len(compiled) == 1 and not prepared.group_denied:
+            outcome = outcomes[0]  # one policy: its labels are known
+            metrics.record_outcome(outcome, outcome.reason or "", compiled[0].selector_label)
+        else:
+            metrics.record_outcomes(compiled, outcomes, prepared.group_denied)
         return outcomes
 
     def run(self, prepared: Prepared) -> list[Outcome]:

@@ -227,41 +227,43 @@ def record_outcomes(
     charged) is counted with reason :data:`GROUP_DENIED`, not as admitting."""
     for outcome in outcomes:
         reason = outcome.reason or ""
-        decision = outcome.decision
-        if group_denied and outcome.policy in group_denied and decision == ALLOWED:
+        if group_denied and outcome.policy in group_denied and outcome.decision == ALLOWED:
             reason = GROUP_DENIED
         # The selector is part of the key: a policy id may come back with another
         # selector (an edited admin policy, another settings generation).
-        key = (
-            outcome.policy,
+        record_outcome(outcome, reason, _selector_label(evaluated, outcome.policy))
+
+
+def record_outcome(outcome: Outcome, reason: str, selector: str) -> None:
+    """Count one decided outcome under its ``reason`` label (its reason, ``""`` or
+    :data:`GROUP_DENIED`) and its policy's ``selector`` label, and log it as
+    :func:`record_outcomes` says (which calls this for each outcome; the limiter calls
+    it directly for one policy, whose labels it has)."""
+    decision = outcome.decision
+    key = (outcome.policy, decision, reason, selector, outcome.backend_mode)
+    standing_for = _counts.count_outcome(key, decision in _LOGGED)
+    if MULTIPROCESS:
+        child = _counts.outcome_children.get(key)
+        if child is None:
+            child = _counts.add_outcome_child(key)
+        child.inc()
+    if standing_for:
+        logger.info(
+            "quota %s: policy=%s reason=%s backend_mode=%s count=%d",
             decision,
+            outcome.policy,
             reason,
-            _selector_label(evaluated, outcome.policy),
+            outcome.backend_mode,
+            standing_for,
+        )
+    elif decision in _LOGGED and logger.isEnabledFor(logging.DEBUG):
+        logger.debug(
+            "quota %s: policy=%s reason=%s backend_mode=%s",
+            decision,
+            outcome.policy,
+            reason,
             outcome.backend_mode,
         )
-        standing_for = _counts.count_outcome(key, decision in _LOGGED)
-        if MULTIPROCESS:
-            child = _counts.outcome_children.get(key)
-            if child is None:
-                child = _counts.add_outcome_child(key)
-            child.inc()
-        if standing_for:
-            logger.info(
-                "quota %s: policy=%s reason=%s backend_mode=%s count=%d",
-                decision,
-                outcome.policy,
-                reason,
-                outcome.backend_mode,
-                standing_for,
-            )
-        elif decision in _LOGGED and logger.isEnabledFor(logging.DEBUG):
-            logger.debug(
-                "quota %s: policy=%s reason=%s backend_mode=%s",
-                decision,
-                outcome.policy,
-                reason,
-                outcome.backend_mode,
-            )
 
 
 def _line_due(counted: list[float]) -> int:

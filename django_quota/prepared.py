@@ -61,6 +61,7 @@ class Compiled:
         "key_tail",
         "plans",
         "policy",
+        "selector_label",
         "settings",
     )
 
@@ -75,6 +76,8 @@ class Compiled:
         #: This policy under each of its plans asked for so far (``docs/plans.md``).
         self.plans: dict[str, Compiled] = {}
         self.key_tail = counter_tail(policy)
+        #: The ``selector_dimensions`` label of its outcomes' metrics.
+        self.selector_label = "+".join(policy.selector)
         #: The selector's one dimension when a subject's counter key follows from that
         #: dimension's value alone (not ``auto``, which reads several), else None.
         self.dimension = (
