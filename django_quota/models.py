@@ -1,9 +1,11 @@
-"""Admin-managed policies (docs/operations.md): ``QuotaPolicy`` with its ``QuotaWindow`` rows.
+"""Admin-managed policies (docs/operations.md): ``QuotaPolicy`` with its ``QuotaWindow`` rows
+and its plans' ``QuotaPlanLimit`` rows (docs/plans.md).
 
 A policy's ``revision`` is an integer drawn again whenever what its counters mean changes
-(algorithm, selector, or a window's name, limit, period or capacity), through the admin,
-an ORM ``save()`` or a saved or deleted window; counter keys include it, so a changed
-policy starts fresh counters. Revisions come from one database-wide sequence
+(algorithm, selector, or a window's name, limit, period or capacity; for a policy with
+plans, not the limits: docs/plans.md), through the admin, an ORM ``save()`` or a saved or
+deleted window or plan row; counter keys include it, so a changed policy starts fresh
+counters. Revisions come from one database-wide sequence
 (:class:`RevisionSequence`), so a policy deleted and created again under the same name
 never meets its predecessor's counters, whatever its algorithm. Validation is
 :func:`django_quota.core.policy.parse_policy`, the one the settings and the system checks
@@ -20,7 +22,7 @@ from contextvars import ContextVar
 from typing import Any
 
 from django.core.exceptions import ValidationError
-from django.core.validators import RegexValidator
+from django.core.validators import MinValueValidator, RegexValidator
 from django.db import models, router, transaction
 from django.db.models import F, Max
 
@@ -30,10 +32,12 @@ from django_quota.core.policy import (
     ENFORCEMENTS,
     FAILURE_MODES,
     ON_MISSING,
+    PLAN_NAME_RE,
     POLICY_ID_RE,
     WINDOW_NAME_RE,
     Policy,
     canonical_definition,
+    canonical_plans_definition,
     parse_policy,
 )
 from django_quota.core.rates import format_rate
@@ -54,8 +58,9 @@ _POLICY_FIELDS = frozenset(
 )
 _KEY_FIELD_RE = re.compile(r"^policy\['([a-z_]+)'\]")
 
-#: The definition keys the revision covers (docs/policies.md).
-MEANING_KEYS = ("algorithm", "selector", "windows", "capacity")
+#: The definition keys the revision covers (docs/policies.md); of ``plans``, only that
+#: there are some (docs/plans.md).
+MEANING_KEYS = ("algorithm", "selector", "windows", "capacity", "plans")
 
 #: Primary keys of the policies touched inside :func:`revision_batch` (None: no batch).
 _batch: ContextVar[set[int] | None] = ContextVar("django_quota_revision_batch", default=None)
@@ -149,6 +154,7 @@ class QuotaPolicy(models.Model):
     definition_digest = models.CharField(max_length=64, blank=True, default="", editable=False)
 
     windows: Any  # reverse relation to QuotaWindow
+    plan_limits: Any  # reverse relation to QuotaPlanLimit
 
     class Meta:
         ordering = ("position", "name")
@@ -158,9 +164,16 @@ class QuotaPolicy(models.Model):
     def __str__(self) -> str:
         return self.name
 
-    def definition(self, windows: list[QuotaWindow] | None = None) -> dict[str, Any]:
-        """The policy as the dict form :func:`parse_policy` reads."""
+    def definition(
+        self,
+        windows: list[QuotaWindow] | None = None,
+        plan_limits: list[QuotaPlanLimit] | None = None,
+    ) -> dict[str, Any]:
+        """The policy as the dict form :func:`parse_policy` reads (``plans`` built from
+        ``plan_limits`` with the periods of ``windows``: :func:`plans_definition`)."""
         rows = windows if windows is not None else list(self.windows.all()) if self.pk else []
+        if plan_limits is None:
+            plan_limits = list(self.plan_limits.all()) if self.pk else []
         data: dict[str, Any] = {
             "algorithm": self.algorithm,
             "windows": {row.name: f"{row.limit}/{row.period}s" for row in rows},
@@ -176,13 +189,22 @@ class QuotaPolicy(models.Model):
         capacities = {row.name: row.capacity for row in rows if row.capacity is not None}
         if capacities:
             data["capacity"] = capacities
+        if plan_limits:
+            data["plans"] = plans_definition(rows, plan_limits)
         return data
 
-    def to_policy(self, windows: list[QuotaWindow] | None = None) -> Policy:
+    def to_policy(
+        self,
+        windows: list[QuotaWindow] | None = None,
+        plan_limits: list[QuotaPlanLimit] | None = None,
+    ) -> Policy:
         """The validated :class:`Policy` (``ConfigurationError`` when invalid)."""
-        policy = parse_policy(
-            self.name, self.definition(windows), source="database", key=f"QuotaPolicy {self.name!r}"
-        )
+        key = f"QuotaPolicy {self.name!r}"
+        try:
+            definition = self.definition(windows, plan_limits)
+        except ConfigurationError as exc:
+            raise ConfigurationError(f"{key}{exc.key}", exc.message) from None
+        policy = parse_policy(self.name, definition, source="database", key=key)
         return Policy(
             **{
                 **{field: getattr(policy, field) for field in policy.__dataclass_fields__},
@@ -195,30 +217,41 @@ class QuotaPolicy(models.Model):
         window yet, say): an invalid policy is never applied, so no counter carries its
         revision, and becoming valid need not bump it."""
         rows = list(self.windows.all()) if self.pk else []
-        definition = self.definition(rows)
+        try:
+            definition = self.definition(rows)
+        except ConfigurationError:
+            return ""
         # Only what a counter means: an invalid `methods`, say, is no change of meaning.
         meaning = {key: definition[key] for key in MEANING_KEYS if key in definition}
         try:
             policy = parse_policy("policy", meaning, source="database")
         except ConfigurationError:
             return ""
-        text = canonical_definition(policy.algorithm, policy.selector, policy.windows)
+        # With plans, the limits are chosen per request on one counter: they are no part
+        # of its meaning (docs/plans.md), as for a settings policy's revision.
+        canonical = canonical_plans_definition if policy.plans else canonical_definition
+        text = canonical(policy.algorithm, policy.selector, policy.windows)
         return hashlib.sha256(text.encode()).hexdigest()
 
-    #: Set by the admin, whose inline formset validates the windows being submitted (the
-    #: stored ones may be about to change, e.g. a capacity cleared with the algorithm).
+    #: Set by the admin, whose inline formsets validate the windows and plans being
+    #: submitted (the stored ones may be about to change, e.g. a capacity cleared with the
+    #: algorithm).
     windows_validated_elsewhere = False
 
     def clean(self) -> None:
         """Validate with the settings validator: the fields, and the stored windows with
         them (unless ``windows_validated_elsewhere``). Errors name the field."""
-        data = self.definition([])
+        data = self.definition([], [])
         data["windows"] = "1/s"  # the fields alone first: their errors name a field
         self._validate(data)
         if self.pk and not self.windows_validated_elsewhere:
             rows = list(self.windows.all())
             if rows:
-                self._validate(self.definition(rows))
+                try:
+                    definition = self.definition(rows)
+                except ConfigurationError as exc:
+                    raise ValidationError(exc.message) from exc
+                self._validate(definition)
 
     def _validate(self, data: dict[str, Any]) -> None:
         try:
@@ -290,8 +323,63 @@ class QuotaWindow(models.Model):
         return f"{self.name}: {format_rate(self.limit, self.period * 1000)}"
 
 
-def window_changed(sender: Any, instance: QuotaWindow, **kwargs: Any) -> None:
-    """``post_save``/``post_delete`` of a window (bulk deletes included): re-digest the
+class QuotaPlanLimit(models.Model):
+    """One window's limit under one plan of a :class:`QuotaPolicy` (docs/plans.md): the
+    rows of a plan name give that plan's windows, each with the period (and calendar) of
+    the policy's window of that name. A token bucket's capacity under a plan is the
+    plan's limit."""
+
+    policy = models.ForeignKey(QuotaPolicy, related_name="plan_limits", on_delete=models.CASCADE)
+    plan = models.CharField(
+        max_length=64,
+        validators=[RegexValidator(PLAN_NAME_RE.pattern)],
+        help_text="What PLAN_RESOLVER returns: [A-Za-z0-9][A-Za-z0-9_.:-]{0,63}, e.g. pro.",
+    )
+    window = models.CharField(
+        max_length=32,
+        validators=[RegexValidator(WINDOW_NAME_RE.pattern)],
+        help_text="The name of one of the policy's windows; the plan keeps its period.",
+    )
+    limit = models.PositiveIntegerField(
+        validators=[MinValueValidator(1)], help_text="Units per the window's period, in this plan."
+    )
+
+    class Meta:
+        ordering = ("plan", "id")
+        verbose_name = "plan limit"
+        constraints = [
+            models.UniqueConstraint(
+                fields=("policy", "plan", "window"), name="django_quota_plan_window"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.plan}: {self.window} {self.limit}"
+
+
+def plans_definition(
+    windows: list[QuotaWindow], plan_limits: list[QuotaPlanLimit]
+) -> dict[str, dict[str, str]]:
+    """``plans`` as :func:`parse_policy` reads it, from plan rows and the policy's windows:
+    ``{plan: {window: "<limit>/<period>s"}}``. A row naming no window of the policy is a
+    :class:`ConfigurationError` (key ``['plans'][<plan>]``); a plan missing a window is
+    left for :func:`parse_policy` to name."""
+    periods = {row.name: row.period for row in windows}
+    plans: dict[str, dict[str, str]] = {}
+    for row in plan_limits:
+        if row.window not in periods:
+            raise ConfigurationError(
+                f"['plans'][{row.plan!r}]",
+                f"plan {row.plan!r} gives a limit to window {row.window!r}, which the policy "
+                f"does not have (its windows: {', '.join(periods) or 'none'})",
+            )
+        plans.setdefault(row.plan, {})[row.window] = f"{row.limit}/{periods[row.window]}s"
+    return plans
+
+
+def window_changed(sender: Any, instance: QuotaWindow | QuotaPlanLimit, **kwargs: Any) -> None:
+    """``post_save``/``post_delete`` of a window or a plan row (bulk deletes included):
+    re-digest the
     policy, bumping its revision when the meaning changed (at the end of a
     :func:`revision_batch`). Connected in ``ready()``."""
     touched = _batch.get()
