@@ -183,4 +183,10 @@ def charge_failed_login(
         limiter.evaluate_policies([policy], subjects[policy.id])
 
 
-__all__ = ["BACKEND_PATH", "QuotaLoginBackend", "charge_failed_login", "refusal"]
+__all__ = [
+    "BACKEND_PATH",
+    "QuotaLoginBackend",
+    "charge_failed_login",
+    "refusal",
+    "submitted_username",
+]
