@@ -214,8 +214,10 @@ class QuotaPolicy(models.Model):
 
     def _digest(self) -> str:
         """SHA-256 of the canonical definition; ``""`` while the policy is invalid (no
-        window yet, say): an invalid policy is never applied, so no counter carries its
-        revision, and becoming valid need not bump it."""
+        window yet, or a plan given one of its two windows so far). An invalid policy is
+        never applied, so its state changes no revision: the stored digest stays the last
+        valid one, and the policy bumps only when it is valid again with another meaning
+        (a plan added row by row through the ORM keeps the counters, as in the admin)."""
         rows = list(self.windows.all()) if self.pk else []
         try:
             definition = self.definition(rows)
@@ -280,16 +282,17 @@ class QuotaPolicy(models.Model):
                 touched.add(self.pk)
                 return
             digest = self._digest()
-            if self.pk and self.definition_digest and digest != self.definition_digest:
-                self.revision = next_revision(using)
-            self.definition_digest = digest
+            if digest:  # else invalid: the last valid digest stays (_digest)
+                if self.pk and self.definition_digest and digest != self.definition_digest:
+                    self.revision = next_revision(using)
+                self.definition_digest = digest
             super().save(*args, **kwargs)
 
     def refresh_revision(self) -> None:
         """Re-digest after a window changed; draw a new revision and save when the meaning
         changed."""
         digest = self._digest()
-        if digest != self.definition_digest:
+        if digest and digest != self.definition_digest:
             using = self._database()
             with transaction.atomic(using=using):
                 if self.definition_digest:

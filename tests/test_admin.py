@@ -786,3 +786,20 @@ def test_deleting_a_window_a_plan_still_names_is_refused(
         errors_of(response)
     )
     assert QuotaWindow.objects.filter(policy=policy).count() == 2
+
+
+def test_a_plan_added_row_by_row_through_the_orm_keeps_the_counters(
+    database_policies: Any
+) -> None:
+    """Between its first and its last row, the new plan lacks a window and the policy is
+    invalid for a moment; that passing state is no change of meaning."""
+    policy = create_policy(windows=(("burst", 2, 60), ("daily", 3, 86400)))
+    for name in ("burst", "daily"):
+        QuotaPlanLimit.objects.create(policy=policy, plan="pro", window=name, limit=10)
+    revision = QuotaPolicy.objects.get(pk=policy.pk).revision
+    assert revision > policy.revision  # the first plan: counters of another meaning
+    django_quota.evaluate("api", {"ip": IP}, plan="pro")
+    for name in ("burst", "daily"):
+        QuotaPlanLimit.objects.create(policy=policy, plan="team", window=name, limit=100)
+    assert QuotaPolicy.objects.get(pk=policy.pk).revision == revision
+    assert django_quota.peek("api", {"ip": IP}, plan="team").remaining == 99
