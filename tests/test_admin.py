@@ -409,9 +409,9 @@ def test_status_page_shows_policies_backend_and_outcomes(
          "fixed_window"],
         ["status-api", "database", "1", "fixed_window"],
     ]
-    assert policies_table[0][4:] == ["default: 5/m", "ip", "-", "enforce", "closed (default)",
-                                     "yes"]
-    assert policies_table[1][4:] == ["default: 1/h", "ip", "/api", "enforce",
+    assert policies_table[0][4:] == ["default: 5/m", "-", "ip", "-", "enforce",
+                                     "closed (default)", "yes"]
+    assert policies_table[1][4:] == ["default: 1/h", "-", "ip", "/api", "enforce",
                                      "closed (default)", "yes"]
     page = response.content.decode()
     assert '<td id="quota-backend">memory</td>' in page
@@ -691,6 +691,9 @@ def test_a_policy_added_with_plans_decides_with_the_plans_limits(
     assert django_quota.peek("api", {"ip": IP}, plan="pro").limit == 20
     page = admin_client.get(CHANGELIST).content.decode()
     assert "free (burst 2/m, daily 3/d), pro (burst 20/m, daily 300/d)" in html.unescape(page)
+    (row,) = cells(admin_client.get(STATUS), "quota-policies")
+    assert row[4:6] == ["burst: 2/m, daily: 3/d",
+                        "free (burst 2/m, daily 3/d), pro (burst 20/m, daily 300/d)"]
 
 
 def create_planned_policy() -> QuotaPolicy:
