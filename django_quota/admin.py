@@ -13,6 +13,7 @@ from urllib.parse import unquote_plus
 from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
+from django.contrib.auth import get_permission_codename
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import router, transaction
 from django.db.models import QuerySet
@@ -160,14 +161,42 @@ class QuotaPlanFormSet(forms.BaseInlineFormSet):  # type: ignore[type-arg]
             raise ValidationError(f"plan {plan.group(1)}: {exc.message}") from exc
 
 
-class QuotaWindowInline(admin.TabularInline):  # type: ignore[type-arg]
+class _PolicyPartInline(admin.TabularInline):  # type: ignore[type-arg]
+    """Rows that are part of their policy (windows, plan limits): the policy's own
+    permissions govern them (docs/admin.md#permissions), so that ``change_quotapolicy``
+    edits a policy with its windows and plans, and no permission on the row models is
+    needed. On the add page (``obj`` None) the ``add`` permission does."""
+
+    def _may(self, request: HttpRequest, action: str) -> bool:
+        opts = self.parent_model._meta
+        return bool(
+            request.user.has_perm(f"{opts.app_label}.{get_permission_codename(action, opts)}")
+        )
+
+    def _may_edit(self, request: HttpRequest, obj: Any) -> bool:
+        return self._may(request, "add" if obj is None else "change")
+
+    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return self._may(request, "view") or self._may_edit(request, obj)
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return self._may_edit(request, obj)
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return self._may_edit(request, obj)
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return self._may_edit(request, obj)
+
+
+class QuotaWindowInline(_PolicyPartInline):
     model = QuotaWindow
     formset = QuotaWindowFormSet
     extra = 1
     fields = ("name", "limit", "period", "capacity")
 
 
-class QuotaPlanInline(admin.TabularInline):  # type: ignore[type-arg]
+class QuotaPlanInline(_PolicyPartInline):
     """A plan is the rows of one plan name: one limit for each of the policy's windows
     (docs/plans.md)."""
 

@@ -806,3 +806,19 @@ def test_a_plan_added_row_by_row_through_the_orm_keeps_the_counters(
         QuotaPlanLimit.objects.create(policy=policy, plan="team", window=name, limit=100)
     assert QuotaPolicy.objects.get(pk=policy.pk).revision == revision
     assert django_quota.peek("api", {"ip": IP}, plan="team").remaining == 99
+
+
+def test_staff_with_the_change_permission_edits_windows_and_plans(
+    django_user_model: Any, database_policies: Any
+) -> None:
+    """docs/admin.md: ``change_quotapolicy`` grants editing a policy *and its windows*
+    (and plans); the inline rows need no permissions of their own."""
+    api = create_policy(windows=(("default", 1, 3600),))
+    editor = staff_with(django_user_model, "view_quotapolicy", "change_quotapolicy")
+    page = editor.get(f"{CHANGELIST}{api.pk}/change/").content.decode()
+    assert 'name="windows-0-limit"' in page and 'name="plan_limits-0-limit"' in page
+    response = change(editor, api, [{"limit": 7}],
+                      [{"plan": "pro", "window": "default", "limit": 70}])
+    assert response.status_code == 302, errors_of(response)
+    assert [w.limit for w in api.windows.all()] == [7]
+    assert [(p.plan, p.limit) for p in api.plan_limits.all()] == [("pro", 70)]
