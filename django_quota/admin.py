@@ -249,6 +249,7 @@ class QuotaPolicyAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         "selector",
         "routes",
         "methods",
+        "exempt",
         "enforcement",
         "failure_mode",
         "on_missing",

@@ -53,8 +53,8 @@ def _default_selector() -> list[str]:
 
 #: Policy fields a validation error can be attached to (``policy['<field>']`` keys).
 _POLICY_FIELDS = frozenset(
-    {"algorithm", "selector", "routes", "methods", "enforcement", "failure_mode", "on_missing",
-     "max_cost", "enabled"}
+    {"algorithm", "selector", "routes", "methods", "exempt", "enforcement", "failure_mode",
+     "on_missing", "max_cost", "enabled"}
 )
 _KEY_FIELD_RE = re.compile(r"^policy\['([a-z_]+)'\]")
 
@@ -139,6 +139,13 @@ class QuotaPolicy(models.Model):
         default=list, blank=True, help_text='Middleware routes: ["/api"], ["ns:*"], ["*"]…'
     )
     methods = models.JSONField(default=list, blank=True, help_text='["GET", "POST"]; [] = all.')
+    exempt = models.JSONField(
+        default=list,
+        blank=True,
+        help_text=(
+            'Client networks that skip this policy (CIDR): ["192.0.2.0/24", "2001:db8::/48"].'
+        ),
+    )
     enforcement = models.CharField(max_length=8, choices=_choices(ENFORCEMENTS), default="enforce")
     failure_mode = models.CharField(
         max_length=8,
@@ -180,6 +187,7 @@ class QuotaPolicy(models.Model):
             "selector": self.selector,
             "routes": self.routes,
             "methods": self.methods,
+            "exempt": self.exempt,
             "enforcement": self.enforcement,
             "failure_mode": self.failure_mode or None,
             "on_missing": self.on_missing,

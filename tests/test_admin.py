@@ -50,6 +50,7 @@ def policy_form(**fields: Any) -> dict[str, str]:
         "selector": '["ip"]',
         "routes": '["/api"]',
         "methods": "[]",
+        "exempt": "[]",
         "enforcement": "enforce",
         "failure_mode": "",
         "on_missing": "deny",
@@ -220,6 +221,8 @@ def test_invalid_windows_are_refused_with_a_message(
         ("selector", '["nobody"]', "unknown dimension 'nobody'"),
         ("methods", '["get"]', "'get' must be upper-case, e.g. GET"),
         ("routes", '"/api"', "expected a list of strings"),
+        ("exempt", '["the office"]', "'the office' is not an IP network"),
+        ("exempt", '"192.0.2.0/24"', "expected a list of strings"),
     ],
 )
 def test_invalid_policy_fields_are_refused_next_to_the_field(
@@ -822,3 +825,14 @@ def test_staff_with_the_change_permission_edits_windows_and_plans(
     assert response.status_code == 302, errors_of(response)
     assert [w.limit for w in api.windows.all()] == [7]
     assert [(p.plan, p.limit) for p in api.plan_limits.all()] == [("pro", 70)]
+
+
+def test_a_policy_added_with_exempt_networks_skips_their_clients(
+    admin_client: Client, database_policies: Any
+) -> None:
+    response = add_policy(admin_client, [{"name": "default", "limit": 1, "period": 3600}],
+                          exempt='["192.0.2.0/24"]')
+    assert response.status_code == 302, errors_of(response)
+    assert QuotaPolicy.objects.get(name="api").revision == 1
+    assert statuses("/api/items/", 3, address="192.0.2.7") == [200, 200, 200]
+    assert statuses("/api/items/", 2) == [200, 429]

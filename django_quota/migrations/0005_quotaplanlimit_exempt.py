@@ -1,4 +1,5 @@
-"""A database policy's plans (docs/plans.md): one row per plan and window, with its limit."""
+"""A database policy's plans (docs/plans.md): one row per plan and window, with its limit;
+and its ``exempt`` networks (docs/policies.md#exemptions)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,18 @@ class Migration(migrations.Migration):
     ]
 
     operations = [
+        migrations.AddField(
+            model_name="quotapolicy",
+            name="exempt",
+            field=models.JSONField(
+                blank=True,
+                default=list,
+                help_text=(
+                    "Client networks that skip this policy (CIDR): "
+                    '["192.0.2.0/24", "2001:db8::/48"].'
+                ),
+            ),
+        ),
         migrations.CreateModel(
             name="QuotaPlanLimit",
             fields=[
