@@ -93,3 +93,16 @@ def test_a_subject_s_counter_key_is_derived_once_and_bounded(
     assert current.compiled(policy).counters == {"198.51.100.24": _counter("p", other)}
     assert current.compiled(policies.get_policy("u")).counters == {}
     assert django_quota.evaluate("p", SUBJECT).remaining == 1
+
+
+def test_its_own_evaluations_never_push_a_caller_s_id_out_of_the_ledger(quota: Any) -> None:
+    """On Redis, 8 more charges drop the caller's entry and its repeat is indeterminate
+    (tests/test_isolation.py); the memory backend's own evaluations add no entry, so the
+    repeat is still recognised: a replay, nothing charged."""
+    quota(POLICIES={"p": {"windows": "1000/h", "selector": ["ip"]}})
+    django_quota.evaluate("p", SUBJECT, evaluation_id="first")
+    for _ in range(20):
+        django_quota.evaluate("p", SUBJECT)
+    again = django_quota.evaluate("p", SUBJECT, evaluation_id="first")
+    assert (again.decision, again.reason, again.remaining) == ("allowed", None, 979)
+    assert django_quota.peek("p", SUBJECT).remaining == 979
