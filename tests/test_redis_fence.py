@@ -180,7 +180,7 @@ def test_a_redis_py_the_fence_was_not_read_against_takes_the_public_path_with_on
         assert redispy.public_path() is True
         assert redispy.public_path() is True
     warnings = [r.getMessage() for r in caplog.records if "redis-py 9.0.0" in r.getMessage()]
-    assert len(warnings) == 1 and "8.0, 8.1" in warnings[0]
+    assert len(warnings) == 1 and "read against (8.0, 8.1, 8.2)" in warnings[0]
     monkeypatch.setattr(redis, "__version__", "8.0.3")
     assert redispy.public_path() is False
 
