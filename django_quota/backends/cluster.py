@@ -95,6 +95,7 @@ from django_quota.core.outcome import (
 )
 from django_quota.core.policy import CONCURRENCY, FIXED_WINDOW, SLIDING_LOG, TOKEN_BUCKET, Window
 from django_quota.core.protocol import GroupReply, GroupRequest, ReleaseRequest, log_key
+from django_quota.core.refunds import REFUND_BEST_EFFORT
 from django_quota.core.windows import calendar_place
 
 logger = logging.getLogger("django_quota")
@@ -200,7 +201,7 @@ def refund_call(request: GroupRequest, results: Sequence[PolicyResult]) -> Call 
     lists follow the counters in KEYS, as for ``evaluate.lua``."""
     keys: list[str] = []
     logs: list[str] = []
-    args: list[int | bytes] = [0, request.fingerprint]
+    args: list[int | bytes] = [0, request.fingerprint, REFUND_BEST_EFFORT, 0]
     for counter, call, result in zip(request.counters, request.calls, results, strict=True):
         if result.status != CHARGED or call.algorithm == CONCURRENCY:  # release_calls
             continue
@@ -214,7 +215,8 @@ def refund_call(request: GroupRequest, results: Sequence[PolicyResult]) -> Call 
                 args += [window.period_ms, start, end]
             continue
         args += [ALGORITHM_CODES[call.algorithm], call.cost, result.now_ms, len(call.windows)]
-        args += [window.period_ms for window in call.windows]
+        for window in call.windows:
+            args += [window.period_ms, window.limit if call.algorithm == TOKEN_BUCKET else 0, 0]
     if not keys:
         return None
     args[0] = len(keys)

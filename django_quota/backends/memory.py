@@ -14,6 +14,7 @@ from django_quota.core.errors import BackendError
 from django_quota.core.model import State, evaluate_group, release_leases
 from django_quota.core.outcome import BACKEND_MODE_MEMORY, BACKEND_UNAVAILABLE
 from django_quota.core.protocol import GroupReply, GroupRequest, Probe, ReleaseRequest
+from django_quota.core.refunds import RefundRequest, refund_counter
 from django_quota.core.windows import COUNT_FIELDS, EXTRA_FIELDS, Log, new_tuple
 
 
@@ -193,6 +194,28 @@ class MemoryBackend:
     async def arelease(self, request: ReleaseRequest) -> int:
         """Async twin of :meth:`release`."""
         return self.release(request)
+
+    def refund(self, request: RefundRequest) -> int:
+        """Undo one evaluation's charge at most once (the model of ``refund.lua``,
+        :func:`~django_quota.core.refunds.refund_counter`); the units refunded. The
+        counter's expiry stays."""
+        with self._lock:
+            clock_now = self._clock_ms()
+            now = clock_now if request.now_ms is None else request.now_ms
+            entry = self._entry(request.counter, clock_now)
+            if entry is None:
+                return 0
+            found = refund_counter(
+                request.call, entry.state, entry.records, entry.logs, now, request.fingerprint
+            )
+            if found is None:
+                return 0
+            entry.state, entry.records, entry.logs = found.state, found.records, found.logs
+            return found.units
+
+    async def arefund(self, request: RefundRequest) -> int:
+        """Async twin of :meth:`refund`."""
+        return self.refund(request)
 
     def peek_state(self, counter: str) -> State | None:
         """The raw stored numbers of ``counter`` (for ``quota inspect`` and tests)."""
