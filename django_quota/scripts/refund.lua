@@ -131,8 +131,9 @@ local n = tonumber(ARGV[1])
 local log_position = n + 1  -- KEYS index of the next sliding log
 local fingerprint = ARGV[2]
 local at_most_once = tonumber(ARGV[3]) == 1
-local now = tonumber(ARGV[4]) - 1
-if at_most_once and now < 0 then
+local now = -1
+if at_most_once then now = tonumber(ARGV[4]) - 1 end
+if now < 0 and at_most_once then
   local time = redis.call('TIME')
   now = tonumber(time[1]) * 1000 + floor(tonumber(time[2]) / 1000)
 end
