@@ -408,11 +408,13 @@ def refund_request(
     evaluation_id: str,
     cost: int = 1,
     plan: str | None = None,
+    since_ms: int | None = None,
 ) -> RefundRequest | ReleaseRequest | None:
     """What undoes the charge of ``evaluation_id`` (``cost`` units) on ``subject``'s
     counter of ``policy``: a :class:`~django_quota.core.refunds.RefundRequest`, or for a
     concurrency policy the release of its lease; None when nothing can have been charged
-    (cost 0, or above what the policy's windows ever admit)."""
+    (cost 0, or above what the policy's windows ever admit). ``since_ms``: the ms since
+    the charge, as an edge measured them (``docs/refunds.md``, "At the edges")."""
     check_evaluation_id(evaluation_id)
     cost = validate_cost(cost)
     if policy.algorithm == CONCURRENCY:
@@ -440,7 +442,7 @@ def refund_request(
         places,
     )
     counter = compiled.counter(conf.get_settings().key_prefix, identity)
-    return RefundRequest(counter, call, fingerprint(evaluation_id), now_ms)
+    return RefundRequest(counter, call, fingerprint(evaluation_id), now_ms, since_ms)
 
 
 def refund(

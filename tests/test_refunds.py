@@ -153,3 +153,26 @@ def test_refund_rejects_bad_arguments(frozen: Any) -> None:
     with pytest.raises(TypeError):
         django_quota.refund("fixed_window", SUBJECT, "a", cost=1.5)  # type: ignore[arg-type]
     assert django_quota.refund("fixed_window", SUBJECT, "a", cost=0) == 0
+
+
+@pytest.mark.parametrize("policy", ["fixed_window", "sliding_log", "token_bucket"])
+def test_a_charge_the_bounded_ledger_dropped_is_refunded_only_by_an_edges_measure(
+    frozen: Any, policy: str
+) -> None:
+    from django_quota import limiter, policies
+
+    frozen(
+        CLOCK="tests.clock.now",
+        POLICIES={policy: {**POLICIES[policy], "windows": "20/m", "selector": ["ip"]}},
+    )
+    django_quota.evaluate(policy, SUBJECT, evaluation_id="first")
+    clock.set_to(START + 2)
+    for index in range(8):  # the ledger keeps the last 8 charges: "first" is dropped
+        django_quota.evaluate(policy, SUBJECT, evaluation_id=f"later{index}")
+    assert remaining(policy) == 11
+    assert django_quota.refund(policy, SUBJECT, "first") == 0  # unknown to the ledger
+    request = limiter.refund_request(
+        policies.get_policy(policy), SUBJECT, "first", since_ms=2000
+    )
+    assert limiter.refund_charge(request) == 1  # placed by the edge's measure
+    assert remaining(policy) == 12

@@ -206,7 +206,8 @@ class MemoryBackend:
             if entry is None:
                 return 0
             found = refund_counter(
-                request.call, entry.state, entry.records, entry.logs, now, request.fingerprint
+                request.call, entry.state, entry.records, entry.logs, now, request.fingerprint,
+                request.since_ms,
             )
             if found is None:
                 return 0

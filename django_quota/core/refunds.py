@@ -19,7 +19,8 @@ to ``t``, as an evaluation clamps it):
   never below 0;
 * sliding log: while the charge is inside ``(now - P, now]``, its units leave the event
   recorded at the charge time (the event goes when none is left), so every newer event's
-  number, and ``c<i>``, drop by the cost.
+  number, and ``c<i>``, drop by the cost. When an edge's measured refund (below) took
+  that event's units, the newest event before it gives them instead.
 
 The units refunded are the evaluation's cost when some window gave it back, else 0.
 """
@@ -83,18 +84,21 @@ def charge_time(records: bytes, fingerprint: bytes, last: int) -> tuple[bytes, i
     return b"".join(kept), last - (last - stamp) % STAMP_MODULUS
 
 
-def log_refund(count: int, log: Log, at: int, cost: int) -> tuple[int, Log] | None:
-    """``cost`` units taken out of the event recorded at ``at`` of a sliding log whose
-    window count is ``count``: the new count and log, or None when no event is at ``at``
-    or it holds fewer units."""
+def log_refund(
+    count: int, log: Log, at: int, cost: int, exact: bool = True
+) -> tuple[int, Log] | None:
+    """``cost`` units taken out of the event recorded at ``at`` (not ``exact``: the
+    newest event at or before ``at``) of a sliding log whose window count is ``count``:
+    the new count and log, or None when there is no such event or it holds fewer
+    units."""
     events = len(log) // 2
     found = 0
     for event in range(1, events + 1):
-        if log[2 * event - 2] == at:
-            found = event
+        time = log[2 * event - 2]
+        if time <= at:
+            if time == at or not exact:
+                found = event
             break
-        if log[2 * event - 2] < at:
-            return None
     if found == 0:
         return None
     newer = count if found == 1 else log[2 * found - 3]
@@ -116,19 +120,29 @@ def refund_counter(
     logs: Sequence[Log],
     now: int,
     fingerprint: bytes,
+    since_ms: int | None = None,
 ) -> Refunded | None:
     """``refund.lua``'s model (mode 1): undo the charge of ``fingerprint``'s evaluation
     on one counter at ``now`` (ms). None when the ledger does not hold it: nothing is
-    written (refunded already, never charged, or dropped from the bounded ledger)."""
+    written (refunded already, never charged, or dropped from the bounded ledger).
+
+    ``since_ms``, the ms since the charge as an edge measured them, places a charge
+    whose entry the bounded ledger dropped: at ``now`` (clamped to ``t``) minus them,
+    never after ``t``; a sliding log's units then leave the newest event at or before
+    that time. The edge refunds each charge at most once itself."""
     numbers = dict(state or {})
     last = numbers.get("t")
     kept, charged = charge_time(records, fingerprint, 0 if last is None else last)
-    if charged is None:
+    measured = charged is None and since_ms is not None
+    if charged is None and not measured:
         return None
     stored_logs = tuple(logs)
     if last is None:  # reset since the charge: nothing left to give back
         return Refunded(0, numbers, kept, stored_logs)
     at = now if now > last else last
+    if charged is None:
+        assert since_ms is not None
+        charged = min(last, at - since_ms)
     cost = call.cost
     algorithm = call.algorithm
     refunded = False
@@ -153,7 +167,9 @@ def refund_counter(
                 numbers[EXTRA_FIELDS[index]] = deficit - whole * period
                 refunded = True
         elif algorithm == SLIDING_LOG and charged > at - period and index <= len(new_logs):
-            taken = log_refund(count, new_logs[index - 1], charged, cost)
+            taken = log_refund(count, new_logs[index - 1], charged, cost, not measured)
+            if taken is None and not measured:  # its event went to a measured refund
+                taken = log_refund(count, new_logs[index - 1], charged, cost, False)
             if taken is not None:
                 numbers[COUNT_FIELDS[index]], new_logs[index - 1] = taken
                 refunded = True
@@ -175,6 +191,8 @@ class RefundRequest(NamedTuple):
     call: RefundCall
     fingerprint: bytes
     now_ms: int | None
+    #: ms since the charge as an edge measured them (None: the ledger must hold it).
+    since_ms: int | None = None
 
     def keys(self) -> list[str]:
         """KEYS: the counter, then a sliding log's lists (as for ``evaluate.lua``)."""
@@ -189,7 +207,8 @@ class RefundRequest(NamedTuple):
         code = CALENDAR_CODE if call.places else ALGORITHM_CODES[call.algorithm]
         now = 0 if self.now_ms is None else check_packable(self.now_ms) + 1
         args: list[int | str | bytes] = [
-            1, self.fingerprint, REFUND_AT_MOST_ONCE, now, code, call.cost, 0, len(call.periods)
+            1, self.fingerprint, REFUND_AT_MOST_ONCE, now, code, call.cost,
+            0 if self.since_ms is None else check_packable(self.since_ms) + 1, len(call.periods),
         ]
         for index, period in enumerate(call.periods):
             if call.places:

@@ -26,7 +26,9 @@ ARGV:
        4 sliding_log, 5 fixed_window with calendar windows),
        cost (integer >= 1, the units charged),
        charged now (ms; mode 0: the effective now evaluate.lua returned for the charge,
-                    which it stored as t; mode 1: 0, the ledger entry's time is used),
+                    which it stored as t; mode 1: 0, or the ms since the charge + 1 as
+                    an edge measured them, used only when the bounded ledger no longer
+                    holds the entry),
        window count m,
        then per window: period (ms) and two numbers: for algorithm 5 the start and end
        (ms) of the window (mode 0: the one charged, of charged now; mode 1: the one of
@@ -35,7 +37,10 @@ Reply (integer): mode 0, how many windows were refunded; mode 1, the units refun
 policy its cost when some window gave it back).
 
 The charge time: mode 0, charged now; mode 1, recovered from the ledger entry's stamp
-(charge time modulo 2^32 ms) and t: t - ((t - stamp) mod 2^32). The reference time a
+(charge time modulo 2^32 ms) and t: t - ((t - stamp) mod 2^32); when the ledger dropped
+the entry (more than 8 charges of the counter since) and the caller gave the ms since
+the charge, the reference minus those ms, never after t (then a sliding log's units
+leave the newest event at or before it, as in mode 0). The reference time a
 window must still be current at: mode 0, t; mode 1, now clamped to t. Per window i of
 period P:
   fixed_window    c<i> -= cost (never below 0) only while the reference's window is the
@@ -50,8 +55,9 @@ period P:
   sliding_log     the cost units recorded at the charge time leave the log: mode 0, the
                   newest event at or before that time (its own event; for a charge
                   replayed by a retry, reported at the retry's now, the nearest one
-                  before); mode 1, the event at exactly that time, while it is inside
-                  (reference - P, reference]. It loses them, so every newer event's count
+                  before); mode 1, the event at exactly that time (else, when an edge's
+                  measured refund took that one, the newest before it), while it is
+                  inside (reference - P, reference]. It loses them, so every newer event's count
                   before it and c<i> drop by cost (modulo LOG_MODULUS); an event left with
                   no unit is removed. Found from the newest event, as a refund follows its
                   charge closely. Nothing is done when that event holds fewer than cost
@@ -147,6 +153,7 @@ for i = 1, n do
   position = position + 4
   local value = redis.pcall('GET', KEYS[i])
   if type(value) ~= 'string' then value = '' end  -- none, or not a counter of this version
+  local exact = at_most_once  -- a sliding log's event at exactly the charge time
   if value ~= '' then
     local ledger_end = 1 + ENTRY * byte(value, 1)
     local kept = {}
@@ -159,7 +166,13 @@ for i = 1, n do
         stamp = ((b1 * 256 + b2) * 256 + b3) * 256 + b4
       end
     end
-    if stamp ~= nil or not at_most_once then
+    local since = charged_now - 1  -- mode 1: ms since the charge, as the caller measured
+    local measured = false
+    if at_most_once and stamp == nil and since >= 0 then
+      measured = true  -- an edge's refund whose entry the bounded ledger dropped
+      exact = false
+    end
+    if stamp ~= nil or measured or not at_most_once then
       local parts = {char(#kept), table.concat(kept), sub(value, ledger_end + 1, ledger_end + 6)}
       local numbers = ledger_end + 7
       local units = 0
@@ -167,8 +180,13 @@ for i = 1, n do
         local last = u48(value, numbers)
         local reference = last
         if at_most_once then
-          charged_now = last - mod(last - stamp, STAMP)
           if now > last then reference = now end
+          if measured then  -- the caller's measure, never after t
+            charged_now = reference - since
+            if charged_now > last then charged_now = last end
+          else
+            charged_now = last - mod(last - stamp, STAMP)
+          end
         end
         parts[4] = sub(value, numbers, numbers + 5)
         local stride = 1
@@ -182,8 +200,11 @@ for i = 1, n do
           if stride == 2 then extra = u48(value, field + 6) end
           if algorithm == 4 then
             if not at_most_once or charged_now > reference - period then
-              local left = log_refund(count, KEYS[log_position + w - 1], charged_now, cost,
-                at_most_once)
+              local key = KEYS[log_position + w - 1]
+              local left = log_refund(count, key, charged_now, cost, exact)
+              if left == nil and exact then  -- its event went to an edge's measured refund
+                left = log_refund(count, key, charged_now, cost, false)
+              end
               if left ~= nil then
                 count = left
                 refunded = refunded + 1
