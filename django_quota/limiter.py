@@ -442,7 +442,7 @@ def refund_request(
         places,
     )
     counter = compiled.counter(conf.get_settings().key_prefix, identity)
-    return RefundRequest(counter, call, fingerprint(evaluation_id), now_ms, since_ms)
+    return RefundRequest((counter,), (call,), fingerprint(evaluation_id), now_ms, since_ms)
 
 
 def refund(
@@ -485,7 +485,7 @@ def refund_charge(request: RefundRequest | ReleaseRequest | None) -> int:
     try:
         return local + get_backend().refund(request)
     finally:  # a refusal this process remembers for the counter is stale now
-        get_limiter().forget_denials((request.counter,))
+        get_limiter().forget_denials(request.counters)
 
 
 async def arefund(
@@ -513,4 +513,4 @@ async def arefund_charge(request: RefundRequest | ReleaseRequest | None) -> int:
     try:
         return local + await get_backend().arefund(request)
     finally:
-        get_limiter().forget_denials((request.counter,))
+        get_limiter().forget_denials(request.counters)

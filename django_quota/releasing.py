@@ -24,6 +24,7 @@ from typing import Any, NamedTuple
 from django_quota import limiter
 from django_quota.core.outcome import ALLOWED, BACKEND_MODE_CACHE, Outcome
 from django_quota.core.policy import CONCURRENCY, Policy
+from django_quota.core.refunds import RefundRequest
 
 logger = logging.getLogger("django_quota")
 
@@ -93,26 +94,48 @@ def _settlement(lease: Held, status: int) -> Any:
     )
 
 
+def _settlements(leases: Sequence[Held], status: int) -> list[tuple[Held, Any]]:
+    """What ends ``leases`` after a response of ``status``: each lease's release, and
+    the refunds of the charges it does not count joined into one request per evaluation
+    (a layer's group is one evaluation: one refund call, one per hash slot on a
+    cluster)."""
+    found: list[tuple[Held, Any]] = []
+    refunds: dict[str, int] = {}
+    for lease in leases:
+        try:
+            settlement = _settlement(lease, status)
+        except Exception as exc:  # a release never fails a response
+            _failed(lease, exc)
+            continue
+        if settlement is None:
+            continue
+        if isinstance(settlement, RefundRequest):
+            at = refunds.get(lease.evaluation_id)
+            if at is not None:
+                first, joined = found[at]
+                found[at] = (first, joined.joined(settlement))
+                continue
+            refunds[lease.evaluation_id] = len(found)
+        found.append((lease, settlement))
+    return found
+
+
 def release(leases: Sequence[Held], status: int = RAISED) -> None:
     """Release ``leases`` now, and refund the ``count_when`` charges a response of
     ``status`` does not count; a failure is logged (a lease frees itself after its
     period, a charge stays), never raised."""
-    for lease in leases:
+    for lease, settlement in _settlements(leases, status):
         try:
-            settlement = _settlement(lease, status)
-            if settlement is not None:
-                limiter.refund_charge(settlement)
+            limiter.refund_charge(settlement)
         except Exception as exc:  # a release never fails a response
             _failed(lease, exc)
 
 
 async def arelease(leases: Sequence[Held], status: int = RAISED) -> None:
     """Async twin of :func:`release`."""
-    for lease in leases:
+    for lease, settlement in _settlements(leases, status):
         try:
-            settlement = _settlement(lease, status)
-            if settlement is not None:
-                await limiter.arefund_charge(settlement)
+            await limiter.arefund_charge(settlement)
         except Exception as exc:  # a release never fails a response
             _failed(lease, exc)
 

@@ -36,6 +36,11 @@ POLICIES = {
     "failures": {"windows": f"{LIMIT}/h", "selector": ["ip"], "count_when": [401, "5XX"]},
     "flaky": {"algorithm": "sliding_log", "windows": f"{LIMIT}/h", "selector": ["ip"],
               "count_when": ["2xx"]},
+    # One layer of two count_when policies: one refund call for both.
+    "pair-a": {"windows": f"{LIMIT}/h", "selector": ["ip"], "routes": ["/pair"],
+               "count_when": ["2xx"]},
+    "pair-b": {"algorithm": "token_bucket", "windows": f"{LIMIT}/h", "selector": ["ip"],
+               "routes": ["/pair"], "count_when": ["2xx"]},
 }
 
 
@@ -93,6 +98,7 @@ def flaky(request: HttpRequest) -> HttpResponse:
 
 
 urlpatterns = [
+    path("pair", plain),
     path("mw/plain", plain),
     path("mw/boom", boom),
     path("decorated", decorated),
@@ -147,6 +153,16 @@ def test_the_middleware_refunds_what_does_not_count(backend: str, refunds: list[
     assert remaining("mw") == LIMIT - 1 and len(refunds) == 1
     assert client.get("/mw/boom").status_code == 500  # a view that raised: a 500
     assert remaining("mw") == LIMIT - 1 and len(refunds) == 2
+
+
+def test_a_layer_of_several_policies_refunds_in_one_call(
+    backend: str, refunds: list[Any]
+) -> None:
+    client = Client()
+    assert client.get("/pair", {"status": "200"}).status_code == 200
+    assert client.get("/pair", {"status": "500"}).status_code == 500
+    assert (remaining("pair-a"), remaining("pair-b")) == (LIMIT - 1, LIMIT - 1)
+    assert len(refunds) == 1 and len(refunds[0].counters) == 2
 
 
 @pytest.mark.parametrize("url", ["/decorated", "/decorated-async", "/throttled"])

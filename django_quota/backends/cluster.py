@@ -95,7 +95,7 @@ from django_quota.core.outcome import (
 )
 from django_quota.core.policy import CONCURRENCY, FIXED_WINDOW, SLIDING_LOG, TOKEN_BUCKET, Window
 from django_quota.core.protocol import GroupReply, GroupRequest, ReleaseRequest, log_key
-from django_quota.core.refunds import REFUND_BEST_EFFORT
+from django_quota.core.refunds import REFUND_BEST_EFFORT, RefundRequest
 from django_quota.core.windows import calendar_place
 
 logger = logging.getLogger("django_quota")
@@ -221,6 +221,16 @@ def refund_call(request: GroupRequest, results: Sequence[PolicyResult]) -> Call 
         return None
     args[0] = len(keys)
     return Call("refund", keys + logs, args)
+
+
+def refund_calls(request: RefundRequest) -> list[Call]:
+    """The ``refund.lua`` calls of an at-most-once refund: one per hash slot of its
+    counters (policies selecting the same subject share one)."""
+    by_slot: dict[int, list[int]] = {}
+    for index, counter in enumerate(request.counters):
+        by_slot.setdefault(slot_of(counter), []).append(index)
+    parts = [request.part(indexes) for indexes in by_slot.values()]
+    return [Call("refund", part.keys(), part.args()) for part in parts]
 
 
 def release_calls(request: GroupRequest, results: Sequence[PolicyResult]) -> list[Call]:
@@ -427,6 +437,15 @@ class RedisClusterBackend(BaseRedisBackend):
     def plan(self, request: GroupRequest) -> Plan:
         """One ``EVALSHA`` per hash slot, in order, with refunds (:func:`plan`)."""
         return plan(request, split_by_slot(request, slot_of))
+
+    def refund(self, request: RefundRequest) -> int:
+        """Run ``refund.lua`` once per hash slot of the request's counters, each on the
+        primary serving it; the units refunded."""
+        return sum(int(self.run(call)) for call in refund_calls(request))
+
+    async def arefund(self, request: RefundRequest) -> int:
+        """Async twin of :meth:`refund`."""
+        return sum([int(await self.arun(call)) for call in refund_calls(request)])
 
     def run(self, call: Call, deadline: float | None = None) -> Any:
         """Run one script call on the primary of its slot. ``NOSCRIPT`` loads the script

@@ -196,23 +196,25 @@ class MemoryBackend:
         return self.release(request)
 
     def refund(self, request: RefundRequest) -> int:
-        """Undo one evaluation's charge at most once (the model of ``refund.lua``,
-        :func:`~django_quota.core.refunds.refund_counter`); the units refunded. The
-        counter's expiry stays."""
+        """Undo one evaluation's charge on each counter of the request, at most once (the
+        model of ``refund.lua``, :func:`~django_quota.core.refunds.refund_counter`); the
+        units refunded. The counters' expiries stay."""
+        units = 0
         with self._lock:
             clock_now = self._clock_ms()
             now = clock_now if request.now_ms is None else request.now_ms
-            entry = self._entry(request.counter, clock_now)
-            if entry is None:
-                return 0
-            found = refund_counter(
-                request.call, entry.state, entry.records, entry.logs, now, request.fingerprint,
-                request.since_ms,
-            )
-            if found is None:
-                return 0
-            entry.state, entry.records, entry.logs = found.state, found.records, found.logs
-            return found.units
+            for counter, call in zip(request.counters, request.calls, strict=True):
+                entry = self._entry(counter, clock_now)
+                if entry is None:
+                    continue
+                found = refund_counter(
+                    call, entry.state, entry.records, entry.logs, now, request.fingerprint,
+                    request.since_ms,
+                )
+                if found is not None:
+                    entry.state, entry.records, entry.logs = found.state, found.records, found.logs
+                    units += found.units
+        return units
 
     async def arefund(self, request: RefundRequest) -> int:
         """Async twin of :meth:`refund`."""

@@ -183,38 +183,55 @@ REFUND_AT_MOST_ONCE = 1
 
 
 class RefundRequest(NamedTuple):
-    """A refund of one evaluation on one counter (``refund.lua``, mode 1): the counter,
-    what its policy charged (:class:`RefundCall`), the evaluation's fingerprint and
+    """A refund of one evaluation (``refund.lua``, mode 1) on the counters of a group it
+    charged: the counters, what each policy charged (:class:`RefundCall`, in the same
+    order), the evaluation's fingerprint (one per evaluation, whatever the group) and
     ``now_ms`` (None: Redis ``TIME``)."""
 
-    counter: str
-    call: RefundCall
+    counters: tuple[str, ...]
+    calls: tuple[RefundCall, ...]
     fingerprint: bytes
     now_ms: int | None
-    #: ms since the charge as an edge measured them (None: the ledger must hold it).
+    #: ms since the charge as an edge measured them (None: the ledgers must hold it).
     since_ms: int | None = None
 
     def keys(self) -> list[str]:
-        """KEYS: the counter, then a sliding log's lists (as for ``evaluate.lua``)."""
-        if self.call.algorithm != SLIDING_LOG:
-            return [self.counter]
-        lists = range(1, len(self.call.periods) + 1)
-        return [self.counter, *(log_key(self.counter, index) for index in lists)]
+        """KEYS: the counters, then each sliding log's lists (as for ``evaluate.lua``)."""
+        keys = list(self.counters)
+        for counter, call in zip(self.counters, self.calls, strict=True):
+            if call.algorithm == SLIDING_LOG:
+                lists = range(1, len(call.periods) + 1)
+                keys += [log_key(counter, index) for index in lists]
+        return keys
 
     def args(self) -> list[int | str | bytes]:
         """ARGV for ``refund.lua`` in mode 1 (its header)."""
-        call = self.call
-        code = CALENDAR_CODE if call.places else ALGORITHM_CODES[call.algorithm]
         now = 0 if self.now_ms is None else check_packable(self.now_ms) + 1
+        since = 0 if self.since_ms is None else check_packable(self.since_ms) + 1
         args: list[int | str | bytes] = [
-            1, self.fingerprint, REFUND_AT_MOST_ONCE, now, code, call.cost,
-            0 if self.since_ms is None else check_packable(self.since_ms) + 1, len(call.periods),
+            len(self.calls), self.fingerprint, REFUND_AT_MOST_ONCE, now
         ]
-        for index, period in enumerate(call.periods):
-            if call.places:
-                args += [period, call.places[2 * index], call.places[2 * index + 1]]
-            elif call.algorithm == TOKEN_BUCKET:
-                args += [period, call.limits[index], 0]
-            else:
-                args += [period, 0, 0]
+        for call in self.calls:
+            code = CALENDAR_CODE if call.places else ALGORITHM_CODES[call.algorithm]
+            args += [code, call.cost, since, len(call.periods)]
+            for index, period in enumerate(call.periods):
+                if call.places:
+                    args += [period, call.places[2 * index], call.places[2 * index + 1]]
+                elif call.algorithm == TOKEN_BUCKET:
+                    args += [period, call.limits[index], 0]
+                else:
+                    args += [period, 0, 0]
         return args
+
+    def joined(self, other: RefundRequest) -> RefundRequest:
+        """This request and ``other`` (the same evaluation) as one call."""
+        return self._replace(
+            counters=self.counters + other.counters, calls=self.calls + other.calls
+        )
+
+    def part(self, indexes: Sequence[int]) -> RefundRequest:
+        """The request for the counters at ``indexes`` only (a cluster's hash slot)."""
+        return self._replace(
+            counters=tuple(self.counters[i] for i in indexes),
+            calls=tuple(self.calls[i] for i in indexes),
+        )
