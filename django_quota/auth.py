@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextvars
 import inspect
 import logging
+import unicodedata
 import weakref
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -60,9 +61,13 @@ _charged_here: contextvars.ContextVar[bool] = contextvars.ContextVar(
 
 
 def submitted_username(credentials: Mapping[str, Any]) -> str | None:
-    """The username of an attempt, as ``ModelBackend`` reads it (``username``, else the
-    user model's ``USERNAME_FIELD``), normalised as the user model normalises that field
-    (``normalize_username``: Unicode NFKC). None when absent or not text."""
+    """The username of an attempt as login policies count it (docs/login.md): as
+    ``ModelBackend`` reads it (``username``, else the user model's ``USERNAME_FIELD``),
+    normalised as the user model normalises that field (``normalize_username``: Unicode
+    NFKC), then without surrounding whitespace and case-folded (NFKC again after the
+    folding), so that ``Alice``, ``ALICE`` and `` alice`` share one counter: a login
+    that ignores case (an e-mail address, a case-insensitive user model or collation)
+    cannot be given more attempts by varying it. None when absent, blank or not text."""
     model = get_user_model()
     value = credentials.get("username")
     if value is None:
@@ -70,7 +75,10 @@ def submitted_username(credentials: Mapping[str, Any]) -> str | None:
     if not isinstance(value, str) or not value:
         return None
     normalize = getattr(model, "normalize_username", None)
-    return normalize(value) if normalize is not None else value
+    if normalize is not None:
+        value = normalize(value)
+    folded = unicodedata.normalize("NFKC", value.strip().casefold())
+    return folded or None
 
 
 def login_policies() -> list[Policy]:
@@ -120,8 +128,9 @@ def refusal(request: Any) -> Outcome | None:
 
 class QuotaLoginBackend(BaseBackend):
     """Refuse a login attempt before any password is checked when a login policy is
-    exhausted for it. Authenticates nobody itself: list it first in
-    ``AUTHENTICATION_BACKENDS``, before the backends that check passwords."""
+    exhausted for it, and refund a successful one. Checks no password itself: list it
+    first in ``AUTHENTICATION_BACKENDS``, before the backends that check passwords,
+    which it asks in their order for the attempts its policies admit."""
 
     @sensitive_variables("credentials")
     def authenticate(self, request: Any, **credentials: Any) -> Any:
@@ -247,4 +256,10 @@ def charge_failed_login(
         limiter.evaluate_policies([policy], subjects[policy.id])
 
 
-__all__ = ["BACKEND_PATH", "QuotaLoginBackend", "charge_failed_login", "refusal"]
+__all__ = [
+    "BACKEND_PATH",
+    "QuotaLoginBackend",
+    "charge_failed_login",
+    "refusal",
+    "submitted_username",
+]

@@ -83,10 +83,38 @@ def test_policies_lists_the_effective_policies(quota: Any) -> None:
     quota(POLICIES={"orders": ORDERS, "login": LOGIN})
     revisions = {p: django_quota.policies.get_policy(p).revision for p in ("orders", "login")}
     assert quota_command("policies") == textwrap.dedent(f"""\
-        policy  source    revision  algorithm     windows                      selector  routes  enforcement  failure_mode  enabled
-        orders  settings  {revisions["orders"]}  fixed_window  burst=10/s,sustained=1000/h  user      /api    enforce      closed        True
-        login   settings  {revisions["login"]}  token_bucket  default=5/m(capacity=10)     ip        -       shadow       open          True
+        policy  source    revision  algorithm     windows                      plans  selector  routes  enforcement  failure_mode  enabled
+        orders  settings  {revisions["orders"]}  fixed_window  burst=10/s,sustained=1000/h  -      user      /api    enforce      closed        True
+        login   settings  {revisions["login"]}  token_bucket  default=5/m(capacity=10)     -      ip        -       shadow       open          True
         """)  # noqa: E501
+
+
+def test_policies_lists_each_plans_windows(quota: Any) -> None:
+    planned = {
+        **ORDERS,
+        "plans": {
+            "free": {"burst": "10/s", "sustained": "1000/h"},
+            "pro": {"burst": "50/s", "sustained": "20000/h"},
+        },
+    }
+    quota(POLICIES={"orders": planned})
+    table = quota_command("policies").splitlines()
+    assert table[0].split()[4:6] == ["windows", "plans"]
+    assert table[1].split()[4:6] == [
+        "burst=10/s,sustained=1000/h",
+        "free:burst=10/s,sustained=1000/h;pro:burst=50/s,sustained=20000/h",
+    ]
+    (listed,) = json.loads(quota_command("policies", "--json"))
+    assert listed["plans"] == [
+        {"plan": "free", "windows": [
+            {"window": "burst", "limit": 10, "period": 1.0, "capacity": None},
+            {"window": "sustained", "limit": 1000, "period": 3600.0, "capacity": None},
+        ]},
+        {"plan": "pro", "windows": [
+            {"window": "burst", "limit": 50, "period": 1.0, "capacity": None},
+            {"window": "sustained", "limit": 20000, "period": 3600.0, "capacity": None},
+        ]},
+    ]
 
 
 def test_policies_json_shape(quota: Any) -> None:
@@ -102,6 +130,7 @@ def test_policies_json_shape(quota: Any) -> None:
                 {"window": "burst", "limit": 10, "period": 1.0, "capacity": None},
                 {"window": "sustained", "limit": 1000, "period": 3600.0, "capacity": None},
             ],
+            "plans": [],
             "selector": ["user"],
             "routes": ["/api"],
             "enforcement": "enforce",
@@ -114,6 +143,7 @@ def test_policies_json_shape(quota: Any) -> None:
             "revision": django_quota.policies.get_policy("login").revision,
             "algorithm": "token_bucket",
             "windows": [{"window": "default", "limit": 5, "period": 60.0, "capacity": 10}],
+            "plans": [],
             "selector": ["ip"],
             "routes": [],
             "enforcement": "shadow",
