@@ -57,7 +57,7 @@ from django_quota.core.outcome import (
     bare_outcome,
     outcome_from_result,
 )
-from django_quota.core.policy import CONCURRENCY, Policy
+from django_quota.core.policy import Policy
 from django_quota.core.protocol import GroupReply, GroupRequest, check_evaluation_id, fingerprint
 from django_quota.core.windows import new_tuple
 from django_quota.prepared import (
@@ -316,8 +316,9 @@ class Limiter:
         ``evaluation_id`` may repeat an earlier one: the backend searches its ledgers for
         it first (``docs/failures.md``). Without one, the evaluation gets a fresh random
         id, except on the memory backend: its counters live in this process, which never
-        retries a call, so only a group that acquires leases (released by its id) gets
-        one there; the others charge without a ledger entry (``docs/outcomes.md``).
+        retries a call, so only a group whose charge the edges undo by its id (a
+        concurrency lease, a ``count_when`` refund) gets one there; the others charge
+        without a ledger entry (``docs/outcomes.md``).
         """
         if type(cost) is not int or cost < 0:
             cost = validate_cost(cost)
@@ -334,7 +335,7 @@ class Limiter:
         prepared = Prepared([], [], None, [], evaluation_id or "", 0.0, peek, self.backend_mode)
         counters, calls = self._keys_and_calls(prepared, group, subject, cost, plan)
         if counters:
-            if not caller_id and (not self.local or self._holds_leases(calls)):
+            if not caller_id and (not self.local or self._needs_id(prepared)):
                 prepared.evaluation_id = new_evaluation_id()
             self._request(prepared, counters, calls, caller_id, clock)
         if not self.local:  # the memory backend's evaluations are not timed
@@ -342,11 +343,13 @@ class Limiter:
         return prepared
 
     @staticmethod
-    def _holds_leases(calls: list[PolicyCall]) -> bool:
-        """Whether a call of the group acquires leases (a concurrency policy): its
-        evaluation id is what releases them, so the memory backend needs one too."""
-        for call in calls:  # noqa: SIM110 - a loop: any() over a generator costs more
-            if call.algorithm == CONCURRENCY:
+    def _needs_id(prepared: Prepared) -> bool:
+        """Whether a sent policy's charge is undone by its evaluation id at the edges (a
+        concurrency policy's lease, a ``count_when`` policy's refund): then the memory
+        backend gives the evaluation one too."""
+        compiled = prepared.compiled
+        for index in prepared.sent:  # noqa: SIM110 - a loop: any() over a generator costs more
+            if compiled[index].needs_id:
                 return True
         return False
 

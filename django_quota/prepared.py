@@ -21,7 +21,7 @@ from django_quota.core.outcome import (
     Outcome,
     bare_outcome,
 )
-from django_quota.core.policy import AUTO, TOKEN_BUCKET, Policy
+from django_quota.core.policy import AUTO, CONCURRENCY, TOKEN_BUCKET, Policy
 from django_quota.core.protocol import GroupRequest, counter_key, counter_tail
 
 #: Standard base64's two last symbols to base64url's (RFC 4648, section 5).
@@ -59,6 +59,7 @@ class Compiled:
         "dimension",
         "fail_open",
         "key_tail",
+        "needs_id",
         "plans",
         "policy",
         "selector_label",
@@ -76,6 +77,9 @@ class Compiled:
         #: This policy under each of its plans asked for so far (``docs/plans.md``).
         self.plans: dict[str, Compiled] = {}
         self.key_tail = counter_tail(policy)
+        #: Whether the edges undo its charge by the evaluation's id (a lease released, a
+        #: ``count_when`` refund): the memory backend then gives its evaluations an id.
+        self.needs_id = policy.algorithm == CONCURRENCY or policy.count_when is not None
         #: The ``selector_dimensions`` label of its outcomes' metrics.
         self.selector_label = "+".join(policy.selector)
         #: The selector's one dimension when a subject's counter key follows from that

@@ -106,3 +106,13 @@ def test_its_own_evaluations_never_push_a_caller_s_id_out_of_the_ledger(quota: A
     again = django_quota.evaluate("p", SUBJECT, evaluation_id="first")
     assert (again.decision, again.reason, again.remaining) == ("allowed", None, 979)
     assert django_quota.peek("p", SUBJECT).remaining == 979
+
+
+def test_a_count_when_policy_gets_an_id_that_refunds_its_charge(quota: Any) -> None:
+    """The edges refund a ``count_when`` charge by the outcome's id (docs/refunds.md): the
+    memory backend gives such a group one."""
+    quota(POLICIES={"r": {"windows": "3/h", "selector": ["ip"], "count_when": ["2xx"]}})
+    charged = django_quota.evaluate("r", SUBJECT)
+    assert charged.remaining == 2 and len(charged.evaluation_id) == 22
+    assert django_quota.refund("r", SUBJECT, charged.evaluation_id) == 1
+    assert django_quota.peek("r", SUBJECT).remaining == 3
