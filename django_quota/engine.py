@@ -317,7 +317,7 @@ class Limiter:
         it first (``docs/failures.md``). Without one, the evaluation gets a fresh random
         id, except on the memory backend: its counters live in this process, which never
         retries a call, so only a group whose charge the edges undo by its id (a
-        concurrency lease, a ``count_when`` refund) gets one there; the others charge
+        concurrency lease, a ``count_when`` or login refund) gets one there; the others charge
         without a ledger entry (``docs/outcomes.md``).
         """
         if type(cost) is not int or cost < 0:

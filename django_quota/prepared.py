@@ -78,8 +78,13 @@ class Compiled:
         self.plans: dict[str, Compiled] = {}
         self.key_tail = counter_tail(policy)
         #: Whether the edges undo its charge by the evaluation's id (a lease released, a
-        #: ``count_when`` refund): the memory backend then gives its evaluations an id.
-        self.needs_id = policy.algorithm == CONCURRENCY or policy.count_when is not None
+        #: ``count_when`` refund, a successful login's refund): the memory backend then
+        #: gives its evaluations an id.
+        self.needs_id = (
+            policy.algorithm == CONCURRENCY
+            or policy.count_when is not None
+            or policy.id in settings.login_policies
+        )
         #: The ``selector_dimensions`` label of its outcomes' metrics.
         self.selector_label = "+".join(policy.selector)
         #: The selector's one dimension when a subject's counter key follows from that
