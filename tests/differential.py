@@ -11,8 +11,8 @@ from typing import Any
 from django_quota.backends.memory import MemoryBackend
 from django_quota.backends.redis import RedisBackend
 from django_quota.backends.scripting import Call
+from django_quota.core.calls import PolicyCall, State
 from django_quota.core.errors import BackendError
-from django_quota.core.model import PolicyCall, State
 from django_quota.core.policy import CONCURRENCY
 from django_quota.core.protocol import (
     GroupReply,

@@ -18,7 +18,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from django_quota.core.calendar import SKEW_MS, calendar_bounds, windows_bounds
-from django_quota.core.model import GROUP_CLOCK_UNSAFE, PolicyCall, evaluate_group
+from django_quota.core.calls import GROUP_CLOCK_UNSAFE, PolicyCall
+from django_quota.core.model import evaluate_group
 from django_quota.core.policy import Window, parse_policy
 from django_quota.core.protocol import GroupReply, GroupRequest, counter_tail, fingerprint
 from tests.differential import SEQUENCES, ModelEngine, RedisEngine, expected_script

@@ -15,7 +15,7 @@ import redis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from django_quota.core.model import PolicyCall
+from django_quota.core.calls import PolicyCall
 from django_quota.core.policy import ALGORITHMS, CONCURRENCY, MAX_CONCURRENCY, Window
 from django_quota.core.protocol import GroupReply, GroupRequest, fingerprint
 from django_quota.core.rates import MAX_PERIOD_MS, MAX_PRODUCT

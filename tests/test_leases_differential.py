@@ -16,8 +16,8 @@ import redis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from django_quota.core.calls import PolicyCall
 from django_quota.core.errors import BackendError
-from django_quota.core.model import PolicyCall
 from django_quota.core.policy import CONCURRENCY, Window
 from django_quota.core.protocol import GroupReply, GroupRequest, ReleaseRequest, fingerprint
 from tests.differential import SEQUENCES, ModelEngine, RedisEngine
