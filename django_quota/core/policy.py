@@ -465,6 +465,15 @@ def _choice(value: object, choices: Sequence[str], key: str) -> str:
     return value
 
 
+def _parse_methods(value: object, key: str) -> tuple[str, ...]:
+    """HTTP method names, upper-case (raises :class:`ConfigurationError` naming ``key``)."""
+    methods = _string_list(value, key)
+    for method in methods:
+        if method != method.upper() or not (method.isascii() and method.isalpha()):
+            raise ConfigurationError(key, f"{method!r} must be upper-case, e.g. GET")
+    return methods
+
+
 def parse_exempt(value: object, key: str) -> tuple[IPNetwork, ...]:
     """A policy's ``exempt`` key: a list of IPv4 or IPv6 networks in CIDR notation (a bare
     address is its one-address network; host bits are dropped, as ``TRUSTED_PROXIES``
@@ -527,12 +536,7 @@ def parse_policy(
         raw.get("selector", [AUTO]), f"{key}['selector']", allow_internal=allow_internal_dimensions
     )
     routes = _string_list(raw.get("routes"), f"{key}['routes']")
-    methods = _string_list(raw.get("methods", []), f"{key}['methods']")
-    for method in methods:
-        if method != method.upper() or not (method.isascii() and method.isalpha()):
-            raise ConfigurationError(
-                f"{key}['methods']", f"{method!r} must be upper-case, e.g. GET"
-            )
+    methods = _parse_methods(raw.get("methods", []), f"{key}['methods']")
     enforcement = _choice(raw.get("enforcement", ENFORCE), ENFORCEMENTS, f"{key}['enforcement']")
     failure_mode = raw.get("failure_mode")
     if failure_mode is not None:
@@ -548,11 +552,7 @@ def parse_policy(
     if not isinstance(enabled, bool):
         raise ConfigurationError(f"{key}['enabled']", "expected True or False")
     plans = _parse_plans(key, algorithm, raw.get("plans"), windows, timezone)
-    revision = (
-        plans_revision(algorithm, selector, windows)
-        if plans
-        else settings_revision(algorithm, selector, windows)
-    )
+    revision = (plans_revision if plans else settings_revision)(algorithm, selector, windows)
     return Policy(
         id=policy_id,
         algorithm=algorithm,
