@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from django_quota.core.policy import (
     CONCURRENCY,
@@ -19,9 +19,11 @@ from django_quota.core.policy import (
     SLIDING_LOG,
     SLIDING_WINDOW,
     TOKEN_BUCKET,
-    Window,
 )
 from django_quota.core.windows import Log, WindowResult
+
+if TYPE_CHECKING:  # in annotations only
+    from django_quota.core.policy import Window
 
 #: Policy statuses: what a group's decision did to one policy
 #: (:func:`~django_quota.core.model.decide_policy`; the script replies them only when a
