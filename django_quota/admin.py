@@ -169,21 +169,23 @@ class QuotaPolicyAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         if not self.has_change_permission(request):
             raise PermissionDenied
 
-    @admin.action(description="Enable selected policies", permissions=("change",))
-    def enable_policies(self, request: HttpRequest, queryset: QuerySet[QuotaPolicy]) -> None:
+    def _set_enabled(
+        self, request: HttpRequest, queryset: QuerySet[QuotaPolicy], enabled: bool
+    ) -> None:
         self._require_change_permission(request)
         for policy in queryset:
-            policy.enabled = True
+            policy.enabled = enabled
             policy.save()
-        self.message_user(request, f"Enabled {len(queryset)} policies.", messages.SUCCESS)
+        done = "Enabled" if enabled else "Disabled"
+        self.message_user(request, f"{done} {len(queryset)} policies.", messages.SUCCESS)
+
+    @admin.action(description="Enable selected policies", permissions=("change",))
+    def enable_policies(self, request: HttpRequest, queryset: QuerySet[QuotaPolicy]) -> None:
+        self._set_enabled(request, queryset, True)
 
     @admin.action(description="Disable selected policies", permissions=("change",))
     def disable_policies(self, request: HttpRequest, queryset: QuerySet[QuotaPolicy]) -> None:
-        self._require_change_permission(request)
-        for policy in queryset:
-            policy.enabled = False
-            policy.save()
-        self.message_user(request, f"Disabled {len(queryset)} policies.", messages.SUCCESS)
+        self._set_enabled(request, queryset, False)
 
     @admin.action(description="Reset counters for a subject…", permissions=("change",))
     def reset_counters(

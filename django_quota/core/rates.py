@@ -154,6 +154,16 @@ def check_rate_bounds(limit: int, period_ms: int, key: str) -> None:
         )
 
 
+def bounds_problem(limit: int, period_ms: int) -> str | None:
+    """What :func:`check_rate_bounds` refuses in ``limit`` per ``period_ms``, or None: for
+    a rate another library's grammar read (django-ratelimit's, DRF's)."""
+    try:
+        check_rate_bounds(limit, period_ms, "rate")
+    except ConfigurationError as exc:
+        return exc.message
+    return None
+
+
 def format_period(period_ms: int) -> str:
     """Write a period as the rate grammar reads it, in its largest whole unit: ``"d"``
     for one day, ``"30d"``, ``"90s"``, ``"1500ms"`` for what is no whole second."""
