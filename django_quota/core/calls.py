@@ -44,8 +44,10 @@ MODE_FRESH = 0  # a new evaluation id: the ledger is not searched
 MODE_MAY_REPEAT = 1  # a retry or a caller's id: the ledger is searched first
 MODE_PEEK = 2  # decide as cost 1 would, write nothing
 
-ALGORITHM_CODES = {FIXED_WINDOW: 1, SLIDING_WINDOW: 2, TOKEN_BUCKET: 3, SLIDING_LOG: 4}
-ALGORITHM_CODES[CONCURRENCY] = 6
+#: The script's code of each algorithm (5: :data:`CALENDAR_CODE`).
+ALGORITHM_CODES = {
+    FIXED_WINDOW: 1, SLIDING_WINDOW: 2, TOKEN_BUCKET: 3, SLIDING_LOG: 4, CONCURRENCY: 6
+}
 
 State = dict[str, int]
 
