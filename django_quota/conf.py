@@ -43,7 +43,7 @@ from django_quota.fields import (
     optional_string,
     string_list,
 )
-from django_quota.messages import E_INVALID_POLICY, Problems
+from django_quota.messages import Codes, Problems
 
 HEADER_STYLES = ("ietf", "legacy", "both", "none")
 BACKENDS = ("redis", "memory")
@@ -303,7 +303,7 @@ def _policies(value: Any, reader: Reader) -> dict[str, Policy]:
             )
         except ConfigurationError as exc:
             reader.problems.append(
-                SettingsProblem(E_INVALID_POLICY, exc.key, exc.message, exc.hint)
+                SettingsProblem(Codes.E_INVALID_POLICY, exc.key, exc.message, exc.hint)
             )
     return found
 

@@ -26,7 +26,7 @@ from django_quota.core.protocol import (
     fingerprint,
 )
 from django_quota.engine import Clock, Limiter, Subject, SubjectSource
-from django_quota.messages import E_UNKNOWN_VIEW_POLICY
+from django_quota.messages import Codes
 
 logger = logging.getLogger("django_quota")
 
@@ -119,7 +119,7 @@ def policy_unknown(
         logger.error(
             "quota policy %r %s; its failure mode (%s) applies with reason policy_unknown",
             policy_id,
-            cause or f"is named but not defined ({E_UNKNOWN_VIEW_POLICY})",
+            cause or f"is named but not defined ({Codes.E_UNKNOWN_VIEW_POLICY})",
             mode,
         )
     backend_mode = current.backend_mode

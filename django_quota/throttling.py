@@ -34,7 +34,7 @@ from django_quota.core.policy import (
 )
 from django_quota.core.rates import CALENDAR_ONLY, bounds_problem, parse_rate
 from django_quota.ledger import Cost, Decision, decide
-from django_quota.messages import E_DRF_RATE
+from django_quota.messages import Codes
 from django_quota.signals import quota_denied
 from django_quota.subjects import GivenSubject, RequestSubject
 
@@ -472,7 +472,10 @@ class SimpleRateThrottle(QuotaThrottle):
         configured = policies.get_registry().policies.get(policy_id)
         if configured is not None:
             return self._decide(request, view, [configured], self._request_subject(request, view))
-        cause = f"has no usable DRF throttle rate for scope {self.scope!r} ({error}; {E_DRF_RATE})"
+        cause = (
+            f"has no usable DRF throttle rate for scope {self.scope!r} "
+            f"({error}; {Codes.E_DRF_RATE})"
+        )
         return self._decide(request, view, [], None, unknown=[policy_id], cause=cause)
 
     def _policy_id(self) -> str:
