@@ -8,6 +8,9 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
+import fakeredis
+import redis
+
 from django_quota.backends.memory import MemoryBackend
 from django_quota.backends.redis import RedisBackend
 from django_quota.backends.scripting import Call
@@ -136,3 +139,14 @@ class Mismatch:
     engine: str
     expected: object
     got: object
+
+
+def engines_on(redis_server: Any, db: int) -> list[ModelEngine | RedisEngine]:
+    """What a differential test compares: the model, the script on fakeredis, and the
+    script on ``redis_server``'s database ``db``."""
+    real = redis.Redis(host=redis_server.host, port=redis_server.port, db=db)
+    return [
+        ModelEngine(),
+        RedisEngine("fakeredis", fakeredis.FakeRedis()),
+        RedisEngine("redis", real),
+    ]
