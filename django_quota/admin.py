@@ -1,9 +1,10 @@
-"""The Django admin for quota policies: windows inline, revision read-only, actions to
+"""The Django admin for quota policies: windows and plans inline, revision read-only, actions to
 enable, disable and reset counters for a subject (change permission), a status page
 (view permission), and a delete confirmation that lists the views naming the policy."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
@@ -12,6 +13,7 @@ from urllib.parse import unquote_plus
 from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
+from django.contrib.auth import get_permission_codename
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import router, transaction
 from django.db.models import QuerySet
@@ -24,7 +26,13 @@ from django_quota.backends import connection_url
 from django_quota.core.breaker import CLOSED, HALF_OPEN, OPEN
 from django_quota.core.errors import BackendError, ConfigurationError
 from django_quota.core.policy import ALGORITHMS, DIMENSIONS, parse_policy
-from django_quota.models import QuotaPolicy, QuotaWindow, revision_batch
+from django_quota.core.rates import format_rate
+from django_quota.models import (
+    QuotaPlanLimit,
+    QuotaPolicy,
+    QuotaWindow,
+    revision_batch,
+)
 
 #: Breaker states from the best to the worst, for the status page's summary.
 _BREAKER_SEVERITY = (CLOSED, HALF_OPEN, OPEN)
@@ -54,14 +62,31 @@ class QuotaPolicyForm(forms.ModelForm):  # type: ignore[type-arg]
         return name
 
 
+#: The plan an error key names: ``policy['plans']['pro']…`` (group 1: ``'pro'``).
+_PLAN_KEY_RE = re.compile(r"\['plans'\]\[('[^']*')\]")
+
+
+class _Siblings:
+    """The inline formsets of one request's policy form, so that the plans formset can
+    validate its rows against the windows being submitted with it."""
+
+    def __init__(self) -> None:
+        self.windows: QuotaWindowFormSet | None = None
+
+
 class QuotaWindowFormSet(forms.BaseInlineFormSet):  # type: ignore[type-arg]
     """Validates the windows together with their policy (burst shorter than sustained,
     bounds, capacity) through the same validator as the settings."""
 
-    def clean(self) -> None:
-        super().clean()
-        if any(self.errors):
-            return
+    siblings: _Siblings | None = None
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if self.siblings is not None:
+            self.siblings.windows = self
+
+    def submitted(self) -> list[QuotaWindow]:
+        """The windows the policy will have (rows marked for deletion left out)."""
         rows = []
         for form in self.forms:
             data = getattr(form, "cleaned_data", None)
@@ -75,11 +100,19 @@ class QuotaWindowFormSet(forms.BaseInlineFormSet):  # type: ignore[type-arg]
                     capacity=data.get("capacity"),
                 )
             )
+        return rows
+
+    def clean(self) -> None:
+        super().clean()
+        if any(self.errors):
+            return
+        rows = self.submitted()
         if not rows:
             raise ValidationError("A policy needs at least one window.")
         policy: QuotaPolicy = self.instance
-        # Only what concerns the windows: the policy form reports its own fields' errors.
-        definition = policy.definition(rows)
+        # Only what concerns the windows: the policy form reports its own fields' errors,
+        # the plans formset the plans' (with these windows).
+        definition = policy.definition(rows, [])
         data = {"windows": definition["windows"], "capacity": definition.get("capacity")}
         if policy.algorithm in ALGORITHMS:
             data["algorithm"] = policy.algorithm
@@ -89,11 +122,90 @@ class QuotaWindowFormSet(forms.BaseInlineFormSet):  # type: ignore[type-arg]
             raise ValidationError(exc.message) from exc
 
 
-class QuotaWindowInline(admin.TabularInline):  # type: ignore[type-arg]
+class QuotaPlanFormSet(forms.BaseInlineFormSet):  # type: ignore[type-arg]
+    """Validates the plans (one row per plan and window: docs/plans.md) with the windows
+    submitted beside them, through the same validator as ``QUOTA["POLICIES"]``: every
+    plan gives a limit to each window of the policy, and to nothing else."""
+
+    siblings: _Siblings | None = None
+
+    def clean(self) -> None:
+        super().clean()
+        if any(self.errors):
+            return
+        windows = self.siblings.windows if self.siblings is not None else None
+        if windows is None or not windows.is_valid():
+            return  # the windows' own errors come first; plans need valid windows
+        rows = []
+        for form in self.forms:
+            data = getattr(form, "cleaned_data", None)
+            if not data or data.get("DELETE"):
+                continue
+            rows.append(
+                QuotaPlanLimit(plan=data["plan"], window=data["window"], limit=data["limit"])
+            )
+        if not rows:
+            return
+        window_rows = windows.submitted()
+        policy: QuotaPolicy = self.instance
+        try:
+            definition = policy.definition(window_rows, rows)
+            data = {key: definition.get(key) for key in ("windows", "capacity", "plans")}
+            if policy.algorithm in ALGORITHMS:
+                data["algorithm"] = policy.algorithm
+            parse_policy("policy", data, source="database", key="policy")
+        except ConfigurationError as exc:
+            plan = _PLAN_KEY_RE.search(exc.key)
+            if plan is None or f"plan {plan.group(1)}" in exc.message:
+                raise ValidationError(exc.message) from exc
+            raise ValidationError(f"plan {plan.group(1)}: {exc.message}") from exc
+
+
+class _PolicyPartInline(admin.TabularInline):  # type: ignore[type-arg]
+    """Rows that are part of their policy (windows, plan limits): the policy's own
+    permissions govern them (docs/admin.md#permissions), so that ``change_quotapolicy``
+    edits a policy with its windows and plans, and no permission on the row models is
+    needed. On the add page (``obj`` None) the ``add`` permission does."""
+
+    def _may(self, request: HttpRequest, action: str) -> bool:
+        opts = self.parent_model._meta
+        return bool(
+            request.user.has_perm(f"{opts.app_label}.{get_permission_codename(action, opts)}")
+        )
+
+    def _may_edit(self, request: HttpRequest, obj: Any) -> bool:
+        return self._may(request, "add" if obj is None else "change")
+
+    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return self._may(request, "view") or self._may_edit(request, obj)
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return self._may_edit(request, obj)
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return self._may_edit(request, obj)
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return self._may_edit(request, obj)
+
+
+class QuotaWindowInline(_PolicyPartInline):
     model = QuotaWindow
     formset = QuotaWindowFormSet
     extra = 1
     fields = ("name", "limit", "period", "capacity")
+
+
+class QuotaPlanInline(_PolicyPartInline):
+    """A plan is the rows of one plan name: one limit for each of the policy's windows
+    (docs/plans.md)."""
+
+    model = QuotaPlanLimit
+    formset = QuotaPlanFormSet
+    extra = 1
+    fields = ("plan", "window", "limit")
+    verbose_name = "plan limit"
+    verbose_name_plural = "plans (a limit per plan and window)"
 
 
 class ResetCountersForm(forms.Form):
@@ -116,6 +228,7 @@ class QuotaPolicyAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         "position",
         "algorithm",
         "windows_summary",
+        "plans_summary",
         "selector",
         "enforcement",
         "failure_mode",
@@ -126,7 +239,7 @@ class QuotaPolicyAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     search_fields = ("name",)
     readonly_fields = ("revision",)
     form = QuotaPolicyForm
-    inlines = (QuotaWindowInline,)
+    inlines = (QuotaWindowInline, QuotaPlanInline)
     actions = ("enable_policies", "disable_policies", "reset_counters")
     change_list_template = "django_quota/admin/change_list.html"
     fields = (
@@ -136,6 +249,7 @@ class QuotaPolicyAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         "selector",
         "routes",
         "methods",
+        "exempt",
         "enforcement",
         "failure_mode",
         "on_missing",
@@ -156,12 +270,30 @@ class QuotaPolicyAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         with transaction.atomic(using=router.db_for_write(self.model)), revision_batch():
             return super().changeform_view(request, object_id, form_url, extra_context)
 
+    def get_formsets_with_inlines(self, request: HttpRequest, obj: Any = None) -> Any:
+        """The inline formsets, sharing one :class:`_Siblings` per form: the plans are
+        validated against the windows submitted with them."""
+        siblings = _Siblings()
+        for formset, inline in super().get_formsets_with_inlines(request, obj):
+            yield type(formset.__name__, (formset,), {"siblings": siblings}), inline
+
     def get_queryset(self, request: HttpRequest) -> QuerySet[QuotaPolicy]:
-        return super().get_queryset(request).prefetch_related("windows")
+        return super().get_queryset(request).prefetch_related("windows", "plan_limits")
 
     @admin.display(description="windows")
     def windows_summary(self, obj: QuotaPolicy) -> str:
         return ", ".join(str(window) for window in obj.windows.all())
+
+    @admin.display(description="plans")
+    def plans_summary(self, obj: QuotaPolicy) -> str:
+        """``free (daily 100/d), pro (daily 10000/d)``: each plan's windows' rates."""
+        periods = {window.name: window.period for window in obj.windows.all()}
+        plans: dict[str, list[str]] = {}
+        for row in obj.plan_limits.all():
+            period = periods.get(row.window)
+            rate = "?" if period is None else format_rate(row.limit, period * 1000)
+            plans.setdefault(row.plan, []).append(f"{row.window} {rate}")
+        return ", ".join(f"{plan} ({', '.join(rates)})" for plan, rates in plans.items()) or "-"
 
     def _require_change_permission(self, request: HttpRequest) -> None:
         # The admin offers these actions only to holders of the change permission; this

@@ -18,7 +18,7 @@ class DjangoQuotaConfig(AppConfig):
         from django.core import checks as django_checks
 
         from django_quota import checks, conf, limiter, policies
-        from django_quota.models import QuotaPolicy, QuotaWindow, window_changed
+        from django_quota.models import QuotaPlanLimit, QuotaPolicy, QuotaWindow, window_changed
 
         django_checks.register(checks.check_settings)
         django_checks.register(checks.check_drf_rates)
@@ -32,13 +32,15 @@ class DjangoQuotaConfig(AppConfig):
 
         post_save.connect(window_changed, sender=QuotaWindow, dispatch_uid="quota-window-save")
         post_delete.connect(window_changed, sender=QuotaWindow, dispatch_uid="quota-window-delete")
+        post_save.connect(window_changed, sender=QuotaPlanLimit, dispatch_uid="quota-plan-save")
+        post_delete.connect(window_changed, sender=QuotaPlanLimit, dispatch_uid="quota-plan-delete")
         # A registry built before the tables existed holds no database policy.
         post_migrate.connect(policies.database_changed, dispatch_uid="quota-registry-migrate")
         if apps.is_installed("django.contrib.auth"):
             # Connects the user_login_failed receiver of LOGIN_POLICIES (docs/login.md).
             from django_quota import auth  # noqa: F401
 
-        for model in (QuotaPolicy, QuotaWindow):
+        for model in (QuotaPolicy, QuotaWindow, QuotaPlanLimit):
             for signal in (post_save, post_delete):
                 signal.connect(
                     policies.database_changed,

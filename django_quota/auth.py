@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextvars
 import logging
+import unicodedata
 import weakref
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -49,9 +50,13 @@ _refused_here: contextvars.ContextVar[Outcome | None] = contextvars.ContextVar(
 
 
 def submitted_username(credentials: Mapping[str, Any]) -> str | None:
-    """The username of an attempt, as ``ModelBackend`` reads it (``username``, else the
-    user model's ``USERNAME_FIELD``), normalised as the user model normalises that field
-    (``normalize_username``: Unicode NFKC). None when absent or not text."""
+    """The username of an attempt as login policies count it (docs/login.md): as
+    ``ModelBackend`` reads it (``username``, else the user model's ``USERNAME_FIELD``),
+    normalised as the user model normalises that field (``normalize_username``: Unicode
+    NFKC), then without surrounding whitespace and case-folded (NFKC again after the
+    folding), so that ``Alice``, ``ALICE`` and `` alice`` share one counter: a login
+    that ignores case (an e-mail address, a case-insensitive user model or collation)
+    cannot be given more attempts by varying it. None when absent, blank or not text."""
     model = get_user_model()
     value = credentials.get("username")
     if value is None:
@@ -59,7 +64,10 @@ def submitted_username(credentials: Mapping[str, Any]) -> str | None:
     if not isinstance(value, str) or not value:
         return None
     normalize = getattr(model, "normalize_username", None)
-    return normalize(value) if normalize is not None else value
+    if normalize is not None:
+        value = normalize(value)
+    folded = unicodedata.normalize("NFKC", value.strip().casefold())
+    return folded or None
 
 
 def login_policies() -> list[Policy]:
@@ -175,4 +183,10 @@ def charge_failed_login(
         limiter.evaluate_policies([policy], subjects[policy.id])
 
 
-__all__ = ["BACKEND_PATH", "QuotaLoginBackend", "charge_failed_login", "refusal"]
+__all__ = [
+    "BACKEND_PATH",
+    "QuotaLoginBackend",
+    "charge_failed_login",
+    "refusal",
+    "submitted_username",
+]

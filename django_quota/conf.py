@@ -23,6 +23,7 @@ from django_quota.core.policy import (
     ALGORITHMS,
     FAILURE_MODES,
     Policy,
+    host_zone,
     parse_policy,
     parse_timezone,
 )
@@ -284,6 +285,8 @@ def _timezone(value: Any, reader: Reader) -> str:
     try:
         reader.timezone = parse_timezone(value, "QUOTA['TIMEZONE']")
     except ConfigurationError:
+        if isinstance(value, str) and host_zone(value):
+            raise Invalid(Problems.HOST_TIMEZONE, value=value) from None
         raise Invalid(Problems.UNKNOWN_TIMEZONE, value=value) from None
     return reader.timezone
 

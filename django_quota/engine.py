@@ -268,7 +268,8 @@ class Limiter(Interpreter):
         decided with that plan's limits, on its one counter (``docs/plans.md``).
 
         An enforced policy refused early (identity error, cost above its limit) refuses
-        the group: nothing is sent and the other policies get no outcome. A caller's
+        the group: nothing is sent and the other policies get no outcome. A ``plan`` that
+        is neither a ``str`` nor None is a ``TypeError``. A caller's
         ``evaluation_id`` may repeat an earlier one: the backend searches its ledgers for
         it first (``docs/failures.md``).
         """
@@ -276,6 +277,11 @@ class Limiter(Interpreter):
             cost = validate_cost(cost)
         if cost == 0:
             peek = True
+        if plan is not None and not isinstance(plan, str):
+            raise TypeError(
+                f"plan must be a plan name (str) or None, not {type(plan).__name__}: "
+                f"{plan!r} (docs/plans.md)"
+            )
         caller_id = evaluation_id is not None
         if evaluation_id is None:
             evaluation_id = new_evaluation_id()

@@ -8,6 +8,7 @@ with reason ``exempt``, counted in the metrics, and are never sent to the backen
 from __future__ import annotations
 
 import ipaddress
+import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -21,6 +22,8 @@ from django_quota.core.policy import Policy
 
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address
 
+logger = logging.getLogger("django_quota")
+
 #: ``EXEMPT_WHEN`` imported, by dotted path; forgotten when the settings change.
 _callables: dict[str, Callable[[Any], Any]] = {}
 conf.on_change(_callables.clear)
@@ -31,6 +34,19 @@ def _exempt_when(path: str) -> Callable[[Any], Any]:
     if found is None:
         found = _callables[path] = import_string(path)
     return found
+
+
+def _asks(path: str, request: Any) -> bool:
+    """What ``EXEMPT_WHEN`` says of ``request``. A predicate that fails (it raises, or
+    cannot be imported) exempts nothing: the request is limited as if it were not set,
+    and the exception is logged on the ``django_quota`` logger with its traceback, each
+    time (docs/policies.md#exemptions). A broken predicate must neither answer 500 nor
+    lift the limits."""
+    try:
+        return bool(_exempt_when(path)(request))
+    except Exception:
+        logger.exception("EXEMPT_WHEN %s raised: the request is not exempt", path)
+        return False
 
 
 def client_address(request: Any, *, default_proxy_count: int | None = None) -> Address | None:
@@ -87,7 +103,7 @@ def exempted(
     when = conf.get_settings().exempt_when
     if when is None and not any(policy.exempt for policy in group):
         return {}
-    if when is not None and _exempt_when(when)(request):
+    if when is not None and _asks(when, request):
         return _skipped(group, group, record)
     skipped = _by_network(request, group, subject)
     return _skipped(group, skipped, record) if skipped else {}
@@ -101,16 +117,17 @@ async def aexempted(
     when = conf.get_settings().exempt_when
     if when is None and not any(policy.exempt for policy in group):
         return {}
-    if when is not None and await sync_to_async(_exempt_when(when))(request):
+    if when is not None and await sync_to_async(_asks)(when, request):
         return _skipped(group, group, record)
     skipped = _by_network(request, group, subject)
     return _skipped(group, skipped, record) if skipped else {}
 
 
 def is_exempt(request: Any) -> bool:
-    """True when ``EXEMPT_WHEN`` is set and says so for ``request``."""
+    """True when ``EXEMPT_WHEN`` is set and says so for ``request`` (False when it
+    raises: :func:`_asks`)."""
     when = conf.get_settings().exempt_when
-    return when is not None and bool(_exempt_when(when)(request))
+    return when is not None and _asks(when, request)
 
 
 def exempt_step(request: Any, step: Any, subject: object) -> None:

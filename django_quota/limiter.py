@@ -213,7 +213,8 @@ def evaluate(
     backend trouble: failures come back as outcomes. Raises
     :class:`~django_quota.policies.UnknownPolicy` when no source defines ``policy_id``;
     ``TypeError`` or ``ValueError`` for a bad ``cost`` or ``evaluation_id``;
-    ``TypeError`` for an identity value that is not ``str``, ``int`` or ``uuid.UUID``.
+    ``TypeError`` for an identity value that is not ``str``, ``int`` or ``uuid.UUID``, and
+    for a ``plan`` that is neither a ``str`` nor None.
     """
     limiter = get_limiter()
     policy = policies.get_policy(policy_id)

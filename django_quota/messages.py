@@ -138,6 +138,11 @@ class Problems:
     UNKNOWN_TIMEZONE = Message(
         Codes.E_INVALID_VALUE, "unknown timezone {value!r}; use an IANA name like 'Europe/Berlin'"
     )
+    HOST_TIMEZONE = Message(
+        Codes.E_INVALID_VALUE,
+        "{value!r} is this host's zoneinfo file, not an IANA zone name: every process must "
+        "cut days at the same instant; name the zone, like 'Europe/Berlin'",
+    )
     EXPECTED_POLICY_DICT = Message(Codes.E_INVALID_VALUE, "expected a dict of id -> policy")
     DEADLINE_BELOW_TIMEOUT = Message(
         Codes.E_INVALID_VALUE, "DEADLINE ({deadline:g} s) must be at least TIMEOUT ({timeout:g} s)"

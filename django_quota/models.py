@@ -1,9 +1,11 @@
-"""Admin-managed policies (docs/operations.md): ``QuotaPolicy`` with its ``QuotaWindow`` rows.
+"""Admin-managed policies (docs/operations.md): ``QuotaPolicy`` with its ``QuotaWindow`` rows
+and its plans' ``QuotaPlanLimit`` rows (docs/plans.md).
 
 A policy's ``revision`` is an integer drawn again whenever what its counters mean changes
-(algorithm, selector, or a window's name, limit, period or capacity), through the admin,
-an ORM ``save()`` or a saved or deleted window; counter keys include it, so a changed
-policy starts fresh counters. Revisions come from one database-wide sequence
+(algorithm, selector, or a window's name, limit, period or capacity; for a policy with
+plans, not the limits: docs/plans.md), through the admin, an ORM ``save()`` or a saved or
+deleted window or plan row; counter keys include it, so a changed policy starts fresh
+counters. Revisions come from one database-wide sequence
 (:class:`RevisionSequence`), so a policy deleted and created again under the same name
 never meets its predecessor's counters, whatever its algorithm. Validation is
 :func:`django_quota.core.policy.parse_policy`, the one the settings and the system checks
@@ -20,7 +22,7 @@ from contextvars import ContextVar
 from typing import Any
 
 from django.core.exceptions import ValidationError
-from django.core.validators import RegexValidator
+from django.core.validators import MinValueValidator, RegexValidator
 from django.db import models, router, transaction
 from django.db.models import F, Max
 
@@ -30,10 +32,12 @@ from django_quota.core.policy import (
     ENFORCEMENTS,
     FAILURE_MODES,
     ON_MISSING,
+    PLAN_NAME_RE,
     POLICY_ID_RE,
     WINDOW_NAME_RE,
     Policy,
     canonical_definition,
+    canonical_plans_definition,
     parse_policy,
 )
 from django_quota.core.rates import format_rate
@@ -49,13 +53,14 @@ def _default_selector() -> list[str]:
 
 #: Policy fields a validation error can be attached to (``policy['<field>']`` keys).
 _POLICY_FIELDS = frozenset(
-    {"algorithm", "selector", "routes", "methods", "enforcement", "failure_mode", "on_missing",
-     "max_cost", "enabled"}
+    {"algorithm", "selector", "routes", "methods", "exempt", "enforcement", "failure_mode",
+     "on_missing", "max_cost", "enabled"}
 )
 _KEY_FIELD_RE = re.compile(r"^policy\['([a-z_]+)'\]")
 
-#: The definition keys the revision covers (docs/policies.md).
-MEANING_KEYS = ("algorithm", "selector", "windows", "capacity")
+#: The definition keys the revision covers (docs/policies.md); of ``plans``, only that
+#: there are some (docs/plans.md).
+MEANING_KEYS = ("algorithm", "selector", "windows", "capacity", "plans")
 
 #: Primary keys of the policies touched inside :func:`revision_batch` (None: no batch).
 _batch: ContextVar[set[int] | None] = ContextVar("django_quota_revision_batch", default=None)
@@ -134,6 +139,13 @@ class QuotaPolicy(models.Model):
         default=list, blank=True, help_text='Middleware routes: ["/api"], ["ns:*"], ["*"]…'
     )
     methods = models.JSONField(default=list, blank=True, help_text='["GET", "POST"]; [] = all.')
+    exempt = models.JSONField(
+        default=list,
+        blank=True,
+        help_text=(
+            'Client networks that skip this policy (CIDR): ["192.0.2.0/24", "2001:db8::/48"].'
+        ),
+    )
     enforcement = models.CharField(max_length=8, choices=_choices(ENFORCEMENTS), default="enforce")
     failure_mode = models.CharField(
         max_length=8,
@@ -149,6 +161,7 @@ class QuotaPolicy(models.Model):
     definition_digest = models.CharField(max_length=64, blank=True, default="", editable=False)
 
     windows: Any  # reverse relation to QuotaWindow
+    plan_limits: Any  # reverse relation to QuotaPlanLimit
 
     class Meta:
         ordering = ("position", "name")
@@ -158,15 +171,23 @@ class QuotaPolicy(models.Model):
     def __str__(self) -> str:
         return self.name
 
-    def definition(self, windows: list[QuotaWindow] | None = None) -> dict[str, Any]:
-        """The policy as the dict form :func:`parse_policy` reads."""
+    def definition(
+        self,
+        windows: list[QuotaWindow] | None = None,
+        plan_limits: list[QuotaPlanLimit] | None = None,
+    ) -> dict[str, Any]:
+        """The policy as the dict form :func:`parse_policy` reads (``plans`` built from
+        ``plan_limits`` with the periods of ``windows``: :func:`plans_definition`)."""
         rows = windows if windows is not None else list(self.windows.all()) if self.pk else []
+        if plan_limits is None:
+            plan_limits = list(self.plan_limits.all()) if self.pk else []
         data: dict[str, Any] = {
             "algorithm": self.algorithm,
             "windows": {row.name: f"{row.limit}/{row.period}s" for row in rows},
             "selector": self.selector,
             "routes": self.routes,
             "methods": self.methods,
+            "exempt": self.exempt,
             "enforcement": self.enforcement,
             "failure_mode": self.failure_mode or None,
             "on_missing": self.on_missing,
@@ -176,13 +197,22 @@ class QuotaPolicy(models.Model):
         capacities = {row.name: row.capacity for row in rows if row.capacity is not None}
         if capacities:
             data["capacity"] = capacities
+        if plan_limits:
+            data["plans"] = plans_definition(rows, plan_limits)
         return data
 
-    def to_policy(self, windows: list[QuotaWindow] | None = None) -> Policy:
+    def to_policy(
+        self,
+        windows: list[QuotaWindow] | None = None,
+        plan_limits: list[QuotaPlanLimit] | None = None,
+    ) -> Policy:
         """The validated :class:`Policy` (``ConfigurationError`` when invalid)."""
-        policy = parse_policy(
-            self.name, self.definition(windows), source="database", key=f"QuotaPolicy {self.name!r}"
-        )
+        key = f"QuotaPolicy {self.name!r}"
+        try:
+            definition = self.definition(windows, plan_limits)
+        except ConfigurationError as exc:
+            raise ConfigurationError(f"{key}{exc.key}", exc.message) from None
+        policy = parse_policy(self.name, definition, source="database", key=key)
         return Policy(
             **{
                 **{field: getattr(policy, field) for field in policy.__dataclass_fields__},
@@ -192,33 +222,46 @@ class QuotaPolicy(models.Model):
 
     def _digest(self) -> str:
         """SHA-256 of the canonical definition; ``""`` while the policy is invalid (no
-        window yet, say): an invalid policy is never applied, so no counter carries its
-        revision, and becoming valid need not bump it."""
+        window yet, or a plan given one of its two windows so far). An invalid policy is
+        never applied, so its state changes no revision: the stored digest stays the last
+        valid one, and the policy bumps only when it is valid again with another meaning
+        (a plan added row by row through the ORM keeps the counters, as in the admin)."""
         rows = list(self.windows.all()) if self.pk else []
-        definition = self.definition(rows)
+        try:
+            definition = self.definition(rows)
+        except ConfigurationError:
+            return ""
         # Only what a counter means: an invalid `methods`, say, is no change of meaning.
         meaning = {key: definition[key] for key in MEANING_KEYS if key in definition}
         try:
             policy = parse_policy("policy", meaning, source="database")
         except ConfigurationError:
             return ""
-        text = canonical_definition(policy.algorithm, policy.selector, policy.windows)
+        # With plans, the limits are chosen per request on one counter: they are no part
+        # of its meaning (docs/plans.md), as for a settings policy's revision.
+        canonical = canonical_plans_definition if policy.plans else canonical_definition
+        text = canonical(policy.algorithm, policy.selector, policy.windows)
         return hashlib.sha256(text.encode()).hexdigest()
 
-    #: Set by the admin, whose inline formset validates the windows being submitted (the
-    #: stored ones may be about to change, e.g. a capacity cleared with the algorithm).
+    #: Set by the admin, whose inline formsets validate the windows and plans being
+    #: submitted (the stored ones may be about to change, e.g. a capacity cleared with the
+    #: algorithm).
     windows_validated_elsewhere = False
 
     def clean(self) -> None:
         """Validate with the settings validator: the fields, and the stored windows with
         them (unless ``windows_validated_elsewhere``). Errors name the field."""
-        data = self.definition([])
+        data = self.definition([], [])
         data["windows"] = "1/s"  # the fields alone first: their errors name a field
         self._validate(data)
         if self.pk and not self.windows_validated_elsewhere:
             rows = list(self.windows.all())
             if rows:
-                self._validate(self.definition(rows))
+                try:
+                    definition = self.definition(rows)
+                except ConfigurationError as exc:
+                    raise ValidationError(exc.message) from exc
+                self._validate(definition)
 
     def _validate(self, data: dict[str, Any]) -> None:
         try:
@@ -247,16 +290,17 @@ class QuotaPolicy(models.Model):
                 touched.add(self.pk)
                 return
             digest = self._digest()
-            if self.pk and self.definition_digest and digest != self.definition_digest:
-                self.revision = next_revision(using)
-            self.definition_digest = digest
+            if digest:  # else invalid: the last valid digest stays (_digest)
+                if self.pk and self.definition_digest and digest != self.definition_digest:
+                    self.revision = next_revision(using)
+                self.definition_digest = digest
             super().save(*args, **kwargs)
 
     def refresh_revision(self) -> None:
         """Re-digest after a window changed; draw a new revision and save when the meaning
         changed."""
         digest = self._digest()
-        if digest != self.definition_digest:
+        if digest and digest != self.definition_digest:
             using = self._database()
             with transaction.atomic(using=using):
                 if self.definition_digest:
@@ -290,8 +334,63 @@ class QuotaWindow(models.Model):
         return f"{self.name}: {format_rate(self.limit, self.period * 1000)}"
 
 
-def window_changed(sender: Any, instance: QuotaWindow, **kwargs: Any) -> None:
-    """``post_save``/``post_delete`` of a window (bulk deletes included): re-digest the
+class QuotaPlanLimit(models.Model):
+    """One window's limit under one plan of a :class:`QuotaPolicy` (docs/plans.md): the
+    rows of a plan name give that plan's windows, each with the period (and calendar) of
+    the policy's window of that name. A token bucket's capacity under a plan is the
+    plan's limit."""
+
+    policy = models.ForeignKey(QuotaPolicy, related_name="plan_limits", on_delete=models.CASCADE)
+    plan = models.CharField(
+        max_length=64,
+        validators=[RegexValidator(PLAN_NAME_RE.pattern)],
+        help_text="What PLAN_RESOLVER returns: [A-Za-z0-9][A-Za-z0-9_.:-]{0,63}, e.g. pro.",
+    )
+    window = models.CharField(
+        max_length=32,
+        validators=[RegexValidator(WINDOW_NAME_RE.pattern)],
+        help_text="The name of one of the policy's windows; the plan keeps its period.",
+    )
+    limit = models.PositiveIntegerField(
+        validators=[MinValueValidator(1)], help_text="Units per the window's period, in this plan."
+    )
+
+    class Meta:
+        ordering = ("plan", "id")
+        verbose_name = "plan limit"
+        constraints = [
+            models.UniqueConstraint(
+                fields=("policy", "plan", "window"), name="django_quota_plan_window"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.plan}: {self.window} {self.limit}"
+
+
+def plans_definition(
+    windows: list[QuotaWindow], plan_limits: list[QuotaPlanLimit]
+) -> dict[str, dict[str, str]]:
+    """``plans`` as :func:`parse_policy` reads it, from plan rows and the policy's windows:
+    ``{plan: {window: "<limit>/<period>s"}}``. A row naming no window of the policy is a
+    :class:`ConfigurationError` (key ``['plans'][<plan>]``); a plan missing a window is
+    left for :func:`parse_policy` to name."""
+    periods = {row.name: row.period for row in windows}
+    plans: dict[str, dict[str, str]] = {}
+    for row in plan_limits:
+        if row.window not in periods:
+            raise ConfigurationError(
+                f"['plans'][{row.plan!r}]",
+                f"plan {row.plan!r} gives a limit to window {row.window!r}, which the policy "
+                f"does not have (its windows: {', '.join(periods) or 'none'})",
+            )
+        plans.setdefault(row.plan, {})[row.window] = f"{row.limit}/{periods[row.window]}s"
+    return plans
+
+
+def window_changed(sender: Any, instance: QuotaWindow | QuotaPlanLimit, **kwargs: Any) -> None:
+    """``post_save``/``post_delete`` of a window or a plan row (bulk deletes included):
+    re-digest the
     policy, bumping its revision when the meaning changed (at the end of a
     :func:`revision_batch`). Connected in ``ready()``."""
     touched = _batch.get()

@@ -124,7 +124,7 @@ def _tables_missing() -> bool:
     first ``migrate``): a state to explain, not an error."""
     from django.db import connections, router
 
-    from django_quota.models import QuotaPolicy, QuotaWindow
+    from django_quota.models import QuotaPlanLimit, QuotaPolicy, QuotaWindow
 
     connection = connections[router.db_for_read(QuotaPolicy)]
     try:
@@ -132,7 +132,8 @@ def _tables_missing() -> bool:
             tables = set(connection.introspection.table_names(cursor))
     except Exception:  # the database itself is unreachable: that is the error to log
         return False
-    return not {QuotaPolicy._meta.db_table, QuotaWindow._meta.db_table} <= tables
+    needed = {model._meta.db_table for model in (QuotaPolicy, QuotaWindow, QuotaPlanLimit)}
+    return not needed <= tables
 
 
 def blocked_by_tests(exc: BaseException) -> bool:
@@ -161,9 +162,10 @@ def load_database_policies() -> list[Policy]:
     from django_quota.models import QuotaPolicy
 
     found = []
-    for row in QuotaPolicy.objects.prefetch_related("windows").order_by("position", "name"):
+    rows = QuotaPolicy.objects.prefetch_related("windows", "plan_limits")
+    for row in rows.order_by("position", "name"):
         try:
-            found.append(row.to_policy(list(row.windows.all())))
+            found.append(row.to_policy(list(row.windows.all()), list(row.plan_limits.all())))
         except (ConfigurationError, TypeError, ValueError) as exc:
             _state.report(f"quota policy {row.name!r} in the database is invalid, skipped: {exc}")
     return found

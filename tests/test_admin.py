@@ -16,7 +16,7 @@ from django.test import Client
 
 import django_quota
 from django_quota import engine, limiter, policies
-from django_quota.models import QuotaPolicy, QuotaWindow, revision_batch
+from django_quota.models import QuotaPlanLimit, QuotaPolicy, QuotaWindow, revision_batch
 
 pytestmark = pytest.mark.django_db
 
@@ -50,6 +50,7 @@ def policy_form(**fields: Any) -> dict[str, str]:
         "selector": '["ip"]',
         "routes": '["/api"]',
         "methods": "[]",
+        "exempt": "[]",
         "enforcement": "enforce",
         "failure_mode": "",
         "on_missing": "deny",
@@ -79,8 +80,30 @@ def windows_formset(
     return data
 
 
-def add_policy(client: Client, windows: list[dict[str, Any]], **fields: Any) -> Any:
-    return client.post(ADD, {**policy_form(**fields), **windows_formset(windows)})
+def plans_formset(rows: list[dict[str, Any]], *, initial: int = 0) -> dict[str, str]:
+    """The inline formset of plan limits (one row per plan and window)."""
+    data = {
+        "plan_limits-TOTAL_FORMS": str(len(rows)),
+        "plan_limits-INITIAL_FORMS": str(initial),
+        "plan_limits-MIN_NUM_FORMS": "0",
+        "plan_limits-MAX_NUM_FORMS": "1000",
+    }
+    for index, row in enumerate(rows):
+        for key in ("id", "policy", "plan", "window", "limit", "DELETE"):
+            if key in row:
+                data[f"plan_limits-{index}-{key}"] = str(row[key])
+    return data
+
+
+def add_policy(
+    client: Client,
+    windows: list[dict[str, Any]],
+    plans: list[dict[str, Any]] = (),  # type: ignore[assignment]
+    **fields: Any,
+) -> Any:
+    return client.post(
+        ADD, {**policy_form(**fields), **windows_formset(windows), **plans_formset(list(plans))}
+    )
 
 
 def create_policy(name: str = "api", windows: tuple[tuple[str, int, int], ...] = (
@@ -198,6 +221,8 @@ def test_invalid_windows_are_refused_with_a_message(
         ("selector", '["nobody"]', "unknown dimension 'nobody'"),
         ("methods", '["get"]', "'get' must be upper-case, e.g. GET"),
         ("routes", '"/api"', "expected a list of strings"),
+        ("exempt", '["the office"]', "'the office' is not an IP network"),
+        ("exempt", '"192.0.2.0/24"', "expected a list of strings"),
     ],
 )
 def test_invalid_policy_fields_are_refused_next_to_the_field(
@@ -213,7 +238,18 @@ def test_invalid_policy_fields_are_refused_next_to_the_field(
 
 # -- change ------------------------------------------------------------------------------------
 def change(admin_client: Client, policy: QuotaPolicy, windows: list[dict[str, Any]],
+           plans: list[dict[str, Any]] = (),  # type: ignore[assignment]
            **fields: Any) -> Any:
+    """Post the change form: the stored windows and plan rows, edited by ``windows`` and
+    ``plans`` row by row (extra items are new rows)."""
+    plan_rows = [
+        {"id": row.pk, "policy": policy.pk, "plan": row.plan, "window": row.window,
+         "limit": row.limit}
+        for row in policy.plan_limits.all()
+    ]
+    for row, edit in zip(plan_rows, plans, strict=False):
+        row.update(edit)
+    plan_rows += list(plans)[len(plan_rows):]
     rows = [
         {"id": w.pk, "policy": policy.pk, "name": w.name, "limit": w.limit, "period": w.period,
          "capacity": w.capacity or ""}
@@ -225,7 +261,8 @@ def change(admin_client: Client, policy: QuotaPolicy, windows: list[dict[str, An
     form = policy_form(**{"name": policy.name, "algorithm": policy.algorithm, **fields})
     return admin_client.post(
         f"{CHANGELIST}{policy.pk}/change/",
-        {**form, **windows_formset(rows, initial=policy.windows.count())},
+        {**form, **windows_formset(rows, initial=policy.windows.count()),
+         **plans_formset(plan_rows, initial=policy.plan_limits.count())},
     )
 
 
@@ -375,9 +412,9 @@ def test_status_page_shows_policies_backend_and_outcomes(
          "fixed_window"],
         ["status-api", "database", "1", "fixed_window"],
     ]
-    assert policies_table[0][4:] == ["default: 5/m", "ip", "-", "enforce", "closed (default)",
-                                     "yes"]
-    assert policies_table[1][4:] == ["default: 1/h", "ip", "/api", "enforce",
+    assert policies_table[0][4:] == ["default: 5/m", "-", "ip", "-", "enforce",
+                                     "closed (default)", "yes"]
+    assert policies_table[1][4:] == ["default: 1/h", "-", "ip", "/api", "enforce",
                                      "closed (default)", "yes"]
     page = response.content.decode()
     assert '<td id="quota-backend">memory</td>' in page
@@ -632,3 +669,170 @@ def test_delete_confirmation_of_an_unnamed_policy_lists_nothing(
     page = admin_client.get(f"{CHANGELIST}{lonely.pk}/delete/").content.decode()
     assert 'id="quota-references"' not in page
     assert "Are you sure you want to delete" in page
+
+
+# -- plans (docs/plans.md) ---------------------------------------------------------------------
+def plan_rows(*rows: tuple[str, str, int]) -> list[dict[str, Any]]:
+    return [{"plan": plan, "window": window, "limit": limit} for plan, window, limit in rows]
+
+
+def test_a_policy_added_with_plans_decides_with_the_plans_limits(
+    admin_client: Client, database_policies: Any
+) -> None:
+    response = add_policy(
+        admin_client,
+        [{"name": "burst", "limit": 2, "period": 60},
+         {"name": "daily", "limit": 3, "period": 86400}],
+        plan_rows(("free", "burst", 2), ("free", "daily", 3),
+                  ("pro", "burst", 20), ("pro", "daily", 300)),
+    )
+    assert response.status_code == 302, errors_of(response)
+    policy = policies.get_policy("api")
+    assert [(name, [w.rate for w in windows]) for name, windows in policy.plans] == [
+        ("free", ["2/m", "3/d"]), ("pro", ["20/m", "300/d"])
+    ]
+    assert django_quota.peek("api", {"ip": IP}, plan="pro").limit == 20
+    page = admin_client.get(CHANGELIST).content.decode()
+    assert "free (burst 2/m, daily 3/d), pro (burst 20/m, daily 300/d)" in html.unescape(page)
+    (row,) = cells(admin_client.get(STATUS), "quota-policies")
+    assert row[4:6] == ["burst: 2/m, daily: 3/d",
+                        "free (burst 2/m, daily 3/d), pro (burst 20/m, daily 300/d)"]
+
+
+def create_planned_policy() -> QuotaPolicy:
+    policy = create_policy(windows=(("daily", 3, 86400),))
+    with revision_batch():
+        for plan, limit in (("free", 3), ("pro", 10)):
+            QuotaPlanLimit.objects.create(policy=policy, plan=plan, window="daily", limit=limit)
+    policy.refresh_from_db()
+    return policy
+
+
+def test_editing_a_plans_limit_in_the_admin_keeps_the_revision_and_the_usage(
+    admin_client: Client, database_policies: Any
+) -> None:
+    policy = create_planned_policy()
+    revision = policy.revision
+    for _ in range(3):
+        assert django_quota.evaluate("api", {"ip": IP}, plan="free").allowed
+    assert django_quota.peek("api", {"ip": IP}, plan="pro").remaining == 7
+    # pro from 10 to 100, free from 3 to 5, and the policy's own window from 3 to 4
+    response = change(admin_client, policy, [{"limit": 4}], [{"limit": 5}, {"limit": 100}])
+    assert response.status_code == 302, errors_of(response)
+    policy.refresh_from_db()
+    assert policy.revision == revision
+    assert django_quota.peek("api", {"ip": IP}, plan="pro").remaining == 97
+    assert django_quota.peek("api", {"ip": IP}, plan="free").remaining == 2
+    assert django_quota.peek("api", {"ip": IP}).remaining == 1
+    # A new plan keeps the counter too.
+    response = change(admin_client, policy, [], [{}, {}, {"plan": "team", "window": "daily",
+                                                          "limit": 1000}])
+    assert response.status_code == 302, errors_of(response)
+    assert QuotaPolicy.objects.get(pk=policy.pk).revision == revision
+    assert django_quota.peek("api", {"ip": IP}, plan="team").remaining == 997
+
+
+def test_a_period_change_of_a_policy_with_plans_starts_fresh_counters(
+    admin_client: Client, database_policies: Any
+) -> None:
+    policy = create_planned_policy()
+    django_quota.evaluate("api", {"ip": IP}, plan="pro")
+    response = change(admin_client, policy, [{"period": 3600}])
+    assert response.status_code == 302, errors_of(response)
+    assert QuotaPolicy.objects.get(pk=policy.pk).revision > policy.revision
+    assert django_quota.peek("api", {"ip": IP}, plan="pro").remaining == 10
+
+
+@pytest.mark.parametrize(
+    ("rows", "message"),
+    [
+        (plan_rows(("pro", "hourly", 10)),
+         "plan 'pro' gives a limit to window 'hourly', which the policy does not have "
+         "(its windows: burst, daily)"),
+        (plan_rows(("pro", "burst", 10)),
+         "plan 'pro': a plan has the policy's windows (burst, daily), not burst"),
+        (plan_rows(("pro plan", "burst", 10), ("pro plan", "daily", 10)),
+         "Enter a valid value."),
+        (plan_rows(("pro", "burst", 0), ("pro", "daily", 10)),
+         "Ensure this value is greater than or equal to 1."),
+        (plan_rows(("pro", "burst", -1), ("pro", "daily", 10)),
+         "Ensure this value is greater than or equal to"),
+        (plan_rows(("pro", "burst", "many"), ("pro", "daily", 10)), "Enter a whole number."),
+        (plan_rows(("pro", "burst", 2**40), ("pro", "daily", 10)),
+         "plan 'pro': the limit must be between 1 and 1000000000, not 1099511627776"),
+        (plan_rows(("pro", "burst", 1), ("pro", "burst", 2), ("pro", "daily", 10)),
+         "Please correct the duplicate data"),
+    ],
+)
+def test_invalid_plans_are_refused_with_a_message(
+    admin_client: Client, database_policies: Any, rows: list[dict[str, Any]], message: str
+) -> None:
+    response = add_policy(
+        admin_client,
+        [{"name": "burst", "limit": 2, "period": 60},
+         {"name": "daily", "limit": 3, "period": 86400}],
+        rows,
+    )
+    assert response.status_code == 200
+    assert message in errors_of(response)
+    assert not QuotaPolicy.objects.exists()
+
+
+def test_deleting_a_window_a_plan_still_names_is_refused(
+    admin_client: Client, database_policies: Any
+) -> None:
+    policy = create_policy(windows=(("burst", 2, 60), ("daily", 3, 86400)))
+    QuotaPlanLimit.objects.bulk_create(
+        [QuotaPlanLimit(policy=policy, plan="pro", window=name, limit=10)
+         for name in ("burst", "daily")]
+    )
+    response = change(admin_client, policy, [{}, {"DELETE": "on"}])
+    assert response.status_code == 200
+    assert "plan 'pro' gives a limit to window 'daily', which the policy does not have" in (
+        errors_of(response)
+    )
+    assert QuotaWindow.objects.filter(policy=policy).count() == 2
+
+
+def test_a_plan_added_row_by_row_through_the_orm_keeps_the_counters(
+    database_policies: Any
+) -> None:
+    """Between its first and its last row, the new plan lacks a window and the policy is
+    invalid for a moment; that passing state is no change of meaning."""
+    policy = create_policy(windows=(("burst", 2, 60), ("daily", 3, 86400)))
+    for name in ("burst", "daily"):
+        QuotaPlanLimit.objects.create(policy=policy, plan="pro", window=name, limit=10)
+    revision = QuotaPolicy.objects.get(pk=policy.pk).revision
+    assert revision > policy.revision  # the first plan: counters of another meaning
+    django_quota.evaluate("api", {"ip": IP}, plan="pro")
+    for name in ("burst", "daily"):
+        QuotaPlanLimit.objects.create(policy=policy, plan="team", window=name, limit=100)
+    assert QuotaPolicy.objects.get(pk=policy.pk).revision == revision
+    assert django_quota.peek("api", {"ip": IP}, plan="team").remaining == 99
+
+
+def test_staff_with_the_change_permission_edits_windows_and_plans(
+    django_user_model: Any, database_policies: Any
+) -> None:
+    """docs/admin.md: ``change_quotapolicy`` grants editing a policy *and its windows*
+    (and plans); the inline rows need no permissions of their own."""
+    api = create_policy(windows=(("default", 1, 3600),))
+    editor = staff_with(django_user_model, "view_quotapolicy", "change_quotapolicy")
+    page = editor.get(f"{CHANGELIST}{api.pk}/change/").content.decode()
+    assert 'name="windows-0-limit"' in page and 'name="plan_limits-0-limit"' in page
+    response = change(editor, api, [{"limit": 7}],
+                      [{"plan": "pro", "window": "default", "limit": 70}])
+    assert response.status_code == 302, errors_of(response)
+    assert [w.limit for w in api.windows.all()] == [7]
+    assert [(p.plan, p.limit) for p in api.plan_limits.all()] == [("pro", 70)]
+
+
+def test_a_policy_added_with_exempt_networks_skips_their_clients(
+    admin_client: Client, database_policies: Any
+) -> None:
+    response = add_policy(admin_client, [{"name": "default", "limit": 1, "period": 3600}],
+                          exempt='["192.0.2.0/24"]')
+    assert response.status_code == 302, errors_of(response)
+    assert QuotaPolicy.objects.get(name="api").revision == 1
+    assert statuses("/api/items/", 3, address="192.0.2.7") == [200, 200, 200]
+    assert statuses("/api/items/", 2) == [200, 429]

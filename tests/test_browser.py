@@ -112,7 +112,7 @@ class OperatorSurfaceInABrowser(browser.BrowserTestCase):
             [row[:2] for row in rows], [["login", "settings"], ["shop-api", "database"]]
         )
         self.assertEqual(rows[1][2:], [
-            "1", "fixed_window", "burst: 2/m, sustained: 100/h", "ip", "/api", "enforce",
+            "1", "fixed_window", "burst: 2/m, sustained: 100/h", "-", "ip", "/api", "enforce",
             "closed (default)", "yes",
         ])
         self.assertEqual(self.driver.find_element(By.ID, "quota-breaker").text, "closed")

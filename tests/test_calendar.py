@@ -159,6 +159,27 @@ def test_an_unknown_timezone_setting_is_e003() -> None:
     assert "Europe/Nowhere" in problems[0].message
 
 
+@pytest.mark.parametrize("zone", ["localtime", "posixrules", "Factory", "right/UTC",
+                                  "posix/Europe/Berlin"])
+def test_a_host_zoneinfo_file_is_no_timezone(zone: str) -> None:
+    """``zoneinfo`` opens ``localtime`` (the host's zone, where the system has that file)
+    and the like; each host may hold another zone there, so processes would disagree on
+    when a day starts."""
+    from django_quota.conf import parse_settings
+
+    _parsed, problems = parse_settings(
+        {"TIMEZONE": zone, "POLICIES": {"p": {"windows": "5/d", "timezone": zone}}}
+    )
+    assert [(problem.id, problem.key) for problem in problems] == [
+        ("django_quota.E003", "QUOTA['TIMEZONE']"),
+        ("django_quota.E004", "QUOTA['POLICIES']['p']['timezone']"),
+    ]
+    for problem in problems:
+        assert f"{zone!r} is this host's zoneinfo file, not an IANA zone name" in (
+            problem.message
+        )
+
+
 def test_timezone_setting_is_the_policies_default() -> None:
     from django_quota.conf import parse_settings
 

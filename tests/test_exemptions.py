@@ -271,6 +271,60 @@ def test_exempt_when_in_the_django_ratelimit_drop_in(quota: Any) -> None:
     assert limited == [False, True]
 
 
+def broken(request: Any) -> bool:
+    """An ``EXEMPT_WHEN`` with a bug in it."""
+    raise LookupError("the allowlist service is down")
+
+
+BROKEN = "tests.test_exemptions.broken"
+
+
+def assert_logged_not_exempt(caplog: Any) -> None:
+    logged = [r for r in caplog.records if r.name == "django_quota" and r.exc_info]
+    assert logged, "the failure of EXEMPT_WHEN was not logged"
+    assert logged[0].getMessage() == f"EXEMPT_WHEN {BROKEN} raised: the request is not exempt"
+    assert isinstance(logged[0].exc_info[1], LookupError)
+
+
+@pytest.mark.parametrize("route", ["/mw/", "/dec/", "/drf/", "/anon/"])
+def test_an_exempt_when_that_raises_exempts_nobody_and_never_answers_500(
+    quota: Any, settings: Any, caplog: Any, route: str
+) -> None:
+    settings.REST_FRAMEWORK = {"DEFAULT_THROTTLE_RATES": {"anon": "1/min"}}
+    configure(quota, EXEMPT_WHEN=BROKEN)
+    assert statuses(route, 2, **via_proxy("198.51.100.7")) == [200, 429]
+    assert_logged_not_exempt(caplog)
+
+
+@pytest.mark.parametrize("route", ["/mw/", "/adec/"])
+def test_an_exempt_when_that_raises_on_the_async_path_exempts_nobody(
+    quota: Any, caplog: Any, route: str
+) -> None:
+    configure(quota, EXEMPT_WHEN=BROKEN)
+
+    async def run() -> list[int]:
+        client = AsyncClient()
+        return [(await client.get(route)).status_code for _ in range(2)]
+
+    assert async_to_sync(run)() == [200, 429]
+    assert_logged_not_exempt(caplog)
+
+
+def test_an_exempt_when_that_raises_in_the_django_ratelimit_drop_in(
+    quota: Any, caplog: Any
+) -> None:
+    from django_quota.ratelimit.core import ais_ratelimited
+
+    quota(EXEMPT_WHEN=BROKEN)
+    request = RequestFactory().get("/", REMOTE_ADDR="198.51.100.7")
+    request.user = AnonymousUser()
+    assert not is_ratelimited(request, group="g", key="ip", rate="1/m", increment=True)
+    assert async_to_sync(ais_ratelimited)(
+        request, group="g", key="ip", rate="1/m", increment=True
+    )
+    assert_logged_not_exempt(caplog)
+
+
 def decisions_of(request: Any) -> list[tuple[str, str | None]]:
     return [(o.decision, o.reason) for o in django_quota.outcomes(request)]
 

@@ -168,6 +168,31 @@ def test_usernames_are_normalised_as_the_user_model_does(protected: Any) -> None
     assert refused(post(client, "/login/", "fiona", PASSWORD))
 
 
+@pytest.mark.parametrize("variant", ["Fiona", "FIONA", " fiona ", "\uff26iona"])
+def test_a_username_in_another_case_shares_the_counter(protected: Any, variant: str) -> None:
+    """A login that ignores case (an e-mail address, a case-insensitive user model) must
+    not give an attacker five more attempts per spelling: the count is case-folded."""
+    client = Client()
+    for _ in range(3):
+        post(client, "/login/", "fiona", "wrong")
+    for _ in range(2):
+        post(client, "/login/", variant, "wrong")
+    assert django_quota.peek("login-user", {"user": "fiona"}).remaining == 0
+    assert refused(post(client, "/login/", "fiona", PASSWORD))
+    assert refused(post(client, "/login/", variant.upper(), "wrong"))
+    assert CountingBackend.calls == 5
+
+
+def test_submitted_usernames_are_case_folded_and_stripped() -> None:
+    from django_quota.auth import submitted_username
+
+    assert submitted_username({"username": "Fiona@Example.COM"}) == "fiona@example.com"
+    assert submitted_username({"username": "STRASSE"}) == submitted_username(
+        {"username": "stra\u00dfe"}
+    )
+    assert submitted_username({"username": "   "}) is None
+
+
 def test_without_a_request_the_username_policy_still_applies(protected: Any) -> None:
     for _ in range(5):
         assert authenticate(username="fiona", password="wrong") is None

@@ -79,6 +79,33 @@ def test_the_async_api_takes_a_plan(configure: Any, frozen: Any) -> None:
     assert (upgraded.decision, upgraded.limit, upgraded.remaining) == ("allowed", 10000, 9900)
 
 
+@pytest.mark.parametrize("plan", [1, b"pro", ["pro"], {"plan": "pro"}])
+def test_a_plan_that_is_not_a_string_is_a_type_error_at_the_api(
+    configure: Any, frozen: Any, plan: Any
+) -> None:
+    """A plan id from the database (an int) passed as it is would otherwise quietly mean
+    the policy's own windows: say so instead."""
+    configure(CLOCK="tests.clock.now", POLICIES={"p": plans_policy("fixed_window")})
+    from django_quota.limiter import evaluate_policies
+    from django_quota.policies import get_policy
+
+    group = [get_policy("p")]
+    calls = [
+        lambda: django_quota.evaluate("p", SUBJECT, plan=plan),
+        lambda: django_quota.peek("p", SUBJECT, plan=plan),
+        lambda: evaluate_policies(group, SUBJECT, plan=plan),
+        lambda: asyncio.run(django_quota.aevaluate("p", SUBJECT, plan=plan)),
+        lambda: asyncio.run(django_quota.apeek("p", SUBJECT, plan=plan)),
+    ]
+    for call in calls:
+        with pytest.raises(TypeError) as raised:
+            call()
+        assert str(raised.value).startswith(
+            f"plan must be a plan name (str) or None, not {type(plan).__name__}"
+        )
+    assert django_quota.peek("p", SUBJECT).remaining == 100  # nothing was charged
+
+
 def test_a_plan_changes_limits_not_the_counter() -> None:
     base = parse_policy("p", plans_policy("fixed_window"))
     other_limits = parse_policy(

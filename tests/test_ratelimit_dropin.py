@@ -267,6 +267,25 @@ def test_an_unknown_key_or_no_key_or_a_bad_rate_is_a_clear_error() -> None:
         usage(get(), "ip", rate="1/367d")
 
 
+def test_a_tuple_rate_of_two_integers_works_like_its_string() -> None:
+    assert [usage(get(), "ip", rate=(2, 60)) for _ in range(3)] == [False, False, True]
+    assert [usage(get(), "ip", rate=lambda group, request: (1, 3600)) for _ in range(2)] == [
+        False, True
+    ]
+
+
+@pytest.mark.parametrize(
+    "rate", [(5, "60"), ("5", 60), (5,), (5, 60, 1), (5.0, 60), (True, 60), (5, 60.5)]
+)
+def test_a_tuple_rate_that_is_not_two_integers_is_a_clear_error(rate: Any) -> None:
+    with pytest.raises(ImproperlyConfigured) as raised:
+        usage(get(), "ip", rate=rate)
+    assert str(raised.value) == (
+        f"Invalid ratelimit rate {rate!r}: a tuple rate is (count, seconds), two integers "
+        "such as (100, 3600); or use a string such as '100/h'"
+    )
+
+
 def test_an_address_that_does_not_parse_is_an_invalid_identity_not_a_500(settings: Any) -> None:
     settings.RATELIMIT_IP_META_KEY = "HTTP_X_CLIENT_IP"
     request = get(HTTP_X_CLIENT_IP="not-an-address")

@@ -210,12 +210,13 @@ def test_login_protection(
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
     settings.LOGIN_REDIRECT_URL = "/home/"
     mount(login_urls)
-    django_user_model.objects.create_user("fiona", password="s3cret-pass")
+    # A username with capitals: login policies count it case-folded ("fiona").
+    django_user_model.objects.create_user("Fiona", password="s3cret-pass")
     client = Client()
 
     def login(password: str) -> Any:
         return client.post(
-            "/login/", {"username": "fiona", "password": password}, REMOTE_ADDR="203.0.113.7"
+            "/login/", {"username": "Fiona", "password": password}, REMOTE_ADDR="203.0.113.7"
         )
 
     # Two failures, then a success: the reset-on-success receiver forgets them.

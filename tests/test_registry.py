@@ -259,7 +259,7 @@ def test_requests_make_no_query_while_the_registry_is_fresh(
     with django_assert_num_queries(0):
         assert [client.get("/api/items/").status_code for _ in range(3)] == [200, 200, 429]
     clock.now += 5.0
-    with django_assert_num_queries(2):  # one rebuild: policies, then their windows
+    with django_assert_num_queries(3):  # one rebuild: policies, their windows, their plans
         client.get("/api/items/")
     with django_assert_num_queries(0):
         client.get("/api/items/")

@@ -56,7 +56,7 @@ __all__ = [
 ]
 
 #: The redis-py releases (major, minor) whose source this module was read against.
-READ_AGAINST = ((8, 0), (8, 1))
+READ_AGAINST = ((8, 0), (8, 1), (8, 2))
 #: Set (to anything but ``""`` or ``"0"``) to take redis-py's public path in this process.
 PUBLIC_PATH_ENV = "DJANGO_QUOTA_REDIS_PUBLIC_PATH"
 
@@ -107,7 +107,10 @@ class IdleStack:
     redis-py: the pool still creates at most ``max_connections``, ``disconnect()`` still
     reaches them (the next taker reconnects), and after a fork the child drops the
     parent's (their ``pid``). redis-py's connection-count metrics, when enabled, count
-    them as in use.
+    them as in use. (redis-py 8.2 moved those checks into the pool's ``ensure_connection``,
+    where, with RESP3 maintenance notifications on, bytes waiting on an idle connection
+    are read as push notifications; the stack reconnects such a connection instead, as it
+    did under 8.1. The backends pin RESP2, so only a URL's ``protocol=3`` meets this.)
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -365,7 +368,9 @@ class LazyCommandsParser(AsyncCommandsParser):
     only when a command needs the table, on the node redis-py picked.
 
     Relies on: ``redis._parsers.AsyncCommandsParser`` (``initialize``, ``get_keys``,
-    ``commands``, ``node``)."""
+    ``commands``, ``node``); the client calling ``initialize(node)`` after each topology
+    refresh while ``commands`` is empty (redis-py 8.2 sets ``node`` itself once it is
+    not), and asking ``get_keys`` of no ``EVALSHA``."""
 
     async def initialize(self, node: Any = None) -> None:
         if node is not None:

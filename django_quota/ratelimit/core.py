@@ -65,15 +65,22 @@ def _split_rate(rate: Rate) -> tuple[int, int]:
     """``(count, seconds)`` of a rate as django-ratelimit reads it: ``"100/h"``,
     ``"10/5m"``, ``"5/10"`` (seconds), or a ``(count, seconds)`` tuple as it is.
 
-    Raises ``ImproperlyConfigured`` for anything else.
+    Raises ``ImproperlyConfigured`` for anything else, a tuple included that is not two
+    integers (django-ratelimit documents ``(count, seconds)`` as "a tuple of integers";
+    given another, it fails with a bare ``TypeError`` or ``ValueError`` deeper down).
     """
     if isinstance(rate, tuple):
-        return rate
+        if len(rate) == 2 and all(type(part) is int for part in rate):
+            return rate
+        raise ImproperlyConfigured(
+            f"Invalid ratelimit rate {rate!r}: a tuple rate is (count, seconds), two "
+            "integers such as (100, 3600); or use a string such as '100/h'"
+        )
     match = _RATE_RE.match(rate) if isinstance(rate, str) else None
     if match is None:
         raise ImproperlyConfigured(
             f"Invalid ratelimit rate {rate!r}: expected '<count>/<period>' such as '100/h', "
-            "'10/5m' or '5/10' (seconds), or a (count, seconds) tuple"
+            "'10/5m' or '5/10' (seconds), or a (count, seconds) tuple of integers"
         )
     count, multiplier, unit = match.groups()
     seconds = _PERIODS[unit or "s"] * (int(multiplier) if multiplier else 1)

@@ -17,7 +17,7 @@ from django.db import DatabaseError
 
 from django_quota import conf, limiter, operations, policies
 from django_quota.core.errors import BackendError
-from django_quota.core.policy import TOKEN_BUCKET, Policy
+from django_quota.core.policy import TOKEN_BUCKET, Policy, Window
 from django_quota.core.rates import format_rate
 
 SUBJECT_OPTIONS = (
@@ -104,8 +104,8 @@ class Command(BaseCommand):
         if options["json"]:
             self._json(rows)
             return
-        columns = ("policy", "source", "revision", "algorithm", "windows", "selector", "routes",
-                   "enforcement", "failure_mode", "enabled")
+        columns = ("policy", "source", "revision", "algorithm", "windows", "plans", "selector",
+                   "routes", "enforcement", "failure_mode", "enabled")
         table = [[_cell(row[column]) for column in columns] for row in rows]
         widths = [max([len(c)] + [len(r[i]) for r in table]) for i, c in enumerate(columns)]
         for line in [list(columns), *table]:
@@ -279,22 +279,31 @@ def _subject(options: dict[str, Any]) -> dict[str, str]:
     return {dimension: options[dimension] for dimension, _ in SUBJECT_OPTIONS if options[dimension]}
 
 
+def _window_rows(policy: Policy, windows: tuple[Window, ...]) -> list[dict[str, object]]:
+    return [
+        {
+            "window": w.name,
+            "limit": w.limit,
+            "period": w.period,
+            "capacity": w.capacity if policy.algorithm == TOKEN_BUCKET else None,
+            # a calendar window's unit and timezone (docs/policies.md#calendar-windows)
+            **({"calendar": w.calendar, "timezone": w.timezone} if w.calendar else {}),
+        }
+        for w in windows
+    ]
+
+
 def _policy_row(policy: Policy, settings: conf.QuotaSettings) -> dict[str, object]:
     return {
         "policy": policy.id,
         "source": policy.source,
         "revision": policy.revision,
         "algorithm": policy.algorithm,
-        "windows": [
-            {
-                "window": w.name,
-                "limit": w.limit,
-                "period": w.period,
-                "capacity": w.capacity if policy.algorithm == TOKEN_BUCKET else None,
-                # a calendar window's unit and timezone (docs/policies.md#calendar-windows)
-                **({"calendar": w.calendar, "timezone": w.timezone} if w.calendar else {}),
-            }
-            for w in policy.windows
+        "windows": _window_rows(policy, policy.windows),
+        # each plan's windows, in the shape of "windows" (docs/plans.md)
+        "plans": [
+            {"plan": name, "windows": _window_rows(policy, windows)}
+            for name, windows in policy.plans
         ],
         "selector": list(policy.selector),
         "routes": list(policy.routes),
@@ -314,6 +323,9 @@ def _written_rate(window: dict[str, Any]) -> str:
 
 def _cell(value: object) -> str:
     if isinstance(value, list):
+        if value and isinstance(value[0], dict) and "plan" in value[0]:
+            # plans: free:daily=100/d;pro:daily=10000/d
+            return ";".join(f"{plan['plan']}:{_cell(plan['windows'])}" for plan in value)
         if value and isinstance(value[0], dict):
             return ",".join(
                 f"{w['window']}={_written_rate(w)}"
