@@ -19,11 +19,13 @@ __all__ = [
     "WindowState",
     "aevaluate",
     "apeek",
+    "arefund",
     "arelease",
     "areset",
     "evaluate",
     "outcomes",
     "peek",
+    "refund",
     "release",
     "reset",
 ]
@@ -34,10 +36,12 @@ if TYPE_CHECKING:
     from django_quota.limiter import (
         aevaluate,
         apeek,
+        arefund,
         arelease,
         areset,
         evaluate,
         peek,
+        refund,
         release,
         reset,
     )
@@ -52,6 +56,8 @@ _LAZY = {
     "reset": "django_quota.limiter",
     "release": "django_quota.limiter",
     "arelease": "django_quota.limiter",
+    "refund": "django_quota.limiter",
+    "arefund": "django_quota.limiter",
     "areset": "django_quota.limiter",
     "outcomes": "django_quota.ledger",
 }

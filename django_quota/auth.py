@@ -1,21 +1,26 @@
 """Login protection (``docs/login.md``): :class:`QuotaLoginBackend` and the
 ``user_login_failed`` receiver that charges ``QUOTA["LOGIN_POLICIES"]``.
 
-- Listed first in ``AUTHENTICATION_BACKENDS``, the backend peeks the login policies for
+- Listed first in ``AUTHENTICATION_BACKENDS``, the backend charges the login policies for
   the attempt (the submitted username and the client IP) before any other backend checks
-  a password; when one is exhausted it raises ``PermissionDenied``, which makes Django's
-  ``authenticate()`` stop, and records the refusal for the request.
+  a password, so that concurrent attempts never check more passwords than the policies
+  allow; when one is exhausted it raises ``PermissionDenied``, which makes Django's
+  ``authenticate()`` stop, and records the refusal for the request. Admitted, it asks the
+  backends after it itself: a user found refunds the charge (a successful login costs
+  nothing); none found keeps it, and ``PermissionDenied`` makes Django send
+  ``user_login_failed`` without asking those backends a second time.
 - ``QuotaMiddleware`` turns a response to a request whose login was refused into the 429
   (or 503) problem response with ``Retry-After``, whatever the login view answered
   (Django's ``LoginView``, the admin login, DRF's ``obtain_auth_token``).
 - Each ``user_login_failed`` signal charges each login policy once, except for the
-  attempts the backend refused (they checked no password). A successful login charges
-  nothing.
+  attempts the backend refused (they checked no password) or charged already. A
+  successful login charges nothing.
 """
 
 from __future__ import annotations
 
 import contextvars
+import inspect
 import logging
 import unicodedata
 import weakref
@@ -27,10 +32,11 @@ from django.contrib.auth.backends import BaseBackend
 from django.contrib.auth.signals import user_login_failed
 from django.core.exceptions import PermissionDenied
 from django.dispatch import receiver
+from django.views.decorators.debug import sensitive_variables
 
-from django_quota import conf, limiter, metrics, policies
+from django_quota import conf, limiter, policies
 from django_quota.core.identity import IdentityError
-from django_quota.core.outcome import DENIED_DECISION, FAILED_CLOSED, Outcome
+from django_quota.core.outcome import ALLOWED, DENIED_DECISION, FAILED_CLOSED, Outcome
 from django_quota.core.policy import Policy
 from django_quota.ledger import django_request
 from django_quota.subjects import ip_value
@@ -46,6 +52,11 @@ _refusals: weakref.WeakKeyDictionary[Any, Outcome] = weakref.WeakKeyDictionary()
 #: The refusal of an attempt made without a request (``authenticate(request=None)``).
 _refused_here: contextvars.ContextVar[Outcome | None] = contextvars.ContextVar(
     "django_quota_login_refused", default=None
+)
+#: The requests whose failed attempt the backend charged already (the signal must not).
+_charged: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
+_charged_here: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "django_quota_login_charged", default=False
 )
 
 
@@ -117,30 +128,42 @@ def refusal(request: Any) -> Outcome | None:
 
 class QuotaLoginBackend(BaseBackend):
     """Refuse a login attempt before any password is checked when a login policy is
-    exhausted for it. Authenticates nobody itself: list it first in
-    ``AUTHENTICATION_BACKENDS``, before the backends that check passwords."""
+    exhausted for it, and refund a successful one. Checks no password itself: list it
+    first in ``AUTHENTICATION_BACKENDS``, before the backends that check passwords,
+    which it asks in their order for the attempts its policies admit."""
 
-    def authenticate(self, request: Any, **credentials: Any) -> None:
-        """Raise ``PermissionDenied`` when a login policy refuses the attempt (exhausted,
-        or failing closed); return None (let the next backend decide) otherwise."""
+    @sensitive_variables("credentials")
+    def authenticate(self, request: Any, **credentials: Any) -> Any:
+        """Charge the login policies for the attempt, then ask the backends after this
+        one. Raise ``PermissionDenied`` when a login policy refuses the attempt
+        (exhausted, or failing closed: nothing charged, no password checked) and when no
+        backend accepts the credentials (the charge stays; Django then sends
+        ``user_login_failed``); return the user one of them found, the charge refunded.
+        Without login policies for the attempt, return None (Django asks the next
+        backends itself)."""
         group = login_policies()
         if not group:
             return None
         group, subjects = _subjects(request, credentials, group)
         if not group:
             return None
-        current = limiter.get_limiter()
-        prepared = current.prepare(group, lambda policy: subjects[policy.id], 1, peek=True)
-        found = current.run(prepared)
+        found = limiter.evaluate_policies(group, lambda policy: subjects[policy.id], 1)
         refusing = _refusing(found)
-        if refusing is None:
-            return None
-        metrics.record_outcomes(group, [refusing])
+        if refusing is not None:
+            if request is not None:
+                _refusals[django_request(request)] = refusing
+            else:
+                _refused_here.set(refusing)
+            raise PermissionDenied("too many failed login attempts")
+        user = _authenticate_after(request, credentials)
+        if user is not None:
+            _refund(group, subjects, found)
+            return user
         if request is not None:
-            _refusals[django_request(request)] = refusing
+            _charged[django_request(request)] = True
         else:
-            _refused_here.set(refusing)
-        raise PermissionDenied("too many failed login attempts")
+            _charged_here.set(True)
+        raise PermissionDenied("invalid credentials")
 
     def get_user(self, user_id: Any) -> Any:
         """The user of a session recorded with this backend, found by the backends after
@@ -157,6 +180,51 @@ class QuotaLoginBackend(BaseBackend):
         return None
 
 
+@sensitive_variables("credentials")
+def _authenticate_after(request: Any, credentials: Mapping[str, Any]) -> Any:
+    """The user the backends after :class:`QuotaLoginBackend` find for ``credentials``,
+    asked as ``django.contrib.auth.authenticate()`` asks them (a backend whose
+    ``authenticate`` cannot take them is skipped; ``PermissionDenied`` stops); None when
+    none does. The user's ``backend`` is the one that found it, as Django sets it."""
+    for backend in get_backends():
+        if isinstance(backend, QuotaLoginBackend):
+            continue
+        try:
+            inspect.signature(backend.authenticate).bind(request, **credentials)
+        except TypeError:
+            continue
+        try:
+            user = backend.authenticate(request, **credentials)
+        except PermissionDenied:
+            return None
+        if user is not None:
+            return user
+    return None
+
+
+def _refund(
+    group: Sequence[Policy], subjects: Mapping[str, Mapping[str, object]], found: Sequence[Outcome]
+) -> None:
+    """Refund what the attempt charged (a successful login costs nothing); a failure is
+    logged, never raised: the login goes on."""
+    by_id = {policy.id: policy for policy in group}
+    for outcome in found:
+        policy = by_id.get(outcome.policy)
+        if policy is None or outcome.decision != ALLOWED:
+            continue
+        try:
+            limiter.refund_charge(
+                limiter.refund_request(policy, subjects[policy.id], outcome.evaluation_id)
+            )
+        except Exception as exc:  # the login succeeded: never fail it
+            logger.warning(
+                "quota refund of a successful login failed, the charge stays: policy=%s "
+                "error=%s",
+                policy.id,
+                type(exc).__name__,
+            )
+
+
 def _refusing(found: Sequence[Outcome]) -> Outcome | None:
     denied = [o for o in found if o.decision == DENIED_DECISION]
     if denied:
@@ -170,10 +238,15 @@ def charge_failed_login(
 ) -> None:
     """Charge each login policy once for a failed attempt; nothing for an attempt
     :class:`QuotaLoginBackend` refused (no password was checked)."""
-    if request is not None and django_request(request) in _refusals:
+    if request is not None and (
+        django_request(request) in _refusals or _charged.pop(django_request(request), False)
+    ):
         return
     if request is None and _refused_here.get() is not None:
         _refused_here.set(None)
+        return
+    if request is None and _charged_here.get():
+        _charged_here.set(False)
         return
     group = login_policies()
     if not group:

@@ -205,12 +205,18 @@ class Decision:
 
 
 def _holding(
-    decision: Decision, group: Sequence[Policy], fresh: Sequence[Outcome], subject: Subject
+    decision: Decision,
+    group: Sequence[Policy],
+    fresh: Sequence[Outcome],
+    subject: Subject,
+    cost: int = 1,
+    plan: str | None = None,
 ) -> Decision:
-    """``decision`` with the leases its fresh outcomes acquired (none when refused)."""
+    """``decision`` with the leases its fresh outcomes acquired and the ``count_when``
+    charges they made (none when refused)."""
     if not fresh or decision.refusing is not None:
         return decision
-    leases = releasing.held(group, fresh, subject.for_policy)
+    leases = releasing.held(group, fresh, subject.for_policy, cost, plan)
     if not leases:
         return decision
     return Decision(decision.outcomes, None, decision.announces, leases)
@@ -313,7 +319,7 @@ def decide(
         fresh = limiter.evaluate_policies(
             step.pending, subject.for_policy, charge, clock=clock, plan=plan
         )
-        return _holding(step.finish(group, fresh), step.pending, fresh, subject)
+        return _holding(step.finish(group, fresh), step.pending, fresh, subject, charge, plan)
     return step.finish(group, fresh)
 
 
@@ -345,5 +351,5 @@ async def adecide(
         fresh = await limiter.aevaluate_policies(
             step.pending, subject.for_policy, charge, clock=clock, plan=plan
         )
-        return _holding(step.finish(group, fresh), step.pending, fresh, subject)
+        return _holding(step.finish(group, fresh), step.pending, fresh, subject, charge, plan)
     return step.finish(group, fresh)

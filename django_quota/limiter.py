@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Sequence
 
 from django_quota import conf, metrics, policies
@@ -25,8 +26,11 @@ from django_quota.core.protocol import (
     counter_key,
     fingerprint,
 )
+from django_quota.core.refunds import RefundCall, RefundRequest
+from django_quota.core.windows import calendar_place
 from django_quota.engine import Clock, Limiter, Subject, SubjectSource
 from django_quota.messages import Codes
+from django_quota.prepared import validate_cost
 
 logger = logging.getLogger("django_quota")
 
@@ -309,6 +313,7 @@ __all__ = [
     "aevaluate",
     "aevaluate_policies",
     "apeek",
+    "arefund",
     "arelease",
     "areset",
     "evaluate",
@@ -320,6 +325,7 @@ __all__ = [
     "peek",
     "policy_unknown",
     "recent_errors",
+    "refund",
     "release",
     "reset",
 ]
@@ -394,3 +400,118 @@ async def arelease_leases(request: ReleaseRequest | None) -> int:
         return local + await get_backend().arelease(request)
     finally:
         get_limiter().forget_denials((request.counter,))
+
+
+# -- refunds (docs/refunds.md) ---------------------------------------------------------------
+def refund_request(
+    policy: Policy,
+    subject: Subject,
+    evaluation_id: str,
+    cost: int = 1,
+    plan: str | None = None,
+    since_ms: int | None = None,
+) -> RefundRequest | ReleaseRequest | None:
+    """What undoes the charge of ``evaluation_id`` (``cost`` units) on ``subject``'s
+    counter of ``policy``: a :class:`~django_quota.core.refunds.RefundRequest`, or for a
+    concurrency policy the release of its lease; None when nothing can have been charged
+    (cost 0, or above what the policy's windows ever admit). ``since_ms``: the ms since
+    the charge, as an edge measured them (``docs/refunds.md``, "At the edges")."""
+    check_evaluation_id(evaluation_id)
+    cost = validate_cost(cost)
+    if policy.algorithm == CONCURRENCY:
+        return lease_request(policy, subject, evaluation_id)
+    limiter = get_limiter()
+    identity = limiter.identity_for(policy, subject, "refund")
+    compiled = limiter.compiled(policy)
+    if plan is not None and policy.plans:
+        compiled = compiled.for_plan(plan)
+    if cost == 0 or cost > compiled.cost_bound:
+        return None
+    windows = compiled.policy.windows
+    now_ms = limiter.now(None)
+    places: tuple[int, ...] = ()
+    if compiled.calendar:
+        client_now = round(time.time() * 1000) if now_ms is None else now_ms
+        bounds = compiled.calendar_call(compiled.call(cost), client_now).bounds
+        for index, window in enumerate(windows):
+            places += calendar_place(bounds, index, client_now, window.period_ms)
+    call = RefundCall(
+        policy.algorithm,
+        tuple(window.period_ms for window in windows),
+        tuple(window.limit for window in windows),
+        cost,
+        places,
+    )
+    counter = compiled.counter(conf.get_settings().key_prefix, identity)
+    return RefundRequest((counter,), (call,), fingerprint(evaluation_id), now_ms, since_ms)
+
+
+def refund(
+    policy_id: str,
+    subject: Subject,
+    evaluation_id: str,
+    *,
+    cost: int = 1,
+    plan: str | None = None,
+) -> int:
+    """Undo what the evaluation ``evaluation_id`` of ``policy_id`` charged ``subject``,
+    at most once, while its window is current; return the units refunded (0 afterwards,
+    or when it charged nothing, or was refunded already).
+
+    ``cost`` is the units that evaluation charged (its counter's ledger remembers which
+    evaluations charged, not how much); ``plan`` the plan it was decided under. Each
+    algorithm gives the cost back as ``docs/refunds.md`` says (the sliding log's event
+    leaves the log; a sliding window counter's current count drops, and nothing once
+    that window has passed). A concurrency policy's lease is released, as
+    :func:`release` does.
+
+    Raises as :func:`release` does (:class:`~django_quota.policies.UnknownPolicy`,
+    ``ValueError`` for a missing or invalid identity or evaluation id, ``TypeError`` or
+    ``ValueError`` for a bad ``cost``, :class:`~django_quota.core.errors.BackendError`
+    when the backend fails: the charge then stays).
+    """
+    policy = policies.get_policy(policy_id)
+    return refund_charge(refund_request(policy, subject, evaluation_id, cost, plan))
+
+
+def refund_charge(request: RefundRequest | ReleaseRequest | None) -> int:
+    """Run ``request`` (None: nothing to refund) in this process's fallback, then in the
+    backend; the units refunded."""
+    if request is None:
+        return 0
+    if isinstance(request, ReleaseRequest):
+        return release_leases(request)
+    fallback = get_fallback()
+    local = fallback.refund(request) if fallback is not None else 0
+    try:
+        return local + get_backend().refund(request)
+    finally:  # a refusal this process remembers for the counter is stale now
+        get_limiter().forget_denials(request.counters)
+
+
+async def arefund(
+    policy_id: str,
+    subject: Subject,
+    evaluation_id: str,
+    *,
+    cost: int = 1,
+    plan: str | None = None,
+) -> int:
+    """Async twin of :func:`refund`."""
+    await policies.aget_registry()
+    policy = policies.get_policy(policy_id)
+    return await arefund_charge(refund_request(policy, subject, evaluation_id, cost, plan))
+
+
+async def arefund_charge(request: RefundRequest | ReleaseRequest | None) -> int:
+    """Async twin of :func:`refund_charge`."""
+    if request is None:
+        return 0
+    if isinstance(request, ReleaseRequest):
+        return await arelease_leases(request)
+    fallback = get_fallback()
+    local = fallback.refund(request) if fallback is not None else 0
+    try:
+        return local + await get_backend().arefund(request)
+    finally:
+        get_limiter().forget_denials(request.counters)

@@ -1,5 +1,10 @@
-"""The edges' side of concurrency policies (docs/concurrency.md): what a layer acquired
-for a request, released when the response is done.
+"""The edges' side of concurrency policies (docs/concurrency.md) and of ``count_when``
+(docs/refunds.md): what a layer acquired or charged for a request, released or refunded
+when the response is done.
+
+A ``count_when`` policy is charged before the view, as any other; when the response's
+status is not one it lists, the charge is refunded (one refund call per such policy,
+only for the responses refunded). A view that raises counts as a 500.
 
 A layer that decided a concurrency policy for a request it let through holds the lease
 until its work is over: the middleware and ``@quota`` after the view returns or raises,
@@ -12,88 +17,147 @@ fails is logged, never raised: the lease then frees itself after its period.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 from django_quota import limiter
 from django_quota.core.outcome import ALLOWED, BACKEND_MODE_CACHE, Outcome
 from django_quota.core.policy import CONCURRENCY, Policy
+from django_quota.core.refunds import RefundRequest
 
 logger = logging.getLogger("django_quota")
 
 
+#: The status a view that raised counts as (``count_when``).
+RAISED = 500
+
+
 class Held(NamedTuple):
-    """A lease a layer acquired: its policy, the subject it was acquired for and the
-    evaluation's id (what :func:`~django_quota.limiter.release` takes)."""
+    """A lease a layer acquired, or a charge of a ``count_when`` policy: its policy, the
+    subject, the evaluation's id (what :func:`~django_quota.limiter.release` and
+    :func:`~django_quota.limiter.refund` take), and the cost and plan it was charged at."""
 
     policy: Policy
     subject: Mapping[str, object]
     evaluation_id: str
+    cost: int = 1
+    plan: str | None = None
+    #: ``time.monotonic()`` when it was charged.
+    charged_at: float = 0.0
 
 
 def held(
     group: Sequence[Policy],
     fresh: Sequence[Outcome],
     subject_for: Callable[[Policy], Mapping[str, object]],
+    cost: int = 1,
+    plan: str | None = None,
 ) -> tuple[Held, ...]:
-    """The leases the evaluation of ``group`` acquired (its ``fresh`` outcomes, the
-    request let through): the allowed outcomes of its concurrency policies."""
-    if not any(policy.algorithm == CONCURRENCY for policy in group):
+    """What the evaluation of ``group`` (its ``fresh`` outcomes, the request let
+    through) holds until the response is done: the allowed outcomes of its concurrency
+    policies and of its ``count_when`` policies."""
+    if not any(
+        policy.algorithm == CONCURRENCY or policy.count_when is not None for policy in group
+    ):
         return ()
     by_id = {policy.id: policy for policy in group}
     found = []
+    now = time.monotonic()
     for outcome in fresh:
         policy = by_id.get(outcome.policy)
         if (
             policy is not None
-            and policy.algorithm == CONCURRENCY
+            and (policy.algorithm == CONCURRENCY or policy.count_when is not None)
             and outcome.decision == ALLOWED
             and outcome.backend_mode != BACKEND_MODE_CACHE
         ):
-            found.append(Held(policy, subject_for(policy), outcome.evaluation_id))
+            found.append(
+                Held(policy, subject_for(policy), outcome.evaluation_id, cost, plan, now)
+            )
     return tuple(found)
 
 
-def release(leases: Sequence[Held]) -> None:
-    """Release ``leases`` now; a failure is logged (the lease frees itself after its
-    period), never raised."""
+def _settlement(lease: Held, status: int) -> Any:
+    """What ends ``lease`` after a response of ``status``: a concurrency lease's release;
+    a ``count_when`` charge's refund when the status does not count; else None."""
+    policy = lease.policy
+    if policy.algorithm == CONCURRENCY:
+        return limiter.lease_request(policy, lease.subject, lease.evaluation_id)
+    if policy.counts(status):
+        return None
+    # The charge's own time, should the bounded ledger have dropped its entry: the ms
+    # since it, measured here (docs/refunds.md, "At the edges").
+    since = max(0, round((time.monotonic() - lease.charged_at) * 1000))
+    return limiter.refund_request(
+        policy, lease.subject, lease.evaluation_id, lease.cost, lease.plan, since
+    )
+
+
+def _settlements(leases: Sequence[Held], status: int) -> list[tuple[Held, Any]]:
+    """What ends ``leases`` after a response of ``status``: each lease's release, and
+    the refunds of the charges it does not count joined into one request per evaluation
+    (a layer's group is one evaluation: one refund call, one per hash slot on a
+    cluster)."""
+    found: list[tuple[Held, Any]] = []
+    refunds: dict[str, int] = {}
     for lease in leases:
         try:
-            limiter.release_leases(
-                limiter.lease_request(lease.policy, lease.subject, lease.evaluation_id)
-            )
+            settlement = _settlement(lease, status)
+        except Exception as exc:  # a release never fails a response
+            _failed(lease, exc)
+            continue
+        if settlement is None:
+            continue
+        if isinstance(settlement, RefundRequest):
+            at = refunds.get(lease.evaluation_id)
+            if at is not None:
+                first, joined = found[at]
+                found[at] = (first, joined.joined(settlement))
+                continue
+            refunds[lease.evaluation_id] = len(found)
+        found.append((lease, settlement))
+    return found
+
+
+def release(leases: Sequence[Held], status: int = RAISED) -> None:
+    """Release ``leases`` now, and refund the ``count_when`` charges a response of
+    ``status`` does not count; a failure is logged (a lease frees itself after its
+    period, a charge stays), never raised."""
+    for lease, settlement in _settlements(leases, status):
+        try:
+            limiter.refund_charge(settlement)
         except Exception as exc:  # a release never fails a response
             _failed(lease, exc)
 
 
-async def arelease(leases: Sequence[Held]) -> None:
+async def arelease(leases: Sequence[Held], status: int = RAISED) -> None:
     """Async twin of :func:`release`."""
-    for lease in leases:
+    for lease, settlement in _settlements(leases, status):
         try:
-            await limiter.arelease_leases(
-                limiter.lease_request(lease.policy, lease.subject, lease.evaluation_id)
-            )
+            await limiter.arefund_charge(settlement)
         except Exception as exc:  # a release never fails a response
             _failed(lease, exc)
 
 
 def _failed(lease: Held, exc: Exception) -> None:
-    logger.warning(
-        "quota release failed, the lease frees itself after its period: policy=%s error=%s",
-        lease.policy.id,
-        type(exc).__name__,
-    )
+    if lease.policy.algorithm == CONCURRENCY:
+        what = "release failed, the lease frees itself after its period"
+    else:
+        what = "refund failed, the charge stays"
+    logger.warning("quota %s: policy=%s error=%s", what, lease.policy.id, type(exc).__name__)
 
 
 def on_close(response: Any, leases: Sequence[Held]) -> None:
     """Release ``leases`` when ``response`` is closed (its ``close`` wrapped, once)."""
     close = response.close
+    status = _status(response)
 
     def closing() -> None:
         try:
             close()
         finally:
-            release(leases)
+            release(leases, status)
 
     response.close = closing
 
@@ -105,8 +169,14 @@ def release_after(response: Any, leases: Sequence[Held]) -> Any:
         if getattr(response, "streaming", False):
             on_close(response, leases)
         else:
-            release(leases)
+            release(leases, _status(response))
     return response
+
+
+def _status(response: Any) -> int:
+    """The response's status (a 500 for an object without one)."""
+    status = getattr(response, "status_code", RAISED)
+    return status if isinstance(status, int) else RAISED
 
 
 async def arelease_after(response: Any, leases: Sequence[Held]) -> Any:
@@ -116,7 +186,7 @@ async def arelease_after(response: Any, leases: Sequence[Held]) -> Any:
         if getattr(response, "streaming", False):
             on_close(response, leases)
         else:
-            await arelease(leases)
+            await arelease(leases, _status(response))
     return response
 
 

@@ -885,7 +885,9 @@ def test_a_failed_refund_is_logged_and_keeps_the_charge(
     assert [c.script for c in calls] == ["evaluate_fixed_window", "evaluate_fixed_window", "refund"]
     assert calls[2].keys == [request.counters[0]]
     # n, the evaluation's fingerprint; per policy: fixed, cost, now, m; P
-    assert calls[2].args == [1, request.fingerprint, 1, 1, 1_000, 1, 3_600_000]
+    # n, fingerprint, mode 0 (best effort), no now; fixed window, cost, charged now,
+    # one window: its period, 0, 0
+    assert calls[2].args == [1, request.fingerprint, 0, 0, 1, 1, 1_000, 1, 3_600_000, 0, 0]
     assert [r.status for r in reply.results] == [1, 0]  # the charge stays, and says so
     assert "quota cluster refund failed, the charge stays: reason=indeterminate" in caplog.text
 

@@ -112,6 +112,7 @@ def test_the_page_has_the_recipes_this_module_runs() -> None:
         "Exempting health checks and internal networks",
         "Tiers: a plan per API key",
         "A usage endpoint",
+        "Billable-only charging",
         "Login protection",
     ]
 
@@ -173,6 +174,29 @@ def test_tiers_a_plan_per_api_key(recipe: Any, mount: Any) -> None:
     # No key, or one nobody issued: no identity, refused without a budget.
     assert get(None).status_code == 429
     assert get("key-made-up").status_code == 429
+
+
+# -- billable-only charging -------------------------------------------------------------------
+def answer(request: HttpRequest) -> HttpResponse:
+    if request.GET.get("raise"):
+        raise RuntimeError("the view failed")
+    return HttpResponse("answer", status=int(request.GET.get("status", "200")))
+
+
+def test_billable_only_charging(recipe: Any, mount: Any) -> None:
+    recipe("Billable-only charging")
+    mount([path("api/items", answer)])
+    client = Client(raise_request_exception=False, HTTP_X_API_KEY="key-acme")
+    statuses = [
+        client.get("/api/items", {"status": status}).status_code
+        for status in ("200", "201", "400", "404", "500")
+    ]
+    assert statuses == [200, 201, 400, 404, 500]
+    assert client.get("/api/items", {"raise": "1"}).status_code == 500
+    (outcome,) = django_quota.outcomes(client.get("/api/items").wsgi_request)
+    # Three successes charged (this one included); the failures cost nothing.
+    assert (outcome.limit, outcome.remaining) == (1000, 997)
+    assert django_quota.peek("billable", {"api_key": "acme"}).remaining == 997
 
 
 # -- a usage endpoint -------------------------------------------------------------------------

@@ -8,6 +8,7 @@ from collections.abc import Callable, Generator, Mapping
 from typing import Any, Protocol
 
 from django_quota.core.protocol import GroupReply, GroupRequest, ReleaseRequest
+from django_quota.core.refunds import RefundRequest
 
 
 class Backend(Protocol):
@@ -44,6 +45,15 @@ class Backend(Protocol):
 
     async def arelease(self, request: ReleaseRequest) -> int:
         """Async twin of :meth:`release`."""
+        ...
+
+    def refund(self, request: RefundRequest) -> int:
+        """Undo one evaluation's charge on one counter, at most once (``refund.lua``,
+        docs/refunds.md); the units refunded (0 when its ledger no longer holds it)."""
+        ...
+
+    async def arefund(self, request: RefundRequest) -> int:
+        """Async twin of :meth:`refund`."""
         ...
 
     def ttl_ms(self, counter: str) -> int:

@@ -95,6 +95,7 @@ from django_quota.core.outcome import (
 )
 from django_quota.core.policy import CONCURRENCY, FIXED_WINDOW, SLIDING_LOG, TOKEN_BUCKET, Window
 from django_quota.core.protocol import GroupReply, GroupRequest, ReleaseRequest, log_key
+from django_quota.core.refunds import REFUND_BEST_EFFORT, RefundRequest
 from django_quota.core.windows import calendar_place
 
 logger = logging.getLogger("django_quota")
@@ -200,7 +201,7 @@ def refund_call(request: GroupRequest, results: Sequence[PolicyResult]) -> Call 
     lists follow the counters in KEYS, as for ``evaluate.lua``."""
     keys: list[str] = []
     logs: list[str] = []
-    args: list[int | bytes] = [0, request.fingerprint]
+    args: list[int | bytes] = [0, request.fingerprint, REFUND_BEST_EFFORT, 0]
     for counter, call, result in zip(request.counters, request.calls, results, strict=True):
         if result.status != CHARGED or call.algorithm == CONCURRENCY:  # release_calls
             continue
@@ -214,11 +215,22 @@ def refund_call(request: GroupRequest, results: Sequence[PolicyResult]) -> Call 
                 args += [window.period_ms, start, end]
             continue
         args += [ALGORITHM_CODES[call.algorithm], call.cost, result.now_ms, len(call.windows)]
-        args += [window.period_ms for window in call.windows]
+        for window in call.windows:
+            args += [window.period_ms, window.limit if call.algorithm == TOKEN_BUCKET else 0, 0]
     if not keys:
         return None
     args[0] = len(keys)
     return Call("refund", keys + logs, args)
+
+
+def refund_calls(request: RefundRequest) -> list[Call]:
+    """The ``refund.lua`` calls of an at-most-once refund: one per hash slot of its
+    counters (policies selecting the same subject share one)."""
+    by_slot: dict[int, list[int]] = {}
+    for index, counter in enumerate(request.counters):
+        by_slot.setdefault(slot_of(counter), []).append(index)
+    parts = [request.part(indexes) for indexes in by_slot.values()]
+    return [Call("refund", part.keys(), part.args()) for part in parts]
 
 
 def release_calls(request: GroupRequest, results: Sequence[PolicyResult]) -> list[Call]:
@@ -425,6 +437,15 @@ class RedisClusterBackend(BaseRedisBackend):
     def plan(self, request: GroupRequest) -> Plan:
         """One ``EVALSHA`` per hash slot, in order, with refunds (:func:`plan`)."""
         return plan(request, split_by_slot(request, slot_of))
+
+    def refund(self, request: RefundRequest) -> int:
+        """Run ``refund.lua`` once per hash slot of the request's counters, each on the
+        primary serving it; the units refunded."""
+        return sum(int(self.run(call)) for call in refund_calls(request))
+
+    async def arefund(self, request: RefundRequest) -> int:
+        """Async twin of :meth:`refund`."""
+        return sum([int(await self.arun(call)) for call in refund_calls(request)])
 
     def run(self, call: Call, deadline: float | None = None) -> Any:
         """Run one script call on the primary of its slot. ``NOSCRIPT`` loads the script

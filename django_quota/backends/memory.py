@@ -16,6 +16,7 @@ from django_quota.core.leases import release_leases
 from django_quota.core.model import evaluate_group
 from django_quota.core.outcome import BACKEND_MODE_MEMORY, BACKEND_UNAVAILABLE
 from django_quota.core.protocol import GroupReply, GroupRequest, Probe, ReleaseRequest
+from django_quota.core.refunds import RefundRequest, refund_counter
 from django_quota.core.windows import COUNT_FIELDS, EXTRA_FIELDS, Log, new_tuple
 
 
@@ -195,6 +196,31 @@ class MemoryBackend:
     async def arelease(self, request: ReleaseRequest) -> int:
         """Async twin of :meth:`release`."""
         return self.release(request)
+
+    def refund(self, request: RefundRequest) -> int:
+        """Undo one evaluation's charge on each counter of the request, at most once (the
+        model of ``refund.lua``, :func:`~django_quota.core.refunds.refund_counter`); the
+        units refunded. The counters' expiries stay."""
+        units = 0
+        with self._lock:
+            clock_now = self._clock_ms()
+            now = clock_now if request.now_ms is None else request.now_ms
+            for counter, call in zip(request.counters, request.calls, strict=True):
+                entry = self._entry(counter, clock_now)
+                if entry is None:
+                    continue
+                found = refund_counter(
+                    call, entry.state, entry.records, entry.logs, now, request.fingerprint,
+                    request.since_ms,
+                )
+                if found is not None:
+                    entry.state, entry.records, entry.logs = found.state, found.records, found.logs
+                    units += found.units
+        return units
+
+    async def arefund(self, request: RefundRequest) -> int:
+        """Async twin of :meth:`refund`."""
+        return self.refund(request)
 
     def peek_state(self, counter: str) -> State | None:
         """The raw stored numbers of ``counter`` (for ``quota inspect`` and tests)."""

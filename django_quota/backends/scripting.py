@@ -26,6 +26,7 @@ from django_quota.core.protocol import (
     parse_reply,
     reset_keys,
 )
+from django_quota.core.refunds import RefundRequest
 from django_quota.core.windows import new_tuple
 from django_quota.scripts import ScriptSource, all_scripts
 from django_quota.scripts.shapes import SINGLE_WINDOW_SCRIPTS
@@ -194,6 +195,15 @@ class ScriptedBackend:
     async def arelease(self, request: ReleaseRequest) -> int:
         """Async twin of :meth:`release`."""
         return int(await self.arun(Call("release", (request.counter,), request.args())))
+
+    def refund(self, request: RefundRequest) -> int:
+        """Run ``refund.lua`` at most once (on a cluster, on its counter's slot); the
+        units refunded."""
+        return int(self.run(Call("refund", request.keys(), request.args())))
+
+    async def arefund(self, request: RefundRequest) -> int:
+        """Async twin of :meth:`refund`."""
+        return int(await self.arun(Call("refund", request.keys(), request.args())))
 
     def reset(self, counter: str, window_count: int) -> int:
         """Run ``reset.lua`` for one counter (and its sliding-log lists); how many of its

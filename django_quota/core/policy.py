@@ -74,6 +74,7 @@ POLICY_KEYS = frozenset(
         "enabled",
         "plans",
         "timezone",
+        "count_when",
     }
 )
 #: The timezone of a policy without ``timezone`` when no other default is given.
@@ -148,6 +149,14 @@ class Policy:
     #: names and periods of :attr:`windows`, in that order; only limits and capacities
     #: differ, so every plan shares the policy's counter.
     plans: tuple[tuple[str, tuple[Window, ...]], ...] = ()
+    #: The HTTP statuses (ints) and classes (``"2xx"``) of the responses that keep their
+    #: charge (``docs/refunds.md``); None: every request counts.
+    count_when: tuple[int | str, ...] | None = None
+
+    def counts(self, status: int) -> bool:
+        """Whether a response of ``status`` keeps this policy's charge (``count_when``)."""
+        when = self.count_when
+        return when is None or status in when or f"{status // 100}xx" in when
 
     def plan_windows(self, plan: str | None) -> tuple[Window, ...] | None:
         """The windows of ``plan``; None when the policy has no such plan (its own
@@ -478,6 +487,36 @@ def parse_exempt(value: object, key: str) -> tuple[IPNetwork, ...]:
     return tuple(networks)
 
 
+#: The classes ``count_when`` accepts.
+STATUS_CLASSES = ("1xx", "2xx", "3xx", "4xx", "5xx")
+
+
+def parse_count_when(value: object, key: str) -> tuple[int | str, ...] | None:
+    """A policy's ``count_when`` key (``docs/refunds.md``): None (every request counts)
+    or a non-empty list of HTTP statuses (ints 100 to 599) and classes (``"2xx"``, any
+    case). Not part of the revision: which responses count changes no counter's layout
+    or meaning per unit. Raises :class:`ConfigurationError` naming the bad entry."""
+    if value is None:
+        return None
+    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence) or not value:
+        raise ConfigurationError(
+            key, 'expected None or a non-empty list of statuses and classes, e.g. ["2xx"]'
+        )
+    found: list[int | str] = []
+    for index, entry in enumerate(value):
+        if isinstance(entry, str) and entry.lower() in STATUS_CLASSES:
+            found.append(entry.lower())
+        elif isinstance(entry, int) and not isinstance(entry, bool) and 100 <= entry <= 599:
+            found.append(entry)
+        else:
+            raise ConfigurationError(
+                f"{key}[{index}]",
+                f"{entry!r} is not an HTTP status (100 to 599) or a class "
+                f"({', '.join(STATUS_CLASSES)})",
+            )
+    return tuple(found)
+
+
 def parse_policy(
     policy_id: object,
     raw: object,
@@ -527,6 +566,7 @@ def parse_policy(
         failure_mode = _choice(failure_mode, FAILURE_MODES, f"{key}['failure_mode']")
     on_missing = _choice(raw.get("on_missing", "deny"), ON_MISSING, f"{key}['on_missing']")
     exempt = parse_exempt(raw.get("exempt"), f"{key}['exempt']")
+    count_when = parse_count_when(raw.get("count_when"), f"{key}['count_when']")
     max_cost = raw.get("max_cost")
     if max_cost is not None and (
         isinstance(max_cost, bool) or not isinstance(max_cost, int) or max_cost < 0
@@ -554,6 +594,7 @@ def parse_policy(
         source=source,
         timezone=timezone,
         plans=plans,
+        count_when=count_when,
     )
 
 
