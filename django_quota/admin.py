@@ -87,20 +87,15 @@ class QuotaWindowFormSet(forms.BaseInlineFormSet):  # type: ignore[type-arg]
 
     def submitted(self) -> list[QuotaWindow]:
         """The windows the policy will have (rows marked for deletion left out)."""
-        rows = []
-        for form in self.forms:
-            data = getattr(form, "cleaned_data", None)
-            if not data or data.get("DELETE"):
-                continue
-            rows.append(
-                QuotaWindow(
-                    name=data["name"],
-                    limit=data["limit"],
-                    period=data["period"],
-                    capacity=data.get("capacity"),
-                )
+        return [
+            QuotaWindow(
+                name=data["name"],
+                limit=data["limit"],
+                period=data["period"],
+                capacity=data.get("capacity"),
             )
-        return rows
+            for data in _kept_rows(self)
+        ]
 
     def clean(self) -> None:
         super().clean()
@@ -122,6 +117,16 @@ class QuotaWindowFormSet(forms.BaseInlineFormSet):  # type: ignore[type-arg]
             raise ValidationError(exc.message) from exc
 
 
+def _kept_rows(formset: forms.BaseFormSet) -> list[dict[str, Any]]:  # type: ignore[type-arg]
+    """The cleaned data of a formset's valid rows that stay (not marked for deletion)."""
+    kept = []
+    for form in formset.forms:
+        data = getattr(form, "cleaned_data", None)
+        if data and not data.get("DELETE"):
+            kept.append(data)
+    return kept
+
+
 class QuotaPlanFormSet(forms.BaseInlineFormSet):  # type: ignore[type-arg]
     """Validates the plans (one row per plan and window: docs/plans.md) with the windows
     submitted beside them, through the same validator as ``QUOTA["POLICIES"]``: every
@@ -136,14 +141,10 @@ class QuotaPlanFormSet(forms.BaseInlineFormSet):  # type: ignore[type-arg]
         windows = self.siblings.windows if self.siblings is not None else None
         if windows is None or not windows.is_valid():
             return  # the windows' own errors come first; plans need valid windows
-        rows = []
-        for form in self.forms:
-            data = getattr(form, "cleaned_data", None)
-            if not data or data.get("DELETE"):
-                continue
-            rows.append(
-                QuotaPlanLimit(plan=data["plan"], window=data["window"], limit=data["limit"])
-            )
+        rows = [
+            QuotaPlanLimit(plan=data["plan"], window=data["window"], limit=data["limit"])
+            for data in _kept_rows(self)
+        ]
         if not rows:
             return
         window_rows = windows.submitted()
@@ -301,21 +302,23 @@ class QuotaPolicyAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         if not self.has_change_permission(request):
             raise PermissionDenied
 
-    @admin.action(description="Enable selected policies", permissions=("change",))
-    def enable_policies(self, request: HttpRequest, queryset: QuerySet[QuotaPolicy]) -> None:
+    def _set_enabled(
+        self, request: HttpRequest, queryset: QuerySet[QuotaPolicy], enabled: bool
+    ) -> None:
         self._require_change_permission(request)
         for policy in queryset:
-            policy.enabled = True
+            policy.enabled = enabled
             policy.save()
-        self.message_user(request, f"Enabled {len(queryset)} policies.", messages.SUCCESS)
+        done = "Enabled" if enabled else "Disabled"
+        self.message_user(request, f"{done} {len(queryset)} policies.", messages.SUCCESS)
+
+    @admin.action(description="Enable selected policies", permissions=("change",))
+    def enable_policies(self, request: HttpRequest, queryset: QuerySet[QuotaPolicy]) -> None:
+        self._set_enabled(request, queryset, True)
 
     @admin.action(description="Disable selected policies", permissions=("change",))
     def disable_policies(self, request: HttpRequest, queryset: QuerySet[QuotaPolicy]) -> None:
-        self._require_change_permission(request)
-        for policy in queryset:
-            policy.enabled = False
-            policy.save()
-        self.message_user(request, f"Disabled {len(queryset)} policies.", messages.SUCCESS)
+        self._set_enabled(request, queryset, False)
 
     @admin.action(description="Reset counters for a subject…", permissions=("change",))
     def reset_counters(

@@ -19,14 +19,8 @@ from django.core.exceptions import ImproperlyConfigured
 from django_quota.backends import url_problem
 from django_quota.core.errors import ConfigurationError
 from django_quota.core.identity import IPNetwork, derive_hmac_key
-from django_quota.core.policy import (
-    ALGORITHMS,
-    FAILURE_MODES,
-    Policy,
-    host_zone,
-    parse_policy,
-    parse_timezone,
-)
+from django_quota.core.policy import ALGORITHMS, FAILURE_MODES, Policy, parse_policy
+from django_quota.core.zones import host_zone, parse_timezone
 from django_quota.fields import (
     Field,
     Invalid,
@@ -44,7 +38,7 @@ from django_quota.fields import (
     optional_string,
     string_list,
 )
-from django_quota.messages import E_INVALID_POLICY, Problems
+from django_quota.messages import Codes, Problems
 
 HEADER_STYLES = ("ietf", "legacy", "both", "none")
 BACKENDS = ("redis", "memory")
@@ -306,7 +300,7 @@ def _policies(value: Any, reader: Reader) -> dict[str, Policy]:
             )
         except ConfigurationError as exc:
             reader.problems.append(
-                SettingsProblem(E_INVALID_POLICY, exc.key, exc.message, exc.hint)
+                SettingsProblem(Codes.E_INVALID_POLICY, exc.key, exc.message, exc.hint)
             )
     return found
 

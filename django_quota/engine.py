@@ -4,7 +4,8 @@ the plan it drives.
 One evaluation is a plan driven once: :meth:`Limiter.prepare` (identities, costs, keys,
 script arguments, with everything that depends only on the policy compiled once per
 policy and revision), one backend call (one per hash slot on a Redis Cluster), and
-:meth:`Limiter.interpret` (outcomes). Retries, the local fallback and the failure modes
+:meth:`Limiter.interpret` (outcomes, with the failure modes, the local fallback and the
+denial cache: :mod:`django_quota.interpreting`). Retries and the choice among those
 live in one generator, :meth:`Limiter.steps`; :meth:`Limiter.run` and
 :meth:`Limiter.arun` drive it and differ by one ``await``. Each backend node has its own
 in-flight bound and circuit breaker (``docs/failures.md``).
@@ -16,7 +17,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Generator, Iterable, KeysView, Mapping, Sequence
+from collections.abc import Callable, Generator, KeysView, Mapping, Sequence
 from typing import Any, cast
 
 from django.utils.module_loading import import_string
@@ -28,38 +29,30 @@ from django_quota.backends.scripting import adrive, drive
 from django_quota.core.admission import BREAKER_REASONS as BREAKER_REASONS
 from django_quota.core.admission import NodeGuard, Refused
 from django_quota.core.breaker import BreakerError
-from django_quota.core.denials import DenialCache, rememberable
-from django_quota.core.errors import BackendError
-from django_quota.core.identity import Identity, IdentityCache, IdentityError
-from django_quota.core.model import (
+from django_quota.core.calls import (
     GROUP_CLOCK_UNSAFE,
     GROUP_INDETERMINATE,
-    GROUP_REPLAYED,
     PACKABLE,
-    REFUSED,
-    UNCHARGED,
     PolicyCall,
 )
+from django_quota.core.denials import DenialCache
+from django_quota.core.errors import BackendError
+from django_quota.core.identity import Identity, IdentityCache, IdentityError
 from django_quota.core.outcome import (
-    BACKEND_MODE_CACHE,
     BACKEND_MODE_FALLBACK,
     BACKEND_MODE_REDIS,
-    BACKEND_TIMEOUT,
-    BACKEND_UNAVAILABLE,
     CLOCK_UNSAFE,
     COST_EXCEEDS_LIMIT,
     DENIED_DECISION,
-    FAILED_CLOSED,
-    FAILED_OPEN,
     INDETERMINATE,
     SKIPPED,
     Outcome,
     bare_outcome,
-    outcome_from_result,
 )
 from django_quota.core.policy import Policy
 from django_quota.core.protocol import GroupReply, GroupRequest, check_evaluation_id, fingerprint
 from django_quota.core.windows import new_tuple
+from django_quota.interpreting import Interpreter
 from django_quota.prepared import (
     ClockUnusable,
     Compiled,
@@ -76,7 +69,6 @@ Subject = Mapping[str, object]
 #: ``auto`` and an explicit ``api_key`` read different sources).
 SubjectSource = Subject | Callable[[Policy], Subject]
 Clock = Callable[[], float]
-FALLBACK_REASONS = frozenset({BACKEND_TIMEOUT, BACKEND_UNAVAILABLE})
 #: Consecutive failures that open a node's circuit breaker.
 BREAKER_THRESHOLD = 5
 #: Identities remembered per process (subject values -> pseudonym), per settings.
@@ -92,7 +84,7 @@ Steps = Generator[Any, Any, list[Outcome]]
 
 
 # -- the limiter ---------------------------------------------------------------------------
-class Limiter:
+class Limiter(Interpreter):
     """Everything one settings generation decides with: the backend, the local fallback,
     one :class:`~django_quota.core.admission.NodeGuard` per backend node, compiled
     policies, remembered identities and refusals (the denial cache). Built by
@@ -447,126 +439,6 @@ class Limiter:
             if compiled.calendar:
                 placed[position] = compiled.calendar_call(calls[position], client_now)
         return placed
-
-    # -- interpret ----------------------------------------------------------------------
-    def interpret(self, prepared: Prepared, reply: GroupReply, backend_mode: str) -> list[Outcome]:
-        """Turn a backend reply into outcomes (failure modes for a refused decision)."""
-        status = reply.status
-        if status == GROUP_CLOCK_UNSAFE:
-            return self.failed(prepared, CLOCK_UNSAFE, backend_mode)
-        if status == GROUP_INDETERMINATE:
-            return self.failed(prepared, INDETERMINATE, backend_mode)
-        outcomes = prepared.outcomes
-        compiled = prepared.compiled
-        evaluation_id = prepared.evaluation_id
-        results = reply.results
-        if len(outcomes) == 1 and len(results) == 1:  # one policy, sent: the common call
-            result = results[0]
-            policy = compiled[0].policy
-            outcome = outcome_from_result(policy, result, backend_mode, evaluation_id)
-            outcomes[0] = outcome
-            if result.status == UNCHARGED and not (
-                prepared.peek or status == GROUP_REPLAYED
-            ):
-                prepared.group_denied = (policy.id,)
-            elif result.status == REFUSED and backend_mode == BACKEND_MODE_REDIS:
-                self._remember_denial(prepared, reply)
-            return [outcome]
-        uncharged: list[str] = []
-        refused = False
-        for index, result in zip(prepared.sent, results, strict=True):
-            policy = compiled[index].policy
-            outcomes[index] = outcome_from_result(policy, result, backend_mode, evaluation_id)
-            if result.status == UNCHARGED:
-                uncharged.append(policy.id)
-            elif result.status == REFUSED:
-                refused = True
-        if uncharged and not (prepared.peek or status == GROUP_REPLAYED):
-            prepared.group_denied = tuple(uncharged)
-        if refused and backend_mode == BACKEND_MODE_REDIS:
-            self._remember_denial(prepared, reply)
-        if len(outcomes) == len(prepared.sent):  # every policy decided by the backend
-            return cast("list[Outcome]", outcomes.copy())
-        return [outcome for outcome in outcomes if outcome is not None]
-
-    # -- the denial cache ---------------------------------------------------------------
-    def _remember_denial(self, prepared: Prepared, reply: GroupReply) -> None:
-        """Remember a refusal Redis decided for the denial cache, when the group may be
-        answered again (:func:`~django_quota.core.denials.rememberable`)."""
-        denials = self.denials
-        request = prepared.request
-        if denials is None or request is None or prepared.peek:
-            return
-        shadow = any(compiled.policy.shadow for compiled in prepared.compiled)
-        if rememberable(request, reply, shadow=shadow, cluster=self.settings.cluster):
-            denials.remember(request, reply.results, prepared.started)
-
-    def _cached(self, prepared: Prepared, request: GroupRequest) -> list[Outcome] | None:
-        """The outcomes of a remembered refusal of ``request``'s group, when it tells
-        them exactly now, else None. Never for a peek, nor for an evaluation that may
-        repeat an earlier one (a caller's id): the backend's ledgers must be searched."""
-        denials = self.denials
-        if denials is None or prepared.peek or request.may_repeat:
-            return None
-        reply = denials.answer(request, time.monotonic())
-        if reply is None:
-            return None
-        return self.interpret(prepared, reply, BACKEND_MODE_CACHE)
-
-    def _written(self, request: GroupRequest) -> None:
-        """Forget the refusals of every group holding a counter ``request`` wrote, or may
-        have written (a failed call): their numbers are no longer those remembered."""
-        if self.denials is not None and not request.peek:
-            self.denials.forget(request.counters)
-
-    def forget_denials(self, counters: Iterable[str]) -> None:
-        """Forget every remembered refusal of a group holding one of ``counters`` (they
-        were reset)."""
-        if self.denials is not None:
-            self.denials.forget(counters)
-
-    def failed(self, prepared: Prepared, reason: str, backend_mode: str) -> list[Outcome]:
-        """Apply each sent policy's failure mode for ``reason``."""
-        logger.warning(
-            "quota backend failure: reason=%s policies=%s",
-            reason,
-            ",".join(prepared.compiled[i].policy.id for i in prepared.sent),
-        )
-        retry_after = float(self.settings.failure_retry_after)
-        for index in prepared.sent:
-            compiled = prepared.compiled[index]
-            if compiled.fail_open:
-                outcome = bare_outcome(
-                    compiled.policy,
-                    FAILED_OPEN,
-                    reason,
-                    backend_mode=backend_mode,
-                    evaluation_id=prepared.evaluation_id,
-                )
-            else:
-                outcome = bare_outcome(
-                    compiled.policy,
-                    FAILED_CLOSED,
-                    reason,
-                    backend_mode=backend_mode,
-                    evaluation_id=prepared.evaluation_id,
-                    retry_after=retry_after,
-                )
-            prepared.outcomes[index] = outcome
-        return [outcome for outcome in prepared.outcomes if outcome is not None]
-
-    def degraded(self, prepared: Prepared, error: BackendError) -> list[Outcome]:
-        """Decide with the local fallback when the failure allows, else apply the failure
-        modes."""
-        request = prepared.request
-        if self.fallback is not None and error.reason in FALLBACK_REASONS and request:
-            logger.warning("quota backend failure, deciding locally: reason=%s", error.reason)
-            try:
-                reply = self.fallback.evaluate(request._replace(may_repeat=False))
-            except BackendError as fallback_error:
-                return self.failed(prepared, fallback_error.reason, BACKEND_MODE_FALLBACK)
-            return self.interpret(prepared, reply, BACKEND_MODE_FALLBACK)
-        return self.failed(prepared, error.reason, self.backend_mode)
 
     # -- the plan -----------------------------------------------------------------------
     def steps(self, prepared: Prepared) -> Steps:

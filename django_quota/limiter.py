@@ -29,7 +29,7 @@ from django_quota.core.protocol import (
 from django_quota.core.refunds import RefundCall, RefundRequest
 from django_quota.core.windows import calendar_place
 from django_quota.engine import Clock, Limiter, Subject, SubjectSource
-from django_quota.messages import E_UNKNOWN_VIEW_POLICY
+from django_quota.messages import Codes
 from django_quota.prepared import validate_cost
 
 logger = logging.getLogger("django_quota")
@@ -123,7 +123,7 @@ def policy_unknown(
         logger.error(
             "quota policy %r %s; its failure mode (%s) applies with reason policy_unknown",
             policy_id,
-            cause or f"is named but not defined ({E_UNKNOWN_VIEW_POLICY})",
+            cause or f"is named but not defined ({Codes.E_UNKNOWN_VIEW_POLICY})",
             mode,
         )
     backend_mode = current.backend_mode

@@ -21,7 +21,13 @@ from typing import Any
 
 from django_quota import conf
 from django_quota.core.errors import ConfigurationError, QuotaError
-from django_quota.core.policy import Policy
+from django_quota.core.policy import (
+    DEFAULT_WINDOW,
+    Policy,
+    Window,
+    plans_revision,
+    settings_revision,
+)
 from django_quota.messages import Checks
 
 logger = logging.getLogger("django_quota")
@@ -302,6 +308,29 @@ def generated(key: Hashable, build: Callable[[], Policy]) -> Policy:
     if found is None:
         found = _state.applied.setdefault(key, register_generated(build()))
     return found
+
+
+def one_window(
+    policy_id: str,
+    algorithm: str,
+    limit: int,
+    seconds: int,
+    selector: tuple[str, ...],
+    source: str,
+    *,
+    failure_mode: str | None = None,
+    per_request: bool = False,
+) -> Policy:
+    """A generated policy of one window, ``limit`` per ``seconds``, from another
+    library's rate (django-ratelimit's, DRF's): what ``build`` of :func:`generated`
+    makes. ``per_request``: the limit is a plan's, left out of the revision
+    (``docs/plans.md``)."""
+    windows = (Window(DEFAULT_WINDOW, limit, seconds * 1000, limit),)
+    revision = (plans_revision if per_request else settings_revision)(algorithm, selector, windows)
+    return Policy(
+        policy_id, algorithm, windows, selector,
+        failure_mode=failure_mode, revision=revision, source=source,
+    )
 
 
 def clear() -> None:

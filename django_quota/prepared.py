@@ -11,8 +11,8 @@ from os import urandom
 
 from django_quota import conf
 from django_quota.core.calendar import windows_bounds
+from django_quota.core.calls import PolicyCall
 from django_quota.core.identity import Identity
-from django_quota.core.model import PolicyCall
 from django_quota.core.outcome import (
     DENIED_DECISION,
     SELECTOR_IDENTITY_MISSING,

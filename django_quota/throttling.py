@@ -29,15 +29,12 @@ from django_quota.core.identity import IdentityError
 from django_quota.core.outcome import DENIED_DECISION, FAILED_CLOSED, Outcome
 from django_quota.core.policy import (
     AUTO,
-    DEFAULT_WINDOW,
     Policy,
-    Window,
     generated_policy_id,
-    settings_revision,
 )
-from django_quota.core.rates import CALENDAR_ONLY, check_rate_bounds, parse_rate
+from django_quota.core.rates import CALENDAR_ONLY, bounds_problem, parse_rate
 from django_quota.ledger import Cost, Decision, decide
-from django_quota.messages import E_DRF_RATE
+from django_quota.messages import Codes
 from django_quota.signals import quota_denied
 from django_quota.subjects import GivenSubject, RequestSubject
 
@@ -134,12 +131,9 @@ def _parse_drf_rate(rate: object) -> tuple[int, int]:
         if reading is None:
             raise ImproperlyConfigured(f"Invalid throttle rate {rate!r}: {exc.message}.") from exc
         num_requests, duration = reading
-        try:
-            check_rate_bounds(num_requests, duration * 1000, "rate")
-        except ConfigurationError as bounds:
-            raise ImproperlyConfigured(
-                f"Invalid throttle rate {rate!r}: {bounds.message}."
-            ) from bounds
+        problem = bounds_problem(num_requests, duration * 1000)
+        if problem is not None:
+            raise ImproperlyConfigured(f"Invalid throttle rate {rate!r}: {problem}.") from exc
         return num_requests, duration
     if parsed.calendar in CALENDAR_ONLY:
         # DRF reads "N/month" as N per minute, django-quota as a calendar month: refused
@@ -205,14 +199,8 @@ def _rate_policy(
     algorithm = conf.get_settings().drf_algorithm
 
     def build() -> Policy:
-        windows = (Window(DEFAULT_WINDOW, num_requests, duration * 1000, num_requests),)
-        return Policy(
-            id=policy_id,
-            algorithm=algorithm,
-            windows=windows,
-            selector=selector,
-            revision=settings_revision(algorithm, selector, windows),
-            source=GENERATED_SOURCE,
+        return policies.one_window(
+            policy_id, algorithm, num_requests, duration, selector, GENERATED_SOURCE
         )
 
     return policies.generated((policy_id, num_requests, duration, algorithm, selector), build)
@@ -484,7 +472,10 @@ class SimpleRateThrottle(QuotaThrottle):
         configured = policies.get_registry().policies.get(policy_id)
         if configured is not None:
             return self._decide(request, view, [configured], self._request_subject(request, view))
-        cause = f"has no usable DRF throttle rate for scope {self.scope!r} ({error}; {E_DRF_RATE})"
+        cause = (
+            f"has no usable DRF throttle rate for scope {self.scope!r} "
+            f"({error}; {Codes.E_DRF_RATE})"
+        )
         return self._decide(request, view, [], None, unknown=[policy_id], cause=cause)
 
     def _policy_id(self) -> str:

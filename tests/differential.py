@@ -8,11 +8,14 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
+import fakeredis
+import redis
+
 from django_quota.backends.memory import MemoryBackend
 from django_quota.backends.redis import RedisBackend
 from django_quota.backends.scripting import Call
+from django_quota.core.calls import PolicyCall, State
 from django_quota.core.errors import BackendError
-from django_quota.core.model import PolicyCall, State
 from django_quota.core.policy import CONCURRENCY
 from django_quota.core.protocol import (
     GroupReply,
@@ -136,3 +139,14 @@ class Mismatch:
     engine: str
     expected: object
     got: object
+
+
+def engines_on(redis_server: Any, db: int) -> list[ModelEngine | RedisEngine]:
+    """What a differential test compares: the model, the script on fakeredis, and the
+    script on ``redis_server``'s database ``db``."""
+    real = redis.Redis(host=redis_server.host, port=redis_server.port, db=db)
+    return [
+        ModelEngine(),
+        RedisEngine("fakeredis", fakeredis.FakeRedis()),
+        RedisEngine("redis", real),
+    ]

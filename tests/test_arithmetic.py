@@ -9,15 +9,8 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from django_quota.core.model import (
-    CHARGED,
-    REFUSED,
-    UNCHARGED,
-    PolicyCall,
-    PolicyResult,
-    State,
-    evaluate_group,
-)
+from django_quota.core.calls import CHARGED, REFUSED, UNCHARGED, PolicyCall, PolicyResult, State
+from django_quota.core.model import evaluate_group
 from django_quota.core.policy import Window
 from django_quota.core.windows import Log, log_units
 
@@ -619,6 +612,7 @@ def test_one_policy_decides_as_the_general_path_does(
     does not repeat an id: its results and writes are the general path's, step by step
     (peeks, cost 0, denials, clamped and unsafe clocks, a full ledger, kept expiries)."""
     from django_quota.core import model
+    from django_quota.core.calls import GroupInputs
 
     windows = tuple(
         W(f"w{i}", limit, period, limit + capacity_extra)
@@ -645,7 +639,7 @@ def test_one_policy_decides_as_the_general_path_does(
             server_clock=server_clock,
         )
         general = model._evaluate_general(
-            [call], [state], [records], None, model.GroupInputs(*arguments)
+            [call], [state], [records], None, GroupInputs(*arguments)
         )
         assert short == general
         if short.writes:

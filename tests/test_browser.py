@@ -1,6 +1,5 @@
-"""The operator's surface in a real browser: headless Chromium (Debian's ``chromium`` and
-``chromium-driver``) driven by Selenium against a live server, Django's
-``StaticLiveServerTestCase`` pattern (static files served, so the admin's JavaScript adds
+"""The operator's surface in a real browser: headless Chromium driven by Selenium against a
+live server (``tests/browser.py``; static files served, so the admin's JavaScript adds
 inline rows).
 
 A staff user logs in, adds a policy with two inline windows, the test requests the API
@@ -11,32 +10,16 @@ in CI (``CI=true``)."""
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
-import unittest
 from pathlib import Path
-from typing import Any
 
 from django.contrib.auth import get_user_model
-from django.contrib.staticfiles.testing import StaticLiveServerTestCase
 from django.test import override_settings
 
 from django_quota.models import QuotaPolicy
-from tests.conftest import IN_CI
+from tests import browser
 
 ROOT = Path(__file__).resolve().parent.parent
 SCREENSHOT = ROOT / "test-artifacts" / "status-page.png"
-CHROMIUM_FLAGS = (
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-dev-shm-usage",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--window-size=1280,900",
-)
 QUOTA = {
     "HMAC_KEY": "tests-hmac-key-0123456789",
     "POLICY_SOURCES": ["settings", "database"],
@@ -46,97 +29,14 @@ QUOTA = {
 PASSWORD = "correct horse battery staple"
 
 
-def _unavailable(message: str) -> None:
-    if IN_CI:
-        raise AssertionError(f"{message}; in CI a missing browser is a failure")
-    raise unittest.SkipTest(message)
-
-
-def _browser() -> tuple[str, str]:
-    """Paths of the Chromium binary and its driver (skip locally, fail in CI, if absent)."""
-    binary = next(
-        (found for name in ("chromium", "chromium-browser") if (found := shutil.which(name))),
-        None,
-    )
-    driver = shutil.which("chromedriver")
-    if binary is None or driver is None:
-        _unavailable("chromium / chromedriver not found (apt-get install chromium chromium-driver)")
-    assert binary is not None and driver is not None
-    return binary, driver
-
-
 @override_settings(QUOTA=QUOTA, STATIC_URL="/static/", DEBUG=True)
-class OperatorSurfaceInABrowser(StaticLiveServerTestCase):
+class OperatorSurfaceInABrowser(browser.BrowserTestCase):
     """Admin, middleware and status page end to end, as an operator sees them."""
-
-    driver: Any
-    profile: tempfile.TemporaryDirectory[str]
-
-    @classmethod
-    def setUpClass(cls) -> None:
-        try:
-            from selenium import webdriver
-            from selenium.webdriver.chrome.service import Service
-        except ImportError:
-            _unavailable("selenium is not installed (pip install -e '.[test]')")
-        binary, driver = _browser()
-        super().setUpClass()
-        cls.profile = tempfile.TemporaryDirectory(prefix="quota-chromium-")
-        options = webdriver.ChromeOptions()
-        options.binary_location = binary
-        for flag in (*CHROMIUM_FLAGS, f"--user-data-dir={cls.profile.name}"):
-            options.add_argument(flag)
-        try:
-            cls.driver = webdriver.Chrome(service=Service(executable_path=driver), options=options)
-        except BaseException:
-            cls.profile.cleanup()
-            super().tearDownClass()
-            raise
-        cls.driver.implicitly_wait(5)
-
-    @classmethod
-    def tearDownClass(cls) -> None:
-        cls.driver.quit()
-        cls.profile.cleanup()
-        super().tearDownClass()
 
     def setUp(self) -> None:
         get_user_model().objects.create_superuser("operator", "ops@example.com", PASSWORD)
 
     # -- helpers -------------------------------------------------------------------------
-    def open(self, path: str) -> None:
-        self.driver.get(f"{self.live_server_url}{path}")
-
-    def field(self, name: str) -> Any:
-        from selenium.webdriver.common.by import By
-
-        return self.driver.find_element(By.NAME, name)
-
-    def fill(self, name: str, value: str) -> None:
-        element = self.field(name)
-        element.clear()
-        element.send_keys(value)
-
-    def text(self) -> str:
-        from selenium.webdriver.common.by import By
-
-        return str(self.driver.find_element(By.TAG_NAME, "body").text)
-
-    def submit(self, element: Any) -> None:
-        """Click (or submit) ``element`` and wait until the next page replaced this one:
-        reading the page right after a click may find the old page's body, which goes
-        stale under the reader as the new page arrives."""
-        from selenium.webdriver.common.by import By
-        from selenium.webdriver.support import expected_conditions
-        from selenium.webdriver.support.ui import WebDriverWait
-
-        body = self.driver.find_element(By.TAG_NAME, "body")
-        if element.tag_name == "input" and element.get_attribute("type") != "submit":
-            element.submit()
-        else:
-            element.click()
-        WebDriverWait(self.driver, 10).until(expected_conditions.staleness_of(body))
-
     def log_in(self) -> None:
         self.open("/admin/login/?next=/admin/")
         self.fill("username", "operator")

@@ -2,23 +2,20 @@
 server signs in through the admin login and Django's ``LoginView``. Five wrong passwords
 at 5/15m, then the sixth attempt and the right password are both refused with the 429
 problem document, and the browser is not signed in. A missing browser skips the test
-locally and fails it in CI, as in tests/test_browser.py."""
+locally and fails it in CI, as every test of tests/browser.py's harness."""
 
 from __future__ import annotations
 
 import json
-import tempfile
-from typing import Any
 
 from django.contrib import admin
 from django.contrib.auth import get_user_model
 from django.contrib.auth.views import LoginView
-from django.contrib.staticfiles.testing import StaticLiveServerTestCase
 from django.http import HttpResponse
 from django.test import override_settings
 from django.urls import path
 
-from tests.test_browser import CHROMIUM_FLAGS, _browser, _unavailable
+from tests import browser
 
 PASSWORD = "correct horse battery staple"
 QUOTA = {
@@ -48,39 +45,8 @@ urlpatterns = [
     ],
     PASSWORD_HASHERS=["django.contrib.auth.hashers.MD5PasswordHasher"],
 )
-class LoginProtectionInABrowser(StaticLiveServerTestCase):
+class LoginProtectionInABrowser(browser.BrowserTestCase):
     """The admin login and ``LoginView`` refuse an exhausted username with 429."""
-
-    driver: Any
-    profile: tempfile.TemporaryDirectory[str]
-
-    @classmethod
-    def setUpClass(cls) -> None:
-        try:
-            from selenium import webdriver
-            from selenium.webdriver.chrome.service import Service
-        except ImportError:
-            _unavailable("selenium is not installed (pip install -e '.[test]')")
-        binary, driver = _browser()
-        super().setUpClass()
-        cls.profile = tempfile.TemporaryDirectory(prefix="quota-chromium-")
-        options = webdriver.ChromeOptions()
-        options.binary_location = binary
-        for flag in (*CHROMIUM_FLAGS, f"--user-data-dir={cls.profile.name}"):
-            options.add_argument(flag)
-        try:
-            cls.driver = webdriver.Chrome(service=Service(executable_path=driver), options=options)
-        except BaseException:
-            cls.profile.cleanup()
-            super().tearDownClass()
-            raise
-        cls.driver.implicitly_wait(5)
-
-    @classmethod
-    def tearDownClass(cls) -> None:
-        cls.driver.quit()
-        cls.profile.cleanup()
-        super().tearDownClass()
 
     def setUp(self) -> None:
         users = get_user_model().objects
@@ -89,25 +55,12 @@ class LoginProtectionInABrowser(StaticLiveServerTestCase):
         self.driver.delete_all_cookies()
 
     # -- helpers -------------------------------------------------------------------------
-    def text(self) -> str:
-        from selenium.webdriver.common.by import By
-
-        return str(self.driver.find_element(By.TAG_NAME, "body").text)
-
     def attempt(self, url: str, username: str, password: str) -> str:
         """Fill the login form at ``url`` and submit it; the next page's text."""
-        from selenium.webdriver.common.by import By
-        from selenium.webdriver.support import expected_conditions
-        from selenium.webdriver.support.ui import WebDriverWait
-
-        self.driver.get(f"{self.live_server_url}{url}")
-        for name, value in (("username", username), ("password", password)):
-            field = self.driver.find_element(By.NAME, name)
-            field.clear()
-            field.send_keys(value)
-        body = self.driver.find_element(By.TAG_NAME, "body")
-        self.driver.find_element(By.NAME, "password").submit()
-        WebDriverWait(self.driver, 10).until(expected_conditions.staleness_of(body))
+        self.open(url)
+        self.fill("username", username)
+        self.fill("password", password)
+        self.submit(self.field("password"))
         return self.text()
 
     def assert_refused(self, page: str) -> None:

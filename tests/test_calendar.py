@@ -11,17 +11,17 @@ import time
 from datetime import UTC, datetime
 from typing import Any
 
-import fakeredis
 import pytest
-import redis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from django_quota.core.calendar import SKEW_MS, calendar_bounds, windows_bounds
-from django_quota.core.model import GROUP_CLOCK_UNSAFE, PolicyCall, evaluate_group
+from django_quota.core.calls import GROUP_CLOCK_UNSAFE, PolicyCall
+from django_quota.core.model import evaluate_group
 from django_quota.core.policy import Window, parse_policy
 from django_quota.core.protocol import GroupReply, GroupRequest, counter_tail, fingerprint
-from tests.differential import SEQUENCES, ModelEngine, RedisEngine, expected_script
+from tests import differential
+from tests.differential import SEQUENCES, expected_script
 
 EXAMPLES = int(os.environ.get("QUOTA_DIFFERENTIAL_EXAMPLES", "150"))
 HUGE_MS = 10 * 365 * 86_400_000
@@ -216,12 +216,7 @@ def decide(engine: Any, windows: tuple[Window, ...], now: int, cost: int = 1) ->
 
 @pytest.fixture(scope="module")
 def engines(redis_server: Any) -> list[Any]:
-    real = redis.Redis(host=redis_server.host, port=redis_server.port, db=2)
-    return [
-        ModelEngine(),
-        RedisEngine("fakeredis", fakeredis.FakeRedis()),
-        RedisEngine("redis", real),
-    ]
+    return differential.engines_on(redis_server, db=2)
 
 
 @pytest.mark.redis

@@ -31,8 +31,8 @@ from django_quota.backends.cluster import (
 )
 from django_quota.backends.redispy import AsyncMarkingClusterConnection
 from django_quota.backends.scripting import drive
+from django_quota.core.calls import GROUP_CLOCK_UNSAFE
 from django_quota.core.errors import BackendError
-from django_quota.core.model import GROUP_CLOCK_UNSAFE
 from django_quota.core.outcome import Outcome
 from django_quota.core.protocol import GroupReply, decode_counter, log_key
 from django_quota.core.windows import log_units

@@ -207,7 +207,7 @@ def test_a_clock_step_back_within_max_regression_never_reopens_the_window(
 # model's lifetime.
 def _expiry_run(client: Any, group: list[Any], sequence: list[Any], dedup: int, grace: int) -> None:
     from django_quota.backends.redis import RedisBackend
-    from django_quota.core.model import PolicyCall
+    from django_quota.core.calls import PolicyCall
     from django_quota.core.protocol import GroupRequest, fingerprint
     from tests.test_differential import START_MS, _follow
 

@@ -12,8 +12,8 @@ import pytest
 
 import django_quota
 from django_quota import limiter, policies
+from django_quota.core.calls import PolicyCall
 from django_quota.core.evaluation_ids import appended
-from django_quota.core.model import PolicyCall
 from django_quota.core.policy import Window
 from django_quota.core.protocol import GroupRequest, decode_counter, fingerprint
 from tests import clock

@@ -29,9 +29,9 @@ import django_quota
 from django_quota import conf, limiter, policies
 from django_quota.backends.redis import RedisBackend
 from django_quota.checks import check_settings
+from django_quota.core.calls import REFUSED, PolicyResult
 from django_quota.core.denials import advanced, hold_ms
 from django_quota.core.errors import BackendError
-from django_quota.core.model import REFUSED, PolicyResult
 from django_quota.core.outcome import INDETERMINATE, Outcome
 from django_quota.core.policy import (
     ALGORITHMS,

@@ -9,17 +9,16 @@ from __future__ import annotations
 import os
 from typing import Any
 
-import fakeredis
 import pytest
-import redis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from django_quota.core.model import PolicyCall
+from django_quota.core.calls import PolicyCall
 from django_quota.core.policy import ALGORITHMS, CONCURRENCY, MAX_CONCURRENCY, Window
 from django_quota.core.protocol import GroupReply, GroupRequest, fingerprint
 from django_quota.core.rates import MAX_PERIOD_MS, MAX_PRODUCT
-from tests.differential import SEQUENCES, ModelEngine, RedisEngine, expected_script
+from tests import differential
+from tests.differential import SEQUENCES, expected_script
 
 EXAMPLES = int(os.environ.get("QUOTA_DIFFERENTIAL_EXAMPLES", "150"))
 START_MS = 1_764_000_000_000
@@ -113,12 +112,7 @@ def _follow(step: Any, last: GroupReply | str | None) -> int:
 
 @pytest.fixture(scope="module")
 def engines(redis_server: Any) -> list[Any]:
-    real = redis.Redis(host=redis_server.host, port=redis_server.port, db=1)
-    return [
-        ModelEngine(),
-        RedisEngine("fakeredis", fakeredis.FakeRedis()),
-        RedisEngine("redis", real),
-    ]
+    return differential.engines_on(redis_server, db=1)
 
 
 def _run(

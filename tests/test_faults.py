@@ -26,7 +26,7 @@ from django_quota import engine, limiter
 from django_quota.backends import clients
 from django_quota.backends.redis import RedisBackend
 from django_quota.core.breaker import CLOSED, HALF_OPEN, OPEN, CircuitBreaker
-from django_quota.core.model import GROUP_REPLAYED
+from django_quota.core.calls import GROUP_REPLAYED
 from django_quota.core.outcome import Outcome
 from tests import clock
 from tests.faults import (

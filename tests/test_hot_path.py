@@ -14,7 +14,7 @@ import pytest
 
 from django_quota.backends import redis as redis_backend
 from django_quota.core import protocol
-from django_quota.core.model import PACKED_HEADER, PolicyCall
+from django_quota.core.calls import PACKED_HEADER, PolicyCall
 from django_quota.core.outcome import Outcome, WindowState
 from django_quota.core.policy import Window
 from django_quota.core.protocol import GroupRequest

@@ -16,6 +16,7 @@ from django_quota.checks import check_settings
 from django_quota.core.errors import ConfigurationError
 from django_quota.core.policy import parse_policy
 from django_quota.http import rate_limit_headers
+from tests import leases
 
 USER = {"user": "42"}
 POLICIES = {
@@ -30,17 +31,10 @@ POLICIES = {
 }
 
 
-@pytest.fixture(params=["redis", "memory"])
+@pytest.fixture(params=leases.BACKENDS)
 def backend(request: pytest.FixtureRequest, quota: Any) -> Iterator[str]:
-    values: dict[str, Any] = {"POLICIES": POLICIES}
-    if request.param == "redis":
-        values["REDIS_URL"] = request.getfixturevalue("redis_url")
-    else:
-        values["BACKEND"] = "memory"
-    quota(**values)
-    yield request.param
-    for policy in POLICIES:
-        django_quota.reset(policy, USER)
+    with leases.configured(request, quota, POLICIES, USER) as name:
+        yield name
 
 
 def group(*ids: str) -> list[Any]:

@@ -10,17 +10,16 @@ from __future__ import annotations
 import os
 from typing import Any
 
-import fakeredis
 import pytest
-import redis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from django_quota.core.calls import PolicyCall
 from django_quota.core.errors import BackendError
-from django_quota.core.model import PolicyCall
 from django_quota.core.policy import CONCURRENCY, Window
 from django_quota.core.protocol import GroupReply, GroupRequest, ReleaseRequest, fingerprint
-from tests.differential import SEQUENCES, ModelEngine, RedisEngine
+from tests import differential
+from tests.differential import SEQUENCES
 
 pytestmark = pytest.mark.redis
 
@@ -39,12 +38,7 @@ def release(engine: Any, request: ReleaseRequest) -> int | str:
 
 @pytest.fixture(scope="module")
 def engines(redis_server: Any) -> list[Any]:
-    real = redis.Redis(host=redis_server.host, port=redis_server.port, db=2)
-    return [
-        ModelEngine(),
-        RedisEngine("fakeredis", fakeredis.FakeRedis()),
-        RedisEngine("redis", real),
-    ]
+    return differential.engines_on(redis_server, db=2)
 
 
 @st.composite

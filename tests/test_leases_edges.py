@@ -21,6 +21,7 @@ from rest_framework.views import APIView
 import django_quota
 from django_quota.decorators import quota
 from django_quota.throttling import QuotaThrottle, ScopedRateThrottle
+from tests import leases
 
 pytestmark = [pytest.mark.urls(__name__), pytest.mark.django_db]
 
@@ -117,18 +118,11 @@ POLICIES = {
 }
 
 
-@pytest.fixture(params=["redis", "memory"])
+@pytest.fixture(params=leases.BACKENDS)
 def backend(request: pytest.FixtureRequest, quota: Any) -> Iterator[None]:
-    values: dict[str, Any] = {"POLICIES": POLICIES}
-    if request.param == "redis":
-        values["REDIS_URL"] = request.getfixturevalue("redis_url")
-    else:
-        values["BACKEND"] = "memory"
-    quota(**values)
-    SEEN.clear()
-    yield
-    for policy in POLICIES:
-        django_quota.reset(policy, IP)
+    with leases.configured(request, quota, POLICIES, IP):
+        SEEN.clear()
+        yield
 
 
 def remaining(policy: str) -> int:

@@ -119,7 +119,7 @@ def test_the_checks_named_for_each_key_exist_and_link_to_the_checks_page() -> No
 
 # -- docs/checks.md ------------------------------------------------------------------------
 #: Where check ids are defined: a constant ``X = "django_quota.E001"`` each.
-DEFINED_ID = re.compile(r'^\w+ = "django_quota\.([EW]\d{3})"$', re.M)
+DEFINED_ID = re.compile(r'^    [EW]_\w+ = "django_quota\.([EW]\d{3})"$', re.M)  # messages.Codes
 
 
 def defined_check_ids() -> set[str]:

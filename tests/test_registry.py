@@ -22,7 +22,7 @@ from django.test import AsyncClient, Client
 import django_quota
 from django_quota import policies
 from django_quota.checks import check_settings
-from django_quota.messages import E_DUPLICATE_POLICY
+from django_quota.messages import Codes
 from django_quota.models import QuotaPolicy, QuotaWindow, revision_batch
 
 pytestmark = pytest.mark.django_db
@@ -120,7 +120,7 @@ def test_an_id_in_both_sources_is_taken_from_settings(
         "quota policy 'orders' is defined in settings and in the database; the database row "
         "is ignored (django_quota.E007)"
     ]
-    errors = [message for message in check_settings() if message.id == E_DUPLICATE_POLICY]
+    errors = [message for message in check_settings() if message.id == Codes.E_DUPLICATE_POLICY]
     assert [message.msg for message in errors] == [
         "QUOTA['POLICIES']['orders'] is also a database policy; the database row is ignored"
     ]
@@ -141,7 +141,7 @@ def test_a_conflict_is_logged_once_not_at_every_rebuild(
 def test_e007_needs_the_database_source(quota: Any) -> None:
     quota(POLICY_SOURCES=["settings"], POLICIES={"orders": SETTINGS_POLICY})
     db_policy("orders")
-    assert E_DUPLICATE_POLICY not in [message.id for message in check_settings()]
+    assert Codes.E_DUPLICATE_POLICY not in [message.id for message in check_settings()]
 
 
 # -- invalid rows and database failures -------------------------------------------------------

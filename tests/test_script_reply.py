@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from django_quota.core.model import GROUP_DECIDED, REFUSED, PolicyCall
+from django_quota.core.calls import GROUP_DECIDED, REFUSED, PolicyCall
 from django_quota.core.policy import Window
 from django_quota.core.protocol import GroupRequest, parse_reply
 

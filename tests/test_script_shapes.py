@@ -16,7 +16,7 @@ import redis
 
 from django_quota.backends.redis import RedisBackend
 from django_quota.backends.scripting import evaluate_call, sources
-from django_quota.core.model import PolicyCall
+from django_quota.core.calls import PolicyCall
 from django_quota.core.policy import Window
 from django_quota.core.protocol import GroupRequest, fingerprint
 from django_quota.scripts import SCRIPT_NAMES, load

@@ -14,7 +14,7 @@ import django_quota
 from django_quota import limiter, operations, policies
 from django_quota.backends.cluster import refund_call
 from django_quota.backends.scripting import Call
-from django_quota.core.model import PolicyCall
+from django_quota.core.calls import PolicyCall
 from django_quota.core.policy import Window
 from django_quota.core.protocol import GroupRequest, decode_counter, log_key
 from django_quota.core.windows import log_units

@@ -73,8 +73,7 @@ from django_quota.backends.scripting import (
     parse,
     run_script,
 )
-from django_quota.core.errors import BLAME_NONE, CLUSTERDOWN, TRYAGAIN, BackendError
-from django_quota.core.model import (
+from django_quota.core.calls import (
     ALGORITHM_CODES,
     CALENDAR_CODE,
     CHARGED,
@@ -85,8 +84,9 @@ from django_quota.core.model import (
     UNCHARGED,
     PolicyCall,
     PolicyResult,
-    group_allows,
 )
+from django_quota.core.errors import BLAME_NONE, CLUSTERDOWN, TRYAGAIN, BackendError
+from django_quota.core.model import group_allows
 from django_quota.core.outcome import (
     BACKEND_ERROR,
     BACKEND_TIMEOUT,

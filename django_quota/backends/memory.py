@@ -10,8 +10,10 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 
+from django_quota.core.calls import State
 from django_quota.core.errors import BackendError
-from django_quota.core.model import State, decide_one, evaluate_group, release_leases
+from django_quota.core.leases import release_leases
+from django_quota.core.model import decide_one, evaluate_group
 from django_quota.core.outcome import BACKEND_MODE_MEMORY, BACKEND_UNAVAILABLE
 from django_quota.core.protocol import GroupReply, GroupRequest, Probe, ReleaseRequest
 from django_quota.core.refunds import RefundRequest, refund_counter

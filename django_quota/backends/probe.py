@@ -9,8 +9,8 @@ import re
 from collections.abc import Callable, Sequence
 
 from django_quota.backends import Backend
+from django_quota.core.calls import CHARGED, UNCHARGED
 from django_quota.core.errors import BackendError
-from django_quota.core.model import CHARGED, UNCHARGED
 from django_quota.core.protocol import GroupReply, Probe
 from django_quota.scripts import all_scripts
 

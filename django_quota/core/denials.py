@@ -29,7 +29,7 @@ from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from typing import NamedTuple
 
-from django_quota.core.model import GROUP_DECIDED, PolicyResult
+from django_quota.core.calls import GROUP_DECIDED, PolicyResult
 from django_quota.core.policy import CONCURRENCY, FIXED_WINDOW, SLIDING_WINDOW
 from django_quota.core.protocol import GroupReply, GroupRequest
 from django_quota.core.windows import WindowResult

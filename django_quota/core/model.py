@@ -41,12 +41,26 @@ decided afresh. So a repeated id never charges twice, and the ledger stays bound
 
 from __future__ import annotations
 
-import struct
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from django_quota.core.calls import (
+    CHARGED,
+    GROUP_CLOCK_UNSAFE,
+    GROUP_DECIDED,
+    GROUP_INDETERMINATE,
+    GROUP_REPLAYED,
+    REFUSED,
+    UNCHARGED,
+    GroupInputs,
+    GroupResult,
+    PolicyCall,
+    PolicyResult,
+    State,
+    Write,
+)
 from django_quota.core.evaluation_ids import appended, remembers
+from django_quota.core.leases import holds_leases, lease_charge, leases_at, replayed_lease
 from django_quota.core.policy import (
     CONCURRENCY,
     FIXED_WINDOW,
@@ -65,170 +79,14 @@ from django_quota.core.windows import (
     _log_result,
     _log_view,
     _view,
-    acquired_leases,
     allows,
     calendar_place,
     calendar_result,
     calendar_view,
     floor_div,
-    holds_lease,
-    lease_view,
-    leases_ttl,
     new_tuple,
-    released_leases,
     window_result,
 )
-
-#: Policy statuses: what a group's decision did to one policy (:func:`decide_policy`; the
-#: script replies them only when a group replays). Not decisions: an outcome's decision
-#: (``core.outcome``'s ``ALLOWED``, ``DENIED_DECISION``…) follows from them.
-REFUSED = 0  # its windows refuse the cost: nothing charged
-CHARGED = 1  # its windows allow, and the cost was charged
-UNCHARGED = 2  # its windows allow, nothing charged (peek, cost 0, the group refused)
-
-#: Group statuses, the first integer of the script's reply.
-GROUP_DECIDED = 0
-GROUP_CLOCK_UNSAFE = 1
-GROUP_INDETERMINATE = 2  # a possible repeat whose ledger entry may have been dropped
-GROUP_REPLAYED = 3  # a repeat of a charged evaluation: nothing charged
-
-#: Evaluation modes (the script's third argument).
-MODE_FRESH = 0  # a new evaluation id: the ledger is not searched
-MODE_MAY_REPEAT = 1  # a retry or a caller's id: the ledger is searched first
-MODE_PEEK = 2  # decide as cost 1 would, write nothing
-
-ALGORITHM_CODES = {FIXED_WINDOW: 1, SLIDING_WINDOW: 2, TOKEN_BUCKET: 3, SLIDING_LOG: 4}
-ALGORITHM_CODES[CONCURRENCY] = 6
-
-State = dict[str, int]
-
-#: The packed arguments of ``evaluate.lua`` (see its header): unsigned big-endian.
-#: The group's header: mode, policy count, now + 1 (0: Redis TIME), max clock regression
-#: + 1 (0: clamp), DEDUP_TTL and cleanup grace (ms).
-PACKED_HEADER = struct.Struct(">BH4Q")
-#: A policy: algorithm code, enforce (1 or 0), window count, cost.
-PACKED_POLICY = struct.Struct(">BBHQ")
-#: A window: limit, period (ms), capacity.
-PACKED_WINDOW = struct.Struct(">3Q")
-#: The algorithm code of a fixed window call with calendar windows (the script's header).
-CALENDAR_CODE = 5
-#: A window of such a call: limit, then its boundaries b1, b0, b2 (ms: core/calendar.py);
-#: an epoch-aligned window of the call: limit, period (ms), 0, 0.
-PACKED_CALENDAR_WINDOW = struct.Struct(">4Q")
-#: Every packed number stays below this: the script reads the low six bytes of each.
-PACKABLE = 2**48
-
-
-#: The algorithms whose one-window call may take :func:`decide_one`.
-_SHORT_ALGORITHMS = frozenset({FIXED_WINDOW, SLIDING_WINDOW, TOKEN_BUCKET})
-
-
-def check_packable(value: int) -> int:
-    """``value`` when ``0 <= value < 2**48`` (what the script reads), else ``ValueError``."""
-    if not 0 <= value < PACKABLE:
-        raise ValueError(f"{value} is outside 0..2**48 and cannot be sent to evaluate.lua")
-    return value
-
-
-@dataclass(frozen=True, slots=True)
-class PolicyCall:
-    """One policy of a group call: its algorithm, windows, cost and enforcement.
-
-    ``packed`` is this call's part of the script's packed arguments (``evaluate.lua``'s
-    header: algorithm, enforce, window count, cost, then limit, period in ms and capacity
-    per window), encoded once. Raises ``ValueError`` for more than 65,535 windows or a
-    number outside 0..2**48.
-
-    ``bounds``: a fixed window call with calendar windows holds three boundaries per
-    window (:func:`~django_quota.core.calendar.calendar_bounds`; 0, 0, 0 for its
-    epoch-aligned windows), packed with each window's limit under the algorithm code
-    :data:`CALENDAR_CODE` (:data:`PACKED_CALENDAR_WINDOW`); ``()`` for every other call.
-    """
-
-    algorithm: str
-    windows: tuple[Window, ...]
-    cost: int
-    enforce: bool = True
-    bounds: tuple[int, ...] = ()
-    packed: bytes = field(init=False, repr=False, compare=False)
-    #: Whether a group of this call alone may take :func:`decide_one` (one window of a
-    #: fixed window, sliding window counter or token bucket, without calendar bounds).
-    short: bool = field(init=False, repr=False, compare=False)
-
-    def __post_init__(self) -> None:
-        object.__setattr__(
-            self,
-            "short",
-            len(self.windows) == 1 and not self.bounds and self.algorithm in _SHORT_ALGORITHMS,
-        )
-        if self.bounds:
-            object.__setattr__(self, "packed", self._calendar_packed())
-            return
-        try:
-            head = PACKED_POLICY.pack(
-                ALGORITHM_CODES[self.algorithm],
-                1 if self.enforce else 0,
-                len(self.windows),
-                check_packable(self.cost),
-            )
-            windows = [
-                PACKED_WINDOW.pack(
-                    check_packable(window.limit),
-                    check_packable(window.period_ms),
-                    check_packable(window.capacity),
-                )
-                for window in self.windows
-            ]
-        except struct.error as exc:
-            raise ValueError(f"cannot pack this policy call for evaluate.lua: {exc}") from exc
-        object.__setattr__(self, "packed", head + b"".join(windows))
-
-    def _calendar_packed(self) -> bytes:
-        """The packed arguments of a call with ``bounds`` (:data:`CALENDAR_CODE`)."""
-        bounds = self.bounds
-        if self.algorithm != FIXED_WINDOW or len(bounds) != 3 * len(self.windows):
-            raise ValueError("calendar bounds need a fixed window and three per window")
-        try:
-            head = PACKED_POLICY.pack(
-                CALENDAR_CODE,
-                1 if self.enforce else 0,
-                len(self.windows),
-                check_packable(self.cost),
-            )
-            windows = []
-            for i, window in enumerate(self.windows):
-                b0, b1, b2 = (check_packable(bound) for bound in bounds[3 * i : 3 * i + 3])
-                if b1 == 0:  # epoch-aligned
-                    b1 = check_packable(window.period_ms)
-                limit = check_packable(window.limit)
-                windows.append(PACKED_CALENDAR_WINDOW.pack(limit, b1, b0, b2))
-        except struct.error as exc:
-            raise ValueError(f"cannot pack this policy call for evaluate.lua: {exc}") from exc
-        return head + b"".join(windows)
-
-
-class PolicyResult(NamedTuple):
-    """The result of one policy: status (:data:`REFUSED`, :data:`CHARGED`,
-    :data:`UNCHARGED`), the effective ``now`` (ms) and its windows."""
-
-    status: int
-    now_ms: int
-    windows: tuple[WindowResult, ...]
-
-
-class Write(NamedTuple):
-    """The new state of policy ``index``'s counter (numbers, and the ledger ``records``),
-    with a time to live in milliseconds; a sliding log's new lists in ``logs``, one per
-    window (``()`` for the other algorithms). ``keep_ttl``: the counter keeps the expiry
-    it has (``SET … KEEPTTL``) instead of ``ttl_ms`` from now, because that expiry is
-    already late enough (:func:`keeps_expiry`)."""
-
-    index: int  # type: ignore[assignment]  # the field shadows tuple.index on purpose
-    state: State
-    ttl_ms: int
-    records: bytes = b""
-    logs: tuple[Log, ...] = ()
-    keep_ttl: bool = False
 
 
 def keeps_expiry(
@@ -264,20 +122,6 @@ def keeps_expiry(
         if now - now % period != last - last % period:
             return False
     return True
-
-
-class GroupResult(NamedTuple):
-    """What a group call decided: the group status (:data:`GROUP_DECIDED`…), per policy
-    results and the writes to apply (none unless decided)."""
-
-    status: int
-    results: tuple[PolicyResult, ...]
-    writes: tuple[Write, ...]
-
-    @property
-    def clock_unsafe(self) -> bool:
-        """True when a client clock ran backwards past the bound: nothing decided."""
-        return self.status == GROUP_CLOCK_UNSAFE
 
 
 def _charged_log(view: LogView, count: int, log: Log, now: int) -> Log:
@@ -399,7 +243,7 @@ def _windows_at(
     windows = call.windows
     log = None
     if algorithm == CONCURRENCY:
-        return _leases_at(windows[0], stored, now, cost)
+        return leases_at(windows[0], stored, now, cost)
     if algorithm == SLIDING_LOG:
         log = _log_windows(windows, state, now, stored)
         views = [(view.used, 0) for view in log.views]
@@ -511,20 +355,6 @@ def _replayed(ledger: bytes, now: int, fingerprint: bytes, dedup_ttl_ms: int) ->
     return CHARGED if remembers(ledger, fingerprint, now, dedup_ttl_ms) else UNCHARGED
 
 
-class GroupInputs(NamedTuple):
-    """What a group is decided with besides its calls and its counters' stored numbers,
-    ledgers and logs: :func:`evaluate_group`'s other arguments, named."""
-
-    now_ms: int
-    peek: bool
-    max_regression_ms: int
-    cleanup_grace_ms: int
-    fingerprint: bytes
-    may_repeat: bool
-    dedup_ttl_ms: int
-    server_clock: bool
-
-
 def evaluate_group(
     calls: Sequence[PolicyCall],
     states: Sequence[Mapping[str, int] | None],
@@ -625,7 +455,7 @@ def _evaluate_general(
     replay = False
     if group.may_repeat and not peek:
         repeat = _repeats(seen, nows, ledgers, group.fingerprint, group.dedup_ttl_ms)
-        if repeat is not True and _holds_leases(calls, logs, nows, group.fingerprint):
+        if repeat is not True and holds_leases(calls, logs, nows, group.fingerprint):
             repeat = True
         if repeat is None:
             return _INDETERMINATE_RESULT
@@ -650,7 +480,7 @@ def _evaluate_general(
         if replay:
             status = _replayed(ledgers[index], now, group.fingerprint, group.dedup_ttl_ms)
             if call.algorithm == CONCURRENCY and logs is not None:
-                status = _replayed_lease(logs[index], now, group.fingerprint)
+                status = replayed_lease(logs[index], now, group.fingerprint)
         else:
             status = decide_policy(call, fits[index], allowed, peek)
         charged = status == CHARGED and not replay
@@ -661,31 +491,43 @@ def _evaluate_general(
         if replay:
             windows = tuple(result._replace(retry_after_ms=-1) for result in windows)
         results.append(new_tuple(PolicyResult, (status, now, windows)))
-        if charged and call.algorithm == CONCURRENCY:
+        if charged:
             stored = logs[index] if logs is not None else ()
-            writes.append(
-                _lease_charge(index, call, stored, now, group.fingerprint, group.cleanup_grace_ms)
-            )
-        elif charged:
-            write = _charge(
-                index, call, views, log, seen[index], now, ttl, ledgers[index],
-                now_ms=group.now_ms, fingerprint=group.fingerprint,
-                cleanup_grace_ms=group.cleanup_grace_ms, dedup_ttl_ms=group.dedup_ttl_ms,
-                server_clock=group.server_clock,
-            )
-            if places[index]:
-                keep = _calendar_keeps(
-                    seen[index],
-                    places[index],
-                    group.now_ms,
-                    ttl,
-                    group.dedup_ttl_ms,
-                    server_clock=group.server_clock,
-                )
-                write = write._replace(keep_ttl=keep)
-            writes.append(write)
+            sight = (views, log, seen[index], stored, places[index])
+            writes.append(_charged_write(index, call, sight, now, ttl, ledgers[index], group))
     group_status = GROUP_REPLAYED if replay else GROUP_DECIDED
     return new_tuple(GroupResult, (group_status, tuple(results), tuple(writes)))
+
+
+def _charged_write(
+    index: int,
+    call: PolicyCall,
+    sight: tuple[
+        list[tuple[int, int]], _LogWindows | None, Mapping[str, int], Sequence[Log], Place
+    ],
+    now: int,
+    ttl: int,
+    ledger: bytes,
+    group: GroupInputs,
+) -> Write:
+    """The write of charged policy ``index`` (:func:`_evaluate_general`): its leases, or
+    its numbers, ledger and log (:func:`_charge`), keeping a calendar counter's expiry
+    when it may. ``sight``: its views and sliding log, stored numbers and leases, place."""
+    views, log, state, stored, place = sight
+    if call.algorithm == CONCURRENCY:
+        return lease_charge(index, call, stored, now, group.fingerprint, group.cleanup_grace_ms)
+    write = _charge(
+        index, call, views, log, state, now, ttl, ledger,
+        now_ms=group.now_ms, fingerprint=group.fingerprint,
+        cleanup_grace_ms=group.cleanup_grace_ms, dedup_ttl_ms=group.dedup_ttl_ms,
+        server_clock=group.server_clock,
+    )
+    if place:
+        keep = _calendar_keeps(
+            state, place, group.now_ms, ttl, group.dedup_ttl_ms, server_clock=group.server_clock
+        )
+        write = write._replace(keep_ttl=keep)
+    return write
 
 
 # -- calendar windows (core/calendar.py; docs/policies.md, "Calendar windows") ---------------
@@ -763,82 +605,3 @@ def _calendar_keeps(
     if not server_clock or last is None or now < last or ttl < dedup_ttl_ms:
         return False
     return all(start <= last < end for start, end in place)
-
-
-# Concurrency (docs/concurrency.md): a policy's state is its leases, one "log" (the
-# memory backend's), as Redis holds them in one sorted set at the counter's key
-# (:mod:`django_quota.core.windows`). No numbers, no ledger: a lease's member is its
-# evaluation's fingerprint, so a held lease is what remembers the evaluation.
-
-
-def _leases_of(stored: Sequence[Log]) -> Log:
-    return stored[0] if stored else ()
-
-
-def _leases_at(
-    window: Window, stored: Sequence[Log], now: int, cost: int
-) -> tuple[list[tuple[int, int]], _LogWindows | None, bool]:
-    """A concurrency policy's window at ``now`` (:func:`_windows_at`): its view (units
-    held, ms until the oldest held lease expires) and whether ``cost`` more fits."""
-    held, wait = lease_view(_leases_of(stored), now)
-    return [(held, wait)], None, held + cost <= window.limit
-
-
-def _holds_leases(
-    calls: Sequence[PolicyCall],
-    logs: Sequence[Sequence[Log]] | None,
-    nows: Sequence[int],
-    fingerprint: bytes,
-) -> bool:
-    """Whether a concurrency policy of the group holds a lease of ``fingerprint``: the
-    evaluation repeats one that acquired it."""
-    if logs is None or not fingerprint:
-        return False
-    number = int.from_bytes(fingerprint, "big")
-    for index, call in enumerate(calls):
-        if call.algorithm == CONCURRENCY and holds_lease(
-            _leases_of(logs[index]), number, nows[index]
-        ):
-            return True
-    return False
-
-
-def _replayed_lease(stored: Sequence[Log], now: int, fingerprint: bytes) -> int:
-    """A concurrency policy's status in a replay: :data:`CHARGED` when it holds the
-    evaluation's lease, else :data:`UNCHARGED`."""
-    number = int.from_bytes(fingerprint, "big") if fingerprint else -1
-    return CHARGED if holds_lease(_leases_of(stored), number, now) else UNCHARGED
-
-
-def _lease_charge(
-    index: int,
-    call: PolicyCall,
-    stored: Sequence[Log],
-    now: int,
-    fingerprint: bytes,
-    cleanup_grace_ms: int,
-) -> Write:
-    """The write of a concurrency policy acquiring ``call.cost`` units at ``now``: its
-    leases (expired ones dropped, the new one added) and their set's time to live: until
-    the later of the latest lease held before and the new one expires, plus the grace."""
-    before = _leases_of(stored)
-    period = call.windows[0].period_ms
-    leases = acquired_leases(before, now, int.from_bytes(fingerprint, "big"), call.cost, period)
-    latest = now + period
-    if before and before[-3] > latest:
-        latest = before[-3]
-    return Write(index, {}, latest - now + cleanup_grace_ms, b"", (leases,))
-
-
-def release_leases(
-    stored: Sequence[Log], now: int, fingerprint: bytes, cleanup_grace_ms: int
-) -> tuple[int, Log | None, int]:
-    """``release.lua``'s model: the units the evaluation of ``fingerprint`` held at
-    ``now``; the leases left (its own and the expired ones dropped), None when nothing
-    was removed (nothing written); and the set's new time to live (ms: until the latest
-    lease left expires, plus the grace; 0 when none is left, the key is gone)."""
-    leases = _leases_of(stored)
-    released, kept = released_leases(leases, now, int.from_bytes(fingerprint, "big"))
-    if len(kept) == len(leases):
-        return released, None, 0
-    return released, kept, (leases_ttl(kept, now) + cleanup_grace_ms) if kept else 0

@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from django_quota.core.model import REFUSED, PolicyResult
+from django_quota.core.calls import REFUSED, PolicyResult
 from django_quota.core.policy import Policy, Window
 from django_quota.core.windows import WindowResult
 

@@ -7,7 +7,6 @@ import hashlib
 import ipaddress
 import json
 import re
-import zoneinfo
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -21,6 +20,8 @@ from django_quota.core.rates import (
     format_rate,
     parse_rate,
 )
+from django_quota.core.statuses import parse_count_when
+from django_quota.core.zones import parse_timezone
 
 FIXED_WINDOW = "fixed_window"
 SLIDING_WINDOW = "sliding_window"
@@ -217,45 +218,6 @@ def _canonical_window(algorithm: str, window: Window) -> dict[str, object]:
         canonical["calendar"] = window.calendar
         canonical["timezone"] = window.timezone
     return canonical
-
-
-#: Files of the zoneinfo database that ``zoneinfo`` opens but that are no zone's IANA
-#: name: the host's own zone (``localtime``), a copy of some default (``posixrules``),
-#: a placeholder (``Factory``). Each host may hold another zone under them, so two
-#: processes would cut a calendar day at different instants on one counter.
-HOST_ZONES = frozenset({"localtime", "posixrules", "Factory"})
-#: Directories of alternative copies: ``posix/`` repeats the zones, ``right/`` counts leap
-#: seconds, which Python's datetime does not.
-HOST_ZONE_PREFIXES = ("posix/", "right/")
-
-
-def host_zone(value: str) -> bool:
-    """True for a name the host's zoneinfo opens that is no IANA zone name
-    (:data:`HOST_ZONES`, :data:`HOST_ZONE_PREFIXES`)."""
-    return value in HOST_ZONES or value.startswith(HOST_ZONE_PREFIXES)
-
-
-def parse_timezone(value: object, key: str) -> str:
-    """``value`` when it names an IANA timezone ``zoneinfo`` knows (``"Europe/Berlin"``,
-    ``"UTC"``), else :class:`ConfigurationError` naming ``key``; also for a name that is
-    the host's and no IANA zone's (``"localtime"``: :func:`host_zone`)."""
-    if not isinstance(value, str) or not value:
-        raise ConfigurationError(
-            key, f"a timezone is an IANA name like 'Europe/Berlin', not {value!r}"
-        )
-    if host_zone(value):
-        raise ConfigurationError(
-            key,
-            f"{value!r} is this host's zoneinfo file, not an IANA zone name: every process "
-            "must cut days at the same instant; name the zone, like 'Europe/Berlin'",
-        )
-    try:
-        zoneinfo.ZoneInfo(value)
-    except (zoneinfo.ZoneInfoNotFoundError, ValueError, OSError):
-        raise ConfigurationError(
-            key, f"unknown timezone {value!r}; use an IANA name like 'Europe/Berlin'"
-        ) from None
-    return value
 
 
 def _calendar_windows(
@@ -497,6 +459,15 @@ def _choice(value: object, choices: Sequence[str], key: str) -> str:
     return value
 
 
+def _parse_methods(value: object, key: str) -> tuple[str, ...]:
+    """HTTP method names, upper-case (raises :class:`ConfigurationError` naming ``key``)."""
+    methods = _string_list(value, key)
+    for method in methods:
+        if method != method.upper() or not (method.isascii() and method.isalpha()):
+            raise ConfigurationError(key, f"{method!r} must be upper-case, e.g. GET")
+    return methods
+
+
 def parse_exempt(value: object, key: str) -> tuple[IPNetwork, ...]:
     """A policy's ``exempt`` key: a list of IPv4 or IPv6 networks in CIDR notation (a bare
     address is its one-address network; host bits are dropped, as ``TRUSTED_PROXIES``
@@ -515,36 +486,6 @@ def parse_exempt(value: object, key: str) -> tuple[IPNetwork, ...]:
                 "'10.0.0.0/8' or '2001:db8::/32'",
             ) from None
     return tuple(networks)
-
-
-#: The classes ``count_when`` accepts.
-STATUS_CLASSES = ("1xx", "2xx", "3xx", "4xx", "5xx")
-
-
-def parse_count_when(value: object, key: str) -> tuple[int | str, ...] | None:
-    """A policy's ``count_when`` key (``docs/refunds.md``): None (every request counts)
-    or a non-empty list of HTTP statuses (ints 100 to 599) and classes (``"2xx"``, any
-    case). Not part of the revision: which responses count changes no counter's layout
-    or meaning per unit. Raises :class:`ConfigurationError` naming the bad entry."""
-    if value is None:
-        return None
-    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence) or not value:
-        raise ConfigurationError(
-            key, 'expected None or a non-empty list of statuses and classes, e.g. ["2xx"]'
-        )
-    found: list[int | str] = []
-    for index, entry in enumerate(value):
-        if isinstance(entry, str) and entry.lower() in STATUS_CLASSES:
-            found.append(entry.lower())
-        elif isinstance(entry, int) and not isinstance(entry, bool) and 100 <= entry <= 599:
-            found.append(entry)
-        else:
-            raise ConfigurationError(
-                f"{key}[{index}]",
-                f"{entry!r} is not an HTTP status (100 to 599) or a class "
-                f"({', '.join(STATUS_CLASSES)})",
-            )
-    return tuple(found)
 
 
 def parse_policy(
@@ -589,12 +530,7 @@ def parse_policy(
         raw.get("selector", [AUTO]), f"{key}['selector']", allow_internal=allow_internal_dimensions
     )
     routes = _string_list(raw.get("routes"), f"{key}['routes']")
-    methods = _string_list(raw.get("methods", []), f"{key}['methods']")
-    for method in methods:
-        if method != method.upper() or not (method.isascii() and method.isalpha()):
-            raise ConfigurationError(
-                f"{key}['methods']", f"{method!r} must be upper-case, e.g. GET"
-            )
+    methods = _parse_methods(raw.get("methods", []), f"{key}['methods']")
     enforcement = _choice(raw.get("enforcement", ENFORCE), ENFORCEMENTS, f"{key}['enforcement']")
     failure_mode = raw.get("failure_mode")
     if failure_mode is not None:
@@ -611,11 +547,7 @@ def parse_policy(
     if not isinstance(enabled, bool):
         raise ConfigurationError(f"{key}['enabled']", "expected True or False")
     plans = _parse_plans(key, algorithm, raw.get("plans"), windows, timezone)
-    revision = (
-        plans_revision(algorithm, selector, windows)
-        if plans
-        else settings_revision(algorithm, selector, windows)
-    )
+    revision = (plans_revision if plans else settings_revision)(algorithm, selector, windows)
     return Policy(
         id=policy_id,
         algorithm=algorithm,

@@ -10,9 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from django_quota.core.evaluation_ids import ENTRY_BYTES, FINGERPRINT_BYTES
-from django_quota.core.identity import Identity
-from django_quota.core.model import (
+from django_quota.core.calls import (
     CHARGED,
     GROUP_CLOCK_UNSAFE,
     GROUP_DECIDED,
@@ -25,9 +23,10 @@ from django_quota.core.model import (
     PolicyCall,
     PolicyResult,
     check_packable,
-    decide_policy,
-    group_allows,
 )
+from django_quota.core.evaluation_ids import ENTRY_BYTES, FINGERPRINT_BYTES
+from django_quota.core.identity import Identity
+from django_quota.core.model import decide_policy, group_allows
 from django_quota.core.policy import (
     CONCURRENCY,
     FIXED_WINDOW,
@@ -211,7 +210,7 @@ class GroupRequest(NamedTuple):
 
     @property
     def mode(self) -> int:
-        """The script's evaluation mode (:data:`~django_quota.core.model.MODE_FRESH`…)."""
+        """The script's evaluation mode (:data:`~django_quota.core.calls.MODE_FRESH`…)."""
         if self.peek:
             return MODE_PEEK
         return MODE_MAY_REPEAT if self.may_repeat else MODE_FRESH
@@ -253,7 +252,7 @@ class GroupRequest(NamedTuple):
 
 class GroupReply(NamedTuple):
     """A backend's answer: ``status`` (decided, clock unsafe, indeterminate or replayed,
-    :data:`~django_quota.core.model.GROUP_DECIDED`…) and one :class:`PolicyResult` per
+    :data:`~django_quota.core.calls.GROUP_DECIDED`…) and one :class:`PolicyResult` per
     call (none unless decided or replayed)."""
 
     status: int

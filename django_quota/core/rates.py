@@ -18,56 +18,29 @@ MAX_PERIOD_MS = 366 * 86_400_000
 #: scripts form an exact integer in a Lua double (53-bit mantissa) with room to add.
 MAX_PRODUCT = 2**52
 
-_SECOND, _MINUTE, _HOUR, _DAY = 1_000, 60_000, 3_600_000, 86_400_000
-_WEEK = 7 * _DAY
-#: A month's and a year's period in ms where a number is needed (the bounds, the
-#: revision): their longest (31 and 366 days). Their windows follow the calendar.
-_MONTH, _YEAR = 31 * _DAY, 366 * _DAY
-#: The calendar units (:attr:`Rate.calendar`) a period written with a multiplier of 1 has.
-CALENDAR_UNITS = {
-    "d": "day",
-    "day": "day",
-    "days": "day",
-    "w": "week",
-    "week": "week",
-    "weeks": "week",
-    "mo": "month",
-    "month": "month",
-    "months": "month",
-    "y": "year",
-    "year": "year",
-    "years": "year",
-}
+#: The period units, shortest first: milliseconds, spellings (lower case; the text is
+#: matched in any case) and the calendar unit (:attr:`Rate.calendar`) a period written
+#: with a multiplier of 1 has (None: none). A month's and a year's milliseconds are their
+#: longest (31 and 366 days), where a number is needed (the bounds, the revision): their
+#: windows follow the calendar.
+_UNITS = (
+    (1_000, ("s", "sec", "second", "seconds"), None),
+    (60_000, ("m", "min", "minute", "minutes"), None),
+    (3_600_000, ("h", "hour", "hours"), None),
+    (86_400_000, ("d", "day", "days"), "day"),
+    (7 * 86_400_000, ("w", "week", "weeks"), "week"),
+    (31 * 86_400_000, ("mo", "month", "months"), "month"),
+    (366 * 86_400_000, ("y", "year", "years"), "year"),
+)
+#: Calendar unit of each spelling that has one.
+CALENDAR_UNITS = {name: unit for _, names, unit in _UNITS if unit for name in names}
 #: Calendar units that exist only as calendar windows (no multiplier, fixed_window only).
 CALENDAR_ONLY = ("month", "year")
-#: Period names (lower case; the text is matched in any case) -> milliseconds.
-UNIT_MS = {
-    "s": _SECOND,
-    "sec": _SECOND,
-    "second": _SECOND,
-    "seconds": _SECOND,
-    "m": _MINUTE,
-    "min": _MINUTE,
-    "minute": _MINUTE,
-    "minutes": _MINUTE,
-    "h": _HOUR,
-    "hour": _HOUR,
-    "hours": _HOUR,
-    "d": _DAY,
-    "day": _DAY,
-    "days": _DAY,
-    "w": _WEEK,
-    "week": _WEEK,
-    "weeks": _WEEK,
-    "mo": _MONTH,
-    "month": _MONTH,
-    "months": _MONTH,
-    "y": _YEAR,
-    "year": _YEAR,
-    "years": _YEAR,
-}
-#: The units a period is written back in, largest first (:func:`format_period`).
-_WRITTEN_UNITS = (("d", _DAY), ("h", _HOUR), ("m", _MINUTE), ("s", _SECOND))
+#: Period names (lower case) -> milliseconds.
+UNIT_MS = {name: ms for ms, names, _ in _UNITS for name in names}
+#: The units a period is written back in, largest first (:func:`format_period`): day,
+#: hour, minute, second.
+_WRITTEN_UNITS = tuple((names[0], ms) for ms, names, _ in reversed(_UNITS[:4]))
 #: How error messages and hints spell the grammar.
 GRAMMAR = (
     "'N/P' with P one of s, m, h, d, w, mo, y (or sec, second(s), min, minute(s), hour(s), "
@@ -152,6 +125,16 @@ def check_rate_bounds(limit: int, period_ms: int, key: str) -> None:
         raise ConfigurationError(
             key, "limit x period in milliseconds exceeds 2**52; lower the limit or the period"
         )
+
+
+def bounds_problem(limit: int, period_ms: int) -> str | None:
+    """What :func:`check_rate_bounds` refuses in ``limit`` per ``period_ms``, or None: for
+    a rate another library's grammar read (django-ratelimit's, DRF's)."""
+    try:
+        check_rate_bounds(limit, period_ms, "rate")
+    except ConfigurationError as exc:
+        return exc.message
+    return None
 
 
 def format_period(period_ms: int) -> str:

@@ -30,8 +30,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
+from django_quota.core.calls import ALGORITHM_CODES, CALENDAR_CODE, check_packable
 from django_quota.core.evaluation_ids import ENTRY_BYTES, FINGERPRINT_BYTES, STAMP_MODULUS
-from django_quota.core.model import ALGORITHM_CODES, CALENDAR_CODE, check_packable
 from django_quota.core.policy import FIXED_WINDOW, SLIDING_LOG, SLIDING_WINDOW, TOKEN_BUCKET
 from django_quota.core.protocol import log_key
 from django_quota.core.windows import (

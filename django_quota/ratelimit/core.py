@@ -27,19 +27,14 @@ from django.core.exceptions import ImproperlyConfigured
 from django.utils.module_loading import import_string
 
 from django_quota import conf, exemptions, limiter, policies, subjects
-from django_quota.core.errors import ConfigurationError
 from django_quota.core.identity import INVALID_VALUE, IdentityError, client_ip
 from django_quota.core.outcome import FAILED_CLOSED, FAILED_OPEN, Outcome
 from django_quota.core.policy import (
-    DEFAULT_WINDOW,
     FIXED_WINDOW,
     Policy,
-    Window,
     generated_policy_id,
-    plans_revision,
-    settings_revision,
 )
-from django_quota.core.rates import check_rate_bounds
+from django_quota.core.rates import bounds_problem
 from django_quota.ledger import Lease, adecide, decide
 from django_quota.ratelimit import ALL, UNSAFE
 from django_quota.signals import quota_denied
@@ -269,23 +264,12 @@ def _policy(group: str, limit: int, period: int, per_request: bool = False) -> P
     policy_id = generated_policy_id(GENERATED_SOURCE, group)
 
     def build() -> Policy:
-        try:
-            check_rate_bounds(limit, period * 1000, "rate")
-        except ConfigurationError as exc:
-            raise ImproperlyConfigured(
-                f"Invalid ratelimit rate {limit}/{period}s: {exc.message}"
-            ) from None
-        windows = (Window(DEFAULT_WINDOW, limit, period * 1000, limit),)
-        return Policy(
-            id=policy_id,
-            algorithm=FIXED_WINDOW,
-            windows=windows,
-            selector=_SELECTOR,
-            failure_mode="open" if fail_open else "closed",
-            revision=(plans_revision if per_request else settings_revision)(
-                FIXED_WINDOW, _SELECTOR, windows
-            ),
-            source=GENERATED_SOURCE,
+        problem = bounds_problem(limit, period * 1000)
+        if problem is not None:
+            raise ImproperlyConfigured(f"Invalid ratelimit rate {limit}/{period}s: {problem}")
+        return policies.one_window(
+            policy_id, FIXED_WINDOW, limit, period, _SELECTOR, GENERATED_SOURCE,
+            failure_mode="open" if fail_open else "closed", per_request=per_request,
         )
 
     key = (GENERATED_SOURCE, policy_id, limit, period, fail_open, per_request)
