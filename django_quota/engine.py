@@ -75,6 +75,9 @@ BREAKER_THRESHOLD = 5
 IDENTITY_CACHE_SIZE = 4096
 #: Compiled policies remembered per process, per settings.
 COMPILED_CACHE_SIZE = 1024
+#: Counter keys remembered per process, per settings, over every policy
+#: (:meth:`Limiter.counter`): as many as identities.
+COUNTER_CACHE_SIZE = IDENTITY_CACHE_SIZE
 
 
 Steps = Generator[Any, Any, list[Outcome]]
@@ -122,6 +125,8 @@ class Limiter(Interpreter):
         self._guards: dict[str, NodeGuard] = {}
         self._lock = threading.Lock()
         self._compiled: dict[int, Compiled] = {}
+        #: Counter keys stored in the compiled policies since they were last emptied.
+        self._counters_cached = 0
         #: Whether a policy with calendar windows was compiled: its calls need boundaries.
         self.calendar = False
         self.identities = IdentityCache(
@@ -225,6 +230,36 @@ class Limiter(Interpreter):
             )
         return self.identities.get(policy.selector, subject)
 
+    def counter(self, compiled: Compiled, subject: Subject) -> str:
+        """The counter key of ``subject`` for ``compiled``'s policy (raises as
+        :meth:`identity`), remembered per policy by the raw value of its one dimension
+        (:attr:`Compiled.counters`), at most :data:`COUNTER_CACHE_SIZE` in all."""
+        dimension = compiled.dimension
+        value: object = None
+        if dimension is not None and type(subject) is dict:
+            value = subject.get(dimension)
+            kind = type(value)
+            if kind is str or kind is int:
+                found = compiled.counters.get(value)
+                if found is not None:
+                    return found
+            else:
+                value = None
+        counter = compiled.counter(self.prefix, self.identity(compiled.policy, subject))
+        if value is not None:
+            if self._counters_cached >= COUNTER_CACHE_SIZE:
+                self._forget_counters()
+            compiled.counters[value] = counter
+            self._counters_cached += 1
+        return counter
+
+    def _forget_counters(self) -> None:
+        """Empty every policy's remembered counter keys (the bound was reached)."""
+        with self._lock:
+            for compiled in list(self._compiled.values()):
+                compiled.counters.clear()
+            self._counters_cached = 0
+
     def identity_for(self, policy: Policy, subject: Subject, action: str) -> Identity:
         """:meth:`identity`, for an operator's ``action`` on ``policy`` (``reset``,
         ``inspect``): a missing or invalid identity raises ``ValueError`` naming both."""
@@ -271,7 +306,11 @@ class Limiter(Interpreter):
         the group: nothing is sent and the other policies get no outcome. A ``plan`` that
         is neither a ``str`` nor None is a ``TypeError``. A caller's
         ``evaluation_id`` may repeat an earlier one: the backend searches its ledgers for
-        it first (``docs/failures.md``).
+        it first (``docs/failures.md``). Without one, the evaluation gets a fresh random
+        id, except on the memory backend: its counters live in this process, which never
+        retries a call, so only a group whose charge the edges undo by its id (a
+        concurrency lease, a ``count_when`` or login refund) gets one there; the others charge
+        without a ledger entry (``docs/outcomes.md``).
         """
         if type(cost) is not int or cost < 0:
             cost = validate_cost(cost)
@@ -283,16 +322,28 @@ class Limiter(Interpreter):
                 f"{plan!r} (docs/plans.md)"
             )
         caller_id = evaluation_id is not None
-        if evaluation_id is None:
-            evaluation_id = new_evaluation_id()
-        else:
+        if caller_id:
             check_evaluation_id(evaluation_id)
-        prepared = Prepared([], [], None, [], evaluation_id, 0.0, peek, self.backend_mode)
+        prepared = Prepared([], [], None, [], evaluation_id or "", 0.0, peek, self.backend_mode)
         counters, calls = self._keys_and_calls(prepared, group, subject, cost, plan)
         if counters:
+            if not caller_id and (not self.local or self._needs_id(prepared)):
+                prepared.evaluation_id = new_evaluation_id()
             self._request(prepared, counters, calls, caller_id, clock)
-        prepared.started = time.monotonic()
+        if not self.local:  # the memory backend's evaluations are not timed
+            prepared.started = time.monotonic()
         return prepared
+
+    @staticmethod
+    def _needs_id(prepared: Prepared) -> bool:
+        """Whether a sent policy's charge is undone by its evaluation id at the edges (a
+        concurrency policy's lease, a ``count_when`` policy's refund): then the memory
+        backend gives the evaluation one too."""
+        compiled = prepared.compiled
+        for index in prepared.sent:  # noqa: SIM110 - a loop: any() over a generator costs more
+            if compiled[index].needs_id:
+                return True
+        return False
 
     def _keys_and_calls(
         self,
@@ -322,14 +373,14 @@ class Limiter(Interpreter):
                 outcomes.append(bare_outcome(policy, SKIPPED, None, backend_mode=backend_mode))
                 continue
             try:
-                identity = self.identity(policy, subject(policy) if callable(subject) else subject)
+                counter = self.counter(compiled, subject(policy) if callable(subject) else subject)
             except IdentityError as exc:
                 early = refusal(policy, exc.reason, backend_mode)
             else:
                 if peek or cost <= compiled.cost_bound:
                     outcomes.append(None)
                     sent.append(index)
-                    counters.append(compiled.counter(self.prefix, identity))
+                    counters.append(counter)
                     calls.append(compiled.call(cost))
                     continue
                 early = refusal(policy, COST_EXCEEDS_LIMIT, backend_mode)
@@ -369,7 +420,7 @@ class Limiter(Interpreter):
                 -1 if now_ms is None else self.max_regression_ms,
                 self.dedup_ttl_ms,
                 self.cleanup_grace_ms,
-                b"" if peek else fingerprint(prepared.evaluation_id),
+                b"" if peek or not prepared.evaluation_id else fingerprint(prepared.evaluation_id),
                 caller_id,
             ),
         )
@@ -434,9 +485,7 @@ class Limiter(Interpreter):
             # for the status page, but no backend call for the health and latency metrics.
             self.recent_errors.append(BreakerError(time.time(), error.reason, str(error)))
             return
-        metrics.record_backend(
-            self.backend_mode, error.reason, time.monotonic() - prepared.started
-        )
+        metrics.record_backend(self.backend_mode, error.reason, self._latency(prepared))
 
     def _observe_reply(self, prepared: Prepared, reply: GroupReply) -> None:
         reason = metrics.OK
@@ -446,7 +495,12 @@ class Limiter(Interpreter):
             self.recent_errors.append(
                 BreakerError(time.time(), reason, "the script refused to decide")
             )
-        metrics.record_backend(self.backend_mode, reason, time.monotonic() - prepared.started)
+        metrics.record_backend(self.backend_mode, reason, self._latency(prepared))
+
+    def _latency(self, prepared: Prepared) -> float | None:
+        """The evaluation's time so far (s); None on the memory backend, which makes no
+        I/O: no latency histogram (``docs/metrics.md``)."""
+        return None if self.local else time.monotonic() - prepared.started
 
     def decide_locally(self, prepared: Prepared) -> list[Outcome]:
         """The memory backend's evaluation: the model, no I/O, no admission."""
@@ -476,8 +530,14 @@ class Limiter(Interpreter):
         return None
 
     def _recorded(self, prepared: Prepared, outcomes: list[Outcome]) -> list[Outcome]:
-        if not prepared.peek:
-            metrics.record_outcomes(prepared.compiled, outcomes, prepared.group_denied)
+        if prepared.peek:
+            return outcomes
+        compiled = prepared.compiled
+        if len(outcomes) == 1 and len(compiled) == 1 and not prepared.group_denied:
+            outcome = outcomes[0]  # one policy: its labels are known
+            metrics.record_outcome(outcome, outcome.reason or "", compiled[0].selector_label)
+        else:
+            metrics.record_outcomes(compiled, outcomes, prepared.group_denied)
         return outcomes
 
     def run(self, prepared: Prepared) -> list[Outcome]:

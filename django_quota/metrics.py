@@ -127,16 +127,19 @@ class _Counts:
                 counted[0] += 1
             return _line_due(counted) if logged else 0
 
-    def count_backend(self, key: tuple[str, str], seconds: float) -> None:
-        """Count one backend result ``(backend_mode, reason)`` and its latency."""
-        # The bucket prometheus_client's Histogram counts it in: the first bound >= seconds.
-        bucket = bisect.bisect_left(LATENCY_BUCKETS, seconds)
+    def count_backend(self, key: tuple[str, str], seconds: float | None) -> None:
+        """Count one backend result ``(backend_mode, reason)`` and its latency (None: a
+        backend without I/O, which has no latency histogram)."""
         with self.lock:
             counted = self.health.get(key)
             if counted is None:
                 self.health[key] = [1, time.time()]
             else:
                 counted[0] += 1
+            if seconds is None:
+                return
+            # The bucket prometheus_client's Histogram counts it in: the first bound >= seconds.
+            bucket = bisect.bisect_left(LATENCY_BUCKETS, seconds)
             latency = self.latency.get(key[0])
             if latency is None:
                 latency = self.latency[key[0]] = (
@@ -181,12 +184,13 @@ class _Counts:
         child = self.outcome_children[key] = self.family("outcomes").labels(*key)
         return child
 
-    def add_backend_children(self, key: tuple[str, str]) -> tuple[Any, Any]:
+    def add_backend_children(self, key: tuple[str, str], timed: bool) -> tuple[Any, Any]:
         """Resolve and keep the health and latency metrics' children of
-        ``(backend_mode, reason)``."""
-        children = self.backend_children[key] = (
-            self.family("health").labels(*key), self.family("latency").labels(key[0])
-        )
+        ``(backend_mode, reason)`` (no latency child for a backend that is not ``timed``:
+        it would export a histogram of nothing)."""
+        family = self.family("latency")  # registered either way, as without the mode
+        latency = family.labels(key[0]) if timed else None
+        children = self.backend_children[key] = (self.family("health").labels(*key), latency)
         return children
 
 
@@ -223,41 +227,43 @@ def record_outcomes(
     charged) is counted with reason :data:`GROUP_DENIED`, not as admitting."""
     for outcome in outcomes:
         reason = outcome.reason or ""
-        decision = outcome.decision
-        if group_denied and outcome.policy in group_denied and decision == ALLOWED:
+        if group_denied and outcome.policy in group_denied and outcome.decision == ALLOWED:
             reason = GROUP_DENIED
         # The selector is part of the key: a policy id may come back with another
         # selector (an edited admin policy, another settings generation).
-        key = (
-            outcome.policy,
+        record_outcome(outcome, reason, _selector_label(evaluated, outcome.policy))
+
+
+def record_outcome(outcome: Outcome, reason: str, selector: str) -> None:
+    """Count one decided outcome under its ``reason`` label (its reason, ``""`` or
+    :data:`GROUP_DENIED`) and its policy's ``selector`` label, and log it as
+    :func:`record_outcomes` says (which calls this for each outcome; the limiter calls
+    it directly for one policy, whose labels it has)."""
+    decision = outcome.decision
+    key = (outcome.policy, decision, reason, selector, outcome.backend_mode)
+    standing_for = _counts.count_outcome(key, decision in _LOGGED)
+    if MULTIPROCESS:
+        child = _counts.outcome_children.get(key)
+        if child is None:
+            child = _counts.add_outcome_child(key)
+        child.inc()
+    if standing_for:
+        logger.info(
+            "quota %s: policy=%s reason=%s backend_mode=%s count=%d",
             decision,
+            outcome.policy,
             reason,
-            _selector_label(evaluated, outcome.policy),
+            outcome.backend_mode,
+            standing_for,
+        )
+    elif decision in _LOGGED and logger.isEnabledFor(logging.DEBUG):
+        logger.debug(
+            "quota %s: policy=%s reason=%s backend_mode=%s",
+            decision,
+            outcome.policy,
+            reason,
             outcome.backend_mode,
         )
-        standing_for = _counts.count_outcome(key, decision in _LOGGED)
-        if MULTIPROCESS:
-            child = _counts.outcome_children.get(key)
-            if child is None:
-                child = _counts.add_outcome_child(key)
-            child.inc()
-        if standing_for:
-            logger.info(
-                "quota %s: policy=%s reason=%s backend_mode=%s count=%d",
-                decision,
-                outcome.policy,
-                reason,
-                outcome.backend_mode,
-                standing_for,
-            )
-        elif decision in _LOGGED and logger.isEnabledFor(logging.DEBUG):
-            logger.debug(
-                "quota %s: policy=%s reason=%s backend_mode=%s",
-                decision,
-                outcome.policy,
-                reason,
-                outcome.backend_mode,
-            )
 
 
 def _line_due(counted: list[float]) -> int:
@@ -283,9 +289,10 @@ def _selector_label(evaluated: Sequence[Evaluated | Policy], policy_id: str) -> 
     return ""
 
 
-def record_backend(backend_mode: str, reason: str, seconds: float) -> None:
+def record_backend(backend_mode: str, reason: str, seconds: float | None) -> None:
     """Count one evaluation's backend result (``reason`` ``ok`` or a failure reason) and
-    its latency (seconds, the whole evaluation with its retry)."""
+    its latency (seconds, the whole evaluation with its retry; None for the memory
+    backend, which makes no I/O and has no latency histogram)."""
     if prometheus_client is None:  # only Prometheus shows these (the status page does not)
         return
     key = (backend_mode, reason)
@@ -293,9 +300,10 @@ def record_backend(backend_mode: str, reason: str, seconds: float) -> None:
     if MULTIPROCESS:
         children = _counts.backend_children.get(key)
         if children is None:
-            children = _counts.add_backend_children(key)
+            children = _counts.add_backend_children(key, seconds is not None)
         children[0].inc()
-        children[1].observe(seconds)
+        if seconds is not None:
+            children[1].observe(seconds)
 
 
 def record_evicted(node: str, evicted_keys: int) -> None:

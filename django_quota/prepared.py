@@ -21,7 +21,7 @@ from django_quota.core.outcome import (
     Outcome,
     bare_outcome,
 )
-from django_quota.core.policy import TOKEN_BUCKET, Policy
+from django_quota.core.policy import AUTO, CONCURRENCY, TOKEN_BUCKET, Policy
 from django_quota.core.protocol import GroupRequest, counter_key, counter_tail
 
 #: Standard base64's two last symbols to base64url's (RFC 4648, section 5).
@@ -55,19 +55,50 @@ class Compiled:
         "calendar_calls",
         "calls",
         "cost_bound",
+        "counters",
+        "dimension",
         "fail_open",
         "key_tail",
+        "needs_id",
         "plans",
         "policy",
+        "selector_label",
         "settings",
     )
 
-    def __init__(self, policy: Policy, settings: conf.QuotaSettings) -> None:
+    def __init__(
+        self,
+        policy: Policy,
+        settings: conf.QuotaSettings,
+        counters: dict[object, str] | None = None,
+    ) -> None:
         self.policy = policy
         self.settings = settings
         #: This policy under each of its plans asked for so far (``docs/plans.md``).
         self.plans: dict[str, Compiled] = {}
         self.key_tail = counter_tail(policy)
+        #: Whether the edges undo its charge by the evaluation's id (a lease released, a
+        #: ``count_when`` refund, a successful login's refund): the memory backend then
+        #: gives its evaluations an id.
+        self.needs_id = (
+            policy.algorithm == CONCURRENCY
+            or policy.count_when is not None
+            or policy.id in settings.login_policies
+        )
+        #: The ``selector_dimensions`` label of its outcomes' metrics.
+        self.selector_label = "+".join(policy.selector)
+        #: The selector's one dimension when a subject's counter key follows from that
+        #: dimension's value alone (not ``auto``, which reads several), else None.
+        self.dimension = (
+            policy.selector[0]
+            if len(policy.selector) == 1 and policy.selector[0] != AUTO
+            else None
+        )
+        #: Counter keys already derived, by the raw value of :attr:`dimension` (a ``str``
+        #: or an ``int``), as the identity cache keeps raw subjects: a repeated subject's
+        #: key costs one lookup, not its identity's and key's derivation. Shared with the
+        #: policy's plans (same id and revision, same counter); the limiter bounds it.
+        self.counters: dict[object, str] = {} if counters is None else counters
         bounds = [
             window.capacity if policy.algorithm == TOKEN_BUCKET else window.limit
             for window in policy.windows
@@ -100,7 +131,9 @@ class Compiled:
             windows = self.policy.plan_windows(plan)
             if windows is None:
                 return self
-            found = Compiled(replace(self.policy, windows=windows, plans=()), self.settings)
+            found = Compiled(
+                replace(self.policy, windows=windows, plans=()), self.settings, self.counters
+            )
             self.plans[plan] = found
         return found
 

@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from django_quota.core.calls import State
 from django_quota.core.errors import BackendError
 from django_quota.core.leases import release_leases
-from django_quota.core.model import evaluate_group
+from django_quota.core.model import decide_one, evaluate_group
 from django_quota.core.outcome import BACKEND_MODE_MEMORY, BACKEND_UNAVAILABLE
 from django_quota.core.protocol import GroupReply, GroupRequest, Probe, ReleaseRequest
 from django_quota.core.refunds import RefundRequest, refund_counter
@@ -95,6 +95,9 @@ class MemoryBackend:
         now_ms = clock_now if request.now_ms is None else request.now_ms
         counters = self._counters
         keys = request.counters
+        calls = request.calls
+        if len(calls) == 1 and calls[0].short and not request.may_repeat:
+            return self._decide_one(request, keys[0], clock_now, now_ms)
         with self._lock:
             entries: list[_Entry | None] = []
             for key in keys:
@@ -142,6 +145,41 @@ class MemoryBackend:
                 # a write that keeps its expiry keeps the entry's (KEEPTTL).
                 if not write.keep_ttl:
                     old.expires_at = clock_now + write.ttl_ms
+        return new_tuple(GroupReply, (status, results))
+
+    def _decide_one(
+        self, request: GroupRequest, key: str, clock_now: int, now_ms: int
+    ) -> GroupReply:
+        """:meth:`evaluate` of the common group, one policy that the model decides with
+        :func:`~django_quota.core.model.decide_one`: its one counter, no lists."""
+        counters = self._counters
+        with self._lock:
+            entry = counters.get(key)
+            if entry is not None and entry.expires_at <= clock_now:
+                del counters[key]
+                entry = None
+            status, results, writes = decide_one(  # positional: the hot path's call
+                request.calls[0],
+                None if entry is None else entry.state,
+                now_ms,
+                request.peek,
+                request.max_regression_ms,
+                request.cleanup_grace_ms,
+                b"" if entry is None else entry.records,
+                request.fingerprint,
+                request.dedup_ttl_ms,
+                request.now_ms is None,
+            )
+            if writes:
+                write = writes[0]
+                if entry is None:
+                    self._make_room(1, clock_now)
+                    counters[key] = _Entry(write.state, write.records, clock_now + write.ttl_ms)
+                else:
+                    entry.state = write.state
+                    entry.records = write.records
+                    if not write.keep_ttl:  # as below: a Redis TTL, or KEEPTTL
+                        entry.expires_at = clock_now + write.ttl_ms
         return new_tuple(GroupReply, (status, results))
 
     async def aevaluate(self, request: GroupRequest) -> GroupReply:

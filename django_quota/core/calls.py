@@ -75,6 +75,10 @@ def check_packable(value: int) -> int:
     return value
 
 
+#: The algorithms whose one-window call may take :func:`~django_quota.core.model.decide_one`.
+_SHORT_ALGORITHMS = frozenset({FIXED_WINDOW, SLIDING_WINDOW, TOKEN_BUCKET})
+
+
 @dataclass(frozen=True, slots=True)
 class PolicyCall:
     """One policy of a group call: its algorithm, windows, cost and enforcement.
@@ -96,8 +100,17 @@ class PolicyCall:
     enforce: bool = True
     bounds: tuple[int, ...] = ()
     packed: bytes = field(init=False, repr=False, compare=False)
+    #: Whether a group of this call alone may take
+    #: :func:`~django_quota.core.model.decide_one` (one window of a fixed window, sliding
+    #: window counter or token bucket, without calendar bounds).
+    short: bool = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        object.__setattr__(
+            self,
+            "short",
+            len(self.windows) == 1 and not self.bounds and self.algorithm in _SHORT_ALGORITHMS,
+        )
         if self.bounds:
             object.__setattr__(self, "packed", self._calendar_packed())
             return

@@ -29,13 +29,14 @@ bytes), all integers:
   it was younger than ``DEDUP_TTL``.
 
 Evaluation ids (``docs/failures.md``): a charged evaluation appends its fingerprint and
-time to the ledger of every counter it charged. An evaluation that may repeat an earlier
-one (a retry, or an id the caller chose) first looks for its fingerprint among the
-entries younger than ``DEDUP_TTL``: found in any counter of the group, nothing is
-charged and every policy is allowed with its current numbers; not found while some
-counter dropped an entry charged less than ``DEDUP_TTL`` ago, the evaluation is
-*indeterminate* (the dropped one may have been this id); otherwise it is decided
-afresh. So a repeated id never charges twice, and the ledger stays bounded.
+time to the ledger of every counter it charged (one without a fingerprint, which nothing
+can repeat, appends nothing: the memory backend's own evaluations). An evaluation that
+may repeat an earlier one (a retry, or an id the caller chose) first looks for its
+fingerprint among the entries younger than ``DEDUP_TTL``: found in any counter of the
+group, nothing is charged and every policy is allowed with its current numbers; not
+found while some counter dropped an entry charged less than ``DEDUP_TTL`` ago, the
+evaluation is *indeterminate* (the dropped one may have been this id); otherwise it is
+decided afresh. So a repeated id never charges twice, and the ledger stays bounded.
 """
 
 from __future__ import annotations
@@ -304,9 +305,11 @@ def _charge(
     the group's): the new numbers and logs, the ledger with ``fingerprint`` appended and
     the lifetime, ``max(ttl + cleanup_grace_ms, dedup_ttl_ms)`` ms or the kept expiry."""
     state = _charged_state(call, views, now, old)
-    records, dropped_at = appended(ledger, fingerprint, now, dedup_ttl_ms)
-    if dropped_at is not None:
-        state["d"] = dropped_at
+    records = ledger
+    if fingerprint:  # no fingerprint: an evaluation nothing can repeat (the memory backend's)
+        records, dropped_at = appended(ledger, fingerprint, now, dedup_ttl_ms)
+        if dropped_at is not None:
+            state["d"] = dropped_at
     lifetime = ttl + cleanup_grace_ms
     if lifetime < dedup_ttl_ms:
         lifetime = dedup_ttl_ms
@@ -379,23 +382,35 @@ def evaluate_group(
     dedup_ttl_ms)``, or keeps its expiry (:func:`keeps_expiry`; ``server_clock``:
     ``now_ms`` is on the clock expiries follow).
     """
-    call = calls[0] if len(calls) == 1 else None
-    if (
-        call is None
-        or may_repeat
-        or len(call.windows) != 1
-        or call.algorithm == SLIDING_LOG
-        or call.algorithm == CONCURRENCY
-        or call.bounds
-    ):
-        group = GroupInputs(
-            now_ms, peek, max_regression_ms, cleanup_grace_ms, fingerprint, may_repeat,
-            dedup_ttl_ms, server_clock,
+    if len(calls) == 1 and not may_repeat and calls[0].short:
+        return decide_one(
+            calls[0], states[0], now_ms, peek, max_regression_ms, cleanup_grace_ms,
+            b"" if records is None else records[0], fingerprint, dedup_ttl_ms, server_clock,
         )
-        return _evaluate_general(calls, states, records, logs, group)
-    # The common group (one policy of one window, a fresh id): the general path's steps
-    # without their lists.
-    state = _EMPTY if states[0] is None else states[0]
+    group = GroupInputs(
+        now_ms, peek, max_regression_ms, cleanup_grace_ms, fingerprint, may_repeat,
+        dedup_ttl_ms, server_clock,
+    )
+    return _evaluate_general(calls, states, records, logs, group)
+
+
+def decide_one(
+    call: PolicyCall,
+    stored: Mapping[str, int] | None,
+    now_ms: int,
+    peek: bool,
+    max_regression_ms: int,
+    cleanup_grace_ms: int,
+    ledger: bytes,
+    fingerprint: bytes,
+    dedup_ttl_ms: int,
+    server_clock: bool,
+) -> GroupResult:
+    """:func:`evaluate_group` for the common group, one ``call`` whose :attr:`~PolicyCall.short`
+    holds, with an id that repeats nothing: the general path's steps without their lists
+    (a property test holds the two equal). ``stored`` is its counter's numbers (None when
+    absent), ``ledger`` its evaluation-id ledger; the memory backend calls it directly."""
+    state = _EMPTY if stored is None else stored
     now = _clamped_now(state, now_ms, max_regression_ms)
     if now is None:
         return _CLOCK_UNSAFE_RESULT
@@ -403,13 +418,12 @@ def evaluate_group(
     algorithm, window = call.algorithm, call.windows[0]
     used, prev = view = _view(algorithm, window, 1, state, now)
     fits = allows(algorithm, window, used, prev, now, cost)
-    status = decide_policy(call, fits, group_allows(calls, (fits,)), peek)
+    status = decide_policy(call, fits, group_allows((call,), (fits,)), peek)
     charged = status == CHARGED
     result, ttl = window_result(algorithm, window, used, prev, now, cost, charged)
     decided = new_tuple(PolicyResult, (status, now, (result,)))
     if not charged:
         return new_tuple(GroupResult, (GROUP_DECIDED, (decided,), ()))
-    ledger = b"" if records is None else records[0]
     write = _charge(
         0, call, (view,), None, state, now, ttl, ledger,
         now_ms=now_ms, fingerprint=fingerprint, cleanup_grace_ms=cleanup_grace_ms,

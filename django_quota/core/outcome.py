@@ -119,7 +119,9 @@ class Outcome:
       ``docs/failures.md``).
     * ``evaluation_id``: the evaluation's id (the caller's, or a fresh random one); empty
       for an outcome decided before any backend call (skipped, an identity error,
-      ``cost_exceeds_limit``, ``policy_unknown``).
+      ``cost_exceeds_limit``, ``policy_unknown``), and on the memory backend unless the
+      caller passed one or the edges undo the group's charge by its id (leases,
+      ``count_when``: ``docs/outcomes.md``).
     """
 
     policy: str
