@@ -44,6 +44,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
+from django_quota.core.calendar_windows import Place, calendar_at, calendar_keeps, calendar_reported
 from django_quota.core.calls import (
     CHARGED,
     GROUP_CLOCK_UNSAFE,
@@ -81,8 +82,6 @@ from django_quota.core.windows import (
     _view,
     allows,
     calendar_place,
-    calendar_result,
-    calendar_view,
     floor_div,
     new_tuple,
     window_result,
@@ -466,7 +465,7 @@ def _evaluate_general(
         stored = logs[index] if logs is not None else ()
         cost = 1 if peek else call.cost
         if places[index]:
-            views, log, fit = _calendar_at(call, seen[index], places[index], cost)
+            views, log, fit = calendar_at(call, seen[index], places[index], cost)
         else:
             views, log, fit = _windows_at(call, seen[index], nows[index], stored, cost)
         sights.append((views, log))
@@ -485,7 +484,7 @@ def _evaluate_general(
             status = decide_policy(call, fits[index], allowed, peek)
         charged = status == CHARGED and not replay
         if places[index]:
-            windows, ttl = _calendar_reported(call, views, places[index], now, peek, charged)
+            windows, ttl = calendar_reported(call, views, places[index], now, peek, charged)
         else:
             windows, ttl = _reported(call, views, log, now, 1 if peek else call.cost, charged)
         if replay:
@@ -523,7 +522,7 @@ def _charged_write(
         server_clock=group.server_clock,
     )
     if place:
-        keep = _calendar_keeps(
+        keep = calendar_keeps(
             state, place, group.now_ms, ttl, group.dedup_ttl_ms, server_clock=group.server_clock
         )
         write = write._replace(keep_ttl=keep)
@@ -531,7 +530,6 @@ def _charged_write(
 
 
 # -- calendar windows (core/calendar.py; docs/policies.md, "Calendar windows") ---------------
-Place = list[tuple[int, int]]
 
 
 def _places(calls: Sequence[PolicyCall], nows: Sequence[int]) -> list[Place] | None:
@@ -552,56 +550,3 @@ def _places(calls: Sequence[PolicyCall], nows: Sequence[int]) -> list[Place] | N
         places.append(place)
     return places
 
-
-def _calendar_at(
-    call: PolicyCall, state: Mapping[str, int], place: Place, cost: int
-) -> tuple[list[tuple[int, int]], None, bool]:
-    """:func:`_windows_at` for a call with calendar windows placed in ``place``."""
-    views = [calendar_view(index, state, start, end) for index, (start, end) in enumerate(place, 1)]
-    fits = True
-    for index, (used, _) in enumerate(views):
-        if used + cost > call.windows[index].limit:
-            fits = False
-            break
-    return views, None, fits
-
-
-def _calendar_reported(
-    call: PolicyCall,
-    views: Sequence[tuple[int, int]],
-    place: Place,
-    now: int,
-    peek: bool,
-    charged: bool,
-) -> tuple[tuple[WindowResult, ...], int]:
-    """:func:`_reported` for a call with calendar windows placed in ``place``: every
-    window counts to its end."""
-    cost = 1 if peek else call.cost
-    results = []
-    ttl = 0
-    for index, window in enumerate(call.windows):
-        result, window_ttl = calendar_result(
-            window, views[index][0], place[index][1], now, cost, charged
-        )
-        results.append(result)
-        if window_ttl > ttl:
-            ttl = window_ttl
-    return tuple(results), ttl
-
-
-def _calendar_keeps(
-    state: Mapping[str, int],
-    place: Place,
-    now: int,
-    ttl: int,
-    dedup_ttl_ms: int,
-    *,
-    server_clock: bool,
-) -> bool:
-    """:func:`keeps_expiry` for a call with calendar windows: on the expiries' clock, not
-    behind ``t``, every window still the one of ``t`` (then its end, hence the expiry set
-    at ``t``, is the same) and outliving ``now`` by ``dedup_ttl_ms``."""
-    last = state.get("t")
-    if not server_clock or last is None or now < last or ttl < dedup_ttl_ms:
-        return False
-    return all(start <= last < end for start, end in place)
