@@ -23,6 +23,7 @@ from django.urls import clear_url_caches, path
 
 import django_quota
 from django_quota import metrics
+from django_quota.testing import outcome
 from tests.test_middleware import CLOCK
 
 pytestmark = pytest.mark.django_db
@@ -113,6 +114,8 @@ def test_the_page_has_the_recipes_this_module_runs() -> None:
         "Tiers: a plan per API key",
         "A usage endpoint",
         "Billable-only charging",
+        "POST-only limits with DRF",
+        "Daily plus monthly quotas",
         "Login protection",
     ]
 
@@ -163,17 +166,23 @@ def test_tiers_a_plan_per_api_key(recipe: Any, mount: Any) -> None:
         return client.get("/api/items", **headers)
 
     assert [get("key-acme").status_code for _ in range(101)][-2:] == [200, 429]
-    (premium,) = django_quota.outcomes(get("key-globex").wsgi_request)
+    premium = outcome(get("key-globex").wsgi_request, "api")
     assert (premium.limit, premium.remaining) == (10000, 9999)
     # Acme upgrades: the day's 100 calls stay counted, against the premium limit.
     customers["key-acme"] = "premium"
     upgraded = get("key-acme")
     assert upgraded.status_code == 200
-    (found,) = django_quota.outcomes(upgraded.wsgi_request)
+    found = outcome(upgraded.wsgi_request, "api")
     assert (found.limit, found.remaining) == (10000, 9899)
-    # No key, or one nobody issued: no identity, refused without a budget.
-    assert get(None).status_code == 429
-    assert get("key-made-up").status_code == 429
+    # No key, or one nobody issued: api does not apply; per-address counts the call.
+    for key in (None, "key-made-up"):
+        anonymous = get(key)
+        assert anonymous.status_code == 200
+        skipped = outcome(anonymous.wsgi_request, "api")
+        assert (skipped.decision, skipped.reason) == ("skipped", "selector_identity_missing")
+    # Every call came from the test client's one address; the 101st, refused by api, was
+    # charged to neither policy (a layer is decided all or nothing).
+    assert django_quota.peek("per-address", {"ip": "127.0.0.1"}).remaining == 1000 - 104
 
 
 # -- billable-only charging -------------------------------------------------------------------
@@ -197,6 +206,67 @@ def test_billable_only_charging(recipe: Any, mount: Any) -> None:
     # Three successes charged (this one included); the failures cost nothing.
     assert (outcome.limit, outcome.remaining) == (1000, 997)
     assert django_quota.peek("billable", {"api_key": "acme"}).remaining == 997
+
+
+# -- POST-only limits with DRF ----------------------------------------------------------------
+def test_post_only_limits_with_drf(
+    recipe: Any, mount: Any, settings: Any, django_user_model: Any
+) -> None:
+    from rest_framework.response import Response
+    from rest_framework.test import APIClient
+    from rest_framework.views import APIView
+
+    modules = recipe("POST-only limits with DRF")
+    throttle = modules["myproject.throttles"].WriteThrottle
+    assert settings.REST_FRAMEWORK["DEFAULT_THROTTLE_CLASSES"] == [
+        f"{throttle.__module__}.{throttle.__name__}"
+    ]
+
+    class Orders(APIView):
+        # APIView read DEFAULT_THROTTLE_CLASSES when DRF was imported, before this test
+        # set it; a project's settings are read before its views exist.
+        throttle_classes = [throttle]
+
+        def get(self, request: Any) -> Response:
+            return Response({"orders": []})
+
+        def post(self, request: Any) -> Response:
+            return Response({"created": True}, status=201)
+
+    mount([path("api/orders", Orders.as_view())])
+    client = APIClient()
+    client.force_authenticate(django_user_model.objects.create_user("olga"))
+    assert {client.get("/api/orders").status_code for _ in range(15)} == {200}
+    posts = [client.post("/api/orders").status_code for _ in range(11)]
+    assert posts == [201] * 10 + [429]
+    refused = client.post("/api/orders")
+    assert refused.status_code == 429 and int(refused["Retry-After"]) >= 1
+    # Reads still pass with the writes spent.
+    assert client.get("/api/orders").status_code == 200
+
+
+# -- daily plus monthly quotas ----------------------------------------------------------------
+def test_daily_plus_monthly_quotas(recipe: Any, mount: Any) -> None:
+    from datetime import datetime, timedelta
+    from zoneinfo import ZoneInfo
+
+    from tests.test_middleware import FROZEN_NOW
+
+    recipe("Daily plus monthly quotas")
+    mount([path("api/items", ok)])
+    response = Client().get("/api/items", REMOTE_ADDR="203.0.113.20")
+    assert response.status_code == 200
+    found = outcome(response.wsgi_request, "api")
+    daily, monthly = found.windows
+    assert (daily.name, daily.limit, daily.remaining) == ("daily", 1000, 999)
+    assert (monthly.name, monthly.limit, monthly.remaining) == ("monthly", 20000, 19999)
+    berlin = ZoneInfo("Europe/Berlin")
+    now = datetime.fromtimestamp(FROZEN_NOW, berlin)
+    midnight = datetime.combine(now.date() + timedelta(days=1), datetime.min.time(), berlin)
+    first = (now.replace(day=28) + timedelta(days=4)).replace(day=1)
+    month_end = datetime.combine(first.date(), datetime.min.time(), berlin)
+    assert daily.reset_after == pytest.approx(midnight.timestamp() - FROZEN_NOW, abs=0.001)
+    assert monthly.reset_after == pytest.approx(month_end.timestamp() - FROZEN_NOW, abs=0.001)
 
 
 # -- a usage endpoint -------------------------------------------------------------------------
@@ -255,3 +325,22 @@ def test_login_protection(
     assert int(refused["Retry-After"]) >= 1
     assert "_auth_user_id" not in client.session
 
+
+
+@pytest.mark.parametrize("title", [title for title in RECIPES if title != "A usage endpoint"])
+def test_each_recipes_settings_pass_the_checks(recipe: Any, title: str) -> None:
+    """The page calls each recipe a complete configuration to copy: ``manage.py check``
+    finds nothing in it (the tiers and billable recipes once drew W004)."""
+    from django.core import checks
+
+    recipe(title)
+    found = [
+        message
+        for message in checks.run_checks(include_deployment_checks=False)
+        # Not the recipe's: W005 names the frozen CLOCK this module adds for its requests,
+        # W001 the memory backend (the recipes leave REDIS_URL to the project's settings).
+        if message.id
+        and message.id.startswith("django_quota.")
+        and message.id not in ("django_quota.W001", "django_quota.W005")
+    ]
+    assert found == []
