@@ -17,13 +17,18 @@ BACKENDS = ["redis", "memory"]
 
 @contextmanager
 def configured(
-    request: pytest.FixtureRequest, quota: Any, policies: Mapping[str, Any], subject: Any
+    request: pytest.FixtureRequest,
+    quota: Any,
+    policies: Mapping[str, Any],
+    subject: Any,
+    **on_redis: Any,
 ) -> Iterator[str]:
-    """``policies`` on the backend ``request.param`` names (a real Redis, or memory), as
-    the ``quota`` fixture sets them; every policy reset for ``subject`` afterwards."""
+    """``policies`` on the backend ``request.param`` names (a real Redis, with the
+    settings ``on_redis``, or memory), as the ``quota`` fixture sets them; every policy
+    reset for ``subject`` afterwards."""
     values: dict[str, Any] = {"POLICIES": policies}
     if request.param == "redis":
-        values["REDIS_URL"] = request.getfixturevalue("redis_url")
+        values.update(REDIS_URL=request.getfixturevalue("redis_url"), **on_redis)
     else:
         values["BACKEND"] = "memory"
     quota(**values)

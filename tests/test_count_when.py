@@ -23,6 +23,7 @@ from django_quota import limiter
 from django_quota.core.errors import ConfigurationError
 from django_quota.core.policy import parse_policy
 from django_quota.decorators import quota
+from tests import leases
 
 pytestmark = [pytest.mark.urls(__name__), pytest.mark.django_db]
 
@@ -111,15 +112,9 @@ urlpatterns = [
 
 @pytest.fixture(params=["memory", "redis"])
 def backend(request: pytest.FixtureRequest, quota: Any) -> Iterator[str]:
-    values: dict[str, Any] = {"POLICIES": POLICIES}
-    if request.param == "redis":  # roomy time budgets: the tests pin arithmetic, not latency
-        values.update(REDIS_URL=request.getfixturevalue("redis_url"), TIMEOUT=2.0, DEADLINE=5.0)
-    else:
-        values["BACKEND"] = "memory"
-    quota(**values)
-    yield request.param
-    for policy in POLICIES:
-        django_quota.reset(policy, IP)
+    # Roomy time budgets on Redis: the tests pin arithmetic, not latency.
+    with leases.configured(request, quota, POLICIES, IP, TIMEOUT=2.0, DEADLINE=5.0) as name:
+        yield name
 
 
 @pytest.fixture
