@@ -161,27 +161,12 @@ local peek = mode == 2
 -- its counter's expiry (model.keeps_expiry).
 local server_clock = now < 0
 if server_clock then
-  -- Redis TIME in ms, read from its digits: ten of seconds (until 2286), then the µs
-  -- without leading zeros, whose digits but the last three are the whole ms.
+  -- Redis TIME in ms: seconds * 1000 plus the µs / 1000 floored. Its two decimal strings
+  -- are made numbers by the arithmetic (Lua's coercion: one strtod each, exact; cheaper
+  -- than their digits' arithmetic), and x - x % 1 is floor(x) exactly (docs/arithmetic.md).
   local time = redis.call('TIME')
-  local seconds, micros = time[1], time[2]
-  if #seconds == 10 then
-    local a, b, c, d, e, f, g, h, i, j = byte(seconds, 1, 10)
-    now = (((((((((a * 10 + b) * 10 + c) * 10 + d) * 10 + e) * 10 + f) * 10 + g) * 10 + h)
-      * 10 + i) * 10 + j - 53333333328) * 1000  -- 48 * 1111111111: the digits' zeros
-  else
-    now = tonumber(seconds) * 1000
-  end
-  local digits = #micros - 3
-  if digits == 3 then
-    local a, b, c = byte(micros, 1, 3)
-    now = now + a * 100 + b * 10 + c - 5328
-  elseif digits == 2 then
-    local a, b = byte(micros, 1, 2)
-    now = now + a * 10 + b - 528
-  elseif digits == 1 then
-    now = now + byte(micros, 1) - 48
-  end
+  local ms = time[2] / 1000
+  now = time[1] * 1000 + (ms - ms % 1)
 end
 -- DEDUP_TTL matters when something may be charged or searched for; the grace (g1..g6) is
 -- read where a lifetime is set.

@@ -23,8 +23,10 @@ PEXPIRE until the latest expires, plus the grace. Nothing when nothing is remove
 local fingerprint = ARGV[1]
 local now = tonumber(ARGV[2]) - 1
 if now < 0 then
+  -- Redis TIME in ms, read as evaluate.lua reads it.
   local time = redis.call('TIME')
-  now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+  local ms = time[2] / 1000
+  now = time[1] * 1000 + (ms - ms % 1)
 end
 local leases = redis.call('ZRANGE', KEYS[1], '0', '-1', 'WITHSCORES')
 local released, expired, latest, mine = 0, 0, 0, {}
