@@ -10,9 +10,10 @@ for b > 0 (docs/arithmetic.md).
 
 Cost: the script runs on every decision, so it avoids what Redis's Lua makes expensive
 (measured in instructions per call, docs/benchmarks.md): every VM instruction (about 50
-machine instructions each) and C call, tonumber() on a decimal string (strtod), a Lua
-number passed to redis.call or concatenated (formatted through "%.17g"), a closure or
-table made or grown per call, every integer of the reply and every extra command. Hence
+machine instructions each) and C call, tonumber() on a decimal string (two strtod; the
+arithmetic coerces a string with one, so x + 0 instead), a Lua number passed to
+redis.call or concatenated (formatted through "%.17g"), a closure or table made or grown
+per call, every integer of the reply and every extra command. Hence
 binary arguments read in as few string.byte calls as possible, a binary counter value
 (one GET and one SET with its expiry per charged counter), each policy decided in the
 pass that reads it, and a reply without what the client can derive.
@@ -190,16 +191,16 @@ if #KEYS > n then  -- the sliding logs' lists follow the counters  --@ general
   log_view = function(key, count, at_now, period)
     local newest = redis.call('LINDEX', key, '0')
     if not newest then return {used = 0, inside = 0, newest = 0, oldest = 0, events = 0} end
-    newest = tonumber(newest)
+    newest = newest + 0
     local edge = at_now - period  -- a unit recorded at or before it has left
     if newest <= edge then  -- events, none inside
       return {used = 0, inside = 0, newest = 0, oldest = 0, events = 1}
     end
     local pair = redis.call('LRANGE', key, '-2', '-1')  -- the oldest event: time, count before
-    local oldest = tonumber(pair[1])
+    local oldest = pair[1] + 0
     if oldest > edge then
       -- Every event is inside: how many is read only when a denial's wait needs it.
-      return {used = (count - tonumber(pair[2])) % LOG_MODULUS, all = true, inside = 0,
+      return {used = (count - pair[2]) % LOG_MODULUS, all = true, inside = 0,
         newest = newest, oldest = oldest, events = 0}
     end
     local events = floor(redis.call('LLEN', key) / 2)
@@ -207,7 +208,7 @@ if #KEYS > n then  -- the sliding logs' lists follow the counters  --@ general
     oldest = newest
     while high - low > 1 do
       local middle = floor((low + high) / 2)
-      local time = tonumber(redis.call('LINDEX', key, decimal(2 * middle - 2)))
+      local time = redis.call('LINDEX', key, decimal(2 * middle - 2)) + 0
       if time > edge then
         low = middle
         oldest = time
@@ -215,7 +216,7 @@ if #KEYS > n then  -- the sliding logs' lists follow the counters  --@ general
         high = middle
       end
     end
-    local before = tonumber(redis.call('LINDEX', key, decimal(2 * low - 1)))
+    local before = redis.call('LINDEX', key, decimal(2 * low - 1)) + 0
     return {used = (count - before) % LOG_MODULUS, inside = low, newest = newest,
       oldest = oldest, events = events}
   end
@@ -230,14 +231,14 @@ if #KEYS > n then  -- the sliding logs' lists follow the counters  --@ general
     local low, high = 0, inside  -- events 1..low hold fewer than rank units, 1..high enough
     while high - low > 1 do
       local middle = floor((low + high) / 2)
-      local before = tonumber(redis.call('LINDEX', key, decimal(2 * middle - 1)))
+      local before = redis.call('LINDEX', key, decimal(2 * middle - 1)) + 0
       if (lv.count - before) % LOG_MODULUS >= rank then
         high = middle
       else
         low = middle
       end
     end
-    return tonumber(redis.call('LINDEX', key, decimal(2 * high - 2))) + period - at_now
+    return redis.call('LINDEX', key, decimal(2 * high - 2)) + period - at_now
   end
 
   -- Sets out[at + 1 .. at + 4] to the window's numbers; returns the ttl.
@@ -418,7 +419,7 @@ for i = 1, n do  --@ general
       local leases = redis.call('ZRANGE', KEYS[i], '0', '-1', 'WITHSCORES')
       local held, wait, expired, latest, mine = 0, 0, 0, 0, false
       for j = 1, #leases, 2 do
-        local expiry = tonumber(leases[j + 1])
+        local expiry = leases[j + 1] + 0
         if expiry > policy_now then
           local member = leases[j]
           local u1, u2 = byte(member, 6, 7)

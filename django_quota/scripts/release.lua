@@ -20,8 +20,10 @@ key goes when none is left), then, when some lease is left and something was rem
 PEXPIRE until the latest expires, plus the grace. Nothing when nothing is removed.
 ]]
 
+-- A decimal string is made a number by the arithmetic (Lua's coercion, x + 0: one
+-- strtod, where tonumber() converts twice).
 local fingerprint = ARGV[1]
-local now = tonumber(ARGV[2]) - 1
+local now = ARGV[2] - 1
 if now < 0 then
   -- Redis TIME in ms, read as evaluate.lua reads it.
   local time = redis.call('TIME')
@@ -31,7 +33,7 @@ end
 local leases = redis.call('ZRANGE', KEYS[1], '0', '-1', 'WITHSCORES')
 local released, expired, latest, mine = 0, 0, 0, {}
 for j = 1, #leases, 2 do
-  local member, expiry = leases[j], tonumber(leases[j + 1])
+  local member, expiry = leases[j], leases[j + 1] + 0
   if expiry <= now then
     expired = expired + 1
   elseif string.sub(member, 1, 5) == fingerprint then
@@ -52,6 +54,6 @@ if #mine > 0 then
   redis.call('ZREM', KEYS[1], unpack(mine))
 end
 if latest > 0 then
-  redis.call('PEXPIRE', KEYS[1], string.format('%d', latest - now + tonumber(ARGV[3])))
+  redis.call('PEXPIRE', KEYS[1], string.format('%d', latest - now + ARGV[3]))
 end
 return released
