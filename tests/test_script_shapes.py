@@ -43,8 +43,11 @@ SIGNATURES = {
 }
 #: What only the general script needs: the loops over policies and windows, the
 #: per-policy arrays, the dispatch on the algorithm (the fixed window's variant tells a
-#: calendar call, code 5, from an epoch-aligned one: that is no dispatch).
-GENERAL_ONLY = r"for i = 1, n do|for w = 1, m do|policies\[|policy\[|algorithm == [1-4]|m > 1"
+#: calendar call, code 5, from an epoch-aligned one: that is no dispatch), the function
+#: splitting the windows' numbers (a closure made on every call).
+GENERAL_ONLY = (
+    r"for i = 1, n do|for w = 1, m do|policies\[|policy\[|algorithm == [1-4]|m > 1|split48"
+)
 
 
 def code_lines(source: str) -> list[str]:

@@ -124,8 +124,10 @@ local ENTRY = 9  -- bytes of a ledger entry: 5 of fingerprint, 4 of charge time
 local STAMP = 4294967296
 local LOG_MODULUS = 1000000000000  -- sliding-log counts wrap here (model.LOG_MODULUS)  --@ sliding_log
 
+--@ if general
 -- The six bytes of x (0 <= x < 2^48), most significant first: remainders and exact
--- divisions by 256, no C call (char(split48(x)) is x as a u48).
+-- divisions by 256, no C call (char(split48(x)) is x as a u48). For the windows of a
+-- charge with more than one; elsewhere written out, as a closure is made on every call.
 local function split48(x)
   local b6 = x % 256
   x = (x - b6) / 256
@@ -138,6 +140,7 @@ local function split48(x)
   local b2 = x % 256
   return (x - b2) / 256, b2, b3, b4, b5, b6
 end
+--@ end
 
 local fingerprint, packed = ARGV[1], ARGV[2]
 
@@ -686,7 +689,19 @@ for i = 1, n do  --@ general
     if entries >= LEDGER_SIZE * ENTRY then
       local b1, b2, b3, b4 = byte(value, 7, 10)  -- the oldest's charge time modulo 2^32
       local age = (policy_now - (((b1 * 256 + b2) * 256 + b3) * 256 + b4)) % STAMP
-      if age < dedup_ttl then d1, d2, d3, d4, d5, d6 = split48(policy_now - age + 1) end
+      if age < dedup_ttl then  -- d + 1 = its charge time + 1 (split48 written out)
+        local x = policy_now - age + 1
+        d6 = x % 256
+        x = (x - d6) / 256
+        d5 = x % 256
+        x = (x - d5) / 256
+        d4 = x % 256
+        x = (x - d4) / 256
+        d3 = x % 256
+        x = (x - d3) / 256
+        d2 = x % 256
+        d1 = (x - d2) / 256
+      end
       kept = 2 + ENTRY
       entries = entries - ENTRY
     end
