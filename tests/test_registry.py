@@ -363,6 +363,51 @@ def test_missing_tables_are_a_warning_to_migrate_not_an_error(
     ]
 
 
+def test_the_checks_say_nothing_before_migrate_and_the_first_use_still_does(
+    quota: Any, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``migrate`` runs the system checks before it creates the tables: they must not tell
+    it to run itself, nor keep the registry they built, so that the first real use warns."""
+    from django.db.utils import OperationalError
+
+    def no_table() -> list[Any]:
+        raise OperationalError("no such table: django_quota_quotapolicy")
+
+    quota(POLICY_SOURCES=SOURCES, POLICIES={"zeta": SETTINGS_POLICY})
+    monkeypatch.setattr(policies, "load_database_policies", no_table)
+    monkeypatch.setattr(policies, "_tables_missing", lambda: True)
+    monkeypatch.setattr(policies._state, "told_to_migrate", False)
+    policies.clear()
+    with caplog.at_level(logging.WARNING, logger="django_quota"):
+        assert [message.id for message in check_settings()] == ["django_quota.W001"]  # memory
+        with policies.checking():
+            assert list(policies.get_registry().policies) == ["zeta"]
+        assert policies._state.registry is None
+        assert [r.getMessage() for r in caplog.records if r.name == "django_quota"] == []
+        assert list(policies.get_registry().policies) == ["zeta"]
+    assert [r.getMessage() for r in caplog.records if r.name == "django_quota"] == [
+        "the quota policy tables do not exist yet: run `manage.py migrate`; until then only "
+        "settings policies apply"
+    ]
+
+
+def test_the_checks_still_log_a_database_that_cannot_be_read(
+    quota: Any, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def unreadable() -> list[Any]:
+        raise DatabaseError("connection refused")
+
+    quota(POLICY_SOURCES=SOURCES, POLICIES={"zeta": SETTINGS_POLICY})
+    monkeypatch.setattr(policies, "load_database_policies", unreadable)
+    monkeypatch.setattr(policies, "_tables_missing", lambda: False)
+    policies.clear()
+    with caplog.at_level(logging.WARNING, logger="django_quota"), policies.checking():
+        assert list(policies.get_registry().policies) == ["zeta"]
+    assert quota_errors(caplog) == [
+        "quota policies could not be read from the database: connection refused"
+    ]
+
+
 @pytest.mark.django_db
 def test_migrate_drops_the_registry(quota: Any) -> None:
     from django.apps import apps
