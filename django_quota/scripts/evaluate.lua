@@ -331,16 +331,28 @@ for i = 1, n do  --@ general
   local stride = 1  --@ general
   if algorithm == 2 or algorithm == 3 then stride = 2 end  --@ general
   local ledger_end, last, count, extra = 1, nil, 0, 0
+--@ if general
   if value ~= '' then
     local entries = byte(value, 1)
     ledger_end = 1 + ENTRY * entries
+--@ else
+  --+ local entries = byte(value, 1)  -- none without a counter
+  --+ if entries then ledger_end = 1 + ENTRY * entries end
+  --+ -- d + 1 (kept for the charge), t and the window's numbers in one call: the bytes past
+  --+ -- the value's end are nil.
+  --+ local d1, d2, d3, d4, d5, d6, t1, t2, t3, t4, t5, t6, u1, u2, u3, u4, u5, u6 =  --@ fixed_window or sliding_log
+    --+ byte(value, ledger_end + 1, ledger_end + 18)  --@ fixed_window or sliding_log
+  --+ local d1, d2, d3, d4, d5, d6, t1, t2, t3, t4, t5, t6, u1, u2, u3, u4, u5, u6, x1, x2, x3, x4,  --@ sliding_window or token_bucket
+    --+ x5, x6 = byte(value, ledger_end + 1, ledger_end + 24)  --@ sliding_window or token_bucket
+  --+ if entries then
+--@ end
     local size = #value
     if size == ledger_end + 12 + 6 * stride * m then  --@ general
     --+ if size == ledger_end + 18 then  -- t and one number  --@ fixed_window or sliding_log
     --+ if size == ledger_end + 24 then  -- t and two numbers  --@ sliding_window or token_bucket
-      -- t and the first window's numbers in one call.
-      local t1, t2, t3, t4, t5, t6, u1, u2, u3, u4, u5, u6, x1, x2, x3, x4, x5, x6 =
-        byte(value, ledger_end + 7, ledger_end + 24)
+      -- t and the first window's numbers in one call.  --@ general
+      local t1, t2, t3, t4, t5, t6, u1, u2, u3, u4, u5, u6, x1, x2, x3, x4, x5, x6 =  --@ general
+        byte(value, ledger_end + 7, ledger_end + 24)  --@ general
       last = ((((t1 * 256 + t2) * 256 + t3) * 256 + t4) * 256 + t5) * 256 + t6
       count = ((((u1 * 256 + u2) * 256 + u3) * 256 + u4) * 256 + u5) * 256 + u6
       if stride == 2 then  --@ general
@@ -683,9 +695,13 @@ for i = 1, n do  --@ general
     -- then the numbers.
     local entries = ledger_end - 1
     local kept = 2  -- byte of the oldest entry kept
+--@ if general
     local source = value  -- for d + 1 as stored: none (six zeros) without a counter
     if source == '' then source = '\0\0\0\0\0\0\0' end
     local d1, d2, d3, d4, d5, d6 = byte(source, ledger_end + 1, ledger_end + 6)
+--@ else
+    --+ if not d1 then d1, d2, d3, d4, d5, d6 = 0, 0, 0, 0, 0, 0 end  -- d + 1: none without a counter
+--@ end
     if entries >= LEDGER_SIZE * ENTRY then
       local b1, b2, b3, b4 = byte(value, 7, 10)  -- the oldest's charge time modulo 2^32
       local age = (policy_now - (((b1 * 256 + b2) * 256 + b3) * 256 + b4)) % STAMP
