@@ -580,11 +580,13 @@ end
 -- The reply, then the writes. Per policy: its status only when replayed (else the client
 -- derives it from the views, as model.evaluate_group decides), its effective now, then
 -- per window its view or, for a sliding log, its numbers.
+-- (A one-window variant other than the sliding log's builds it in one constructor: a
+-- table grown or set index by index costs more.)
 local reply = {0, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil}  --@ general
---+ local reply = {0, nil, nil, nil, nil}  --@ fixed_window or sliding_window or token_bucket
+--+ local reply  --@ fixed_window or sliding_window or token_bucket
 --+ local reply = {0, nil, nil, nil, nil, nil, nil}  --@ sliding_log
-local r = 1  -- the reply's last index
-if replay then reply[1] = 3 end
+local r = 1  -- the reply's last index  --@ general or sliding_log
+if replay then reply[1] = 3 end  --@ general or sliding_log
 for i = 1, n do  --@ general
   local policy = policies[i]  --@ general
   local algorithm, m, call_cost, value, policy_now, logs, ledger_end, allowed, same_windows =  --@ general
@@ -617,11 +619,16 @@ for i = 1, n do  --@ general
     local status = 2
     if remembers(value, ledger_end, policy_now) then status = 1 end
     if algorithm == 6 and policy[16] then status = 1 end  -- holds its lease  --@ general
-    r = r + 1
-    reply[r] = status
+    r = r + 1  --@ general or sliding_log
+    reply[r] = status  --@ general or sliding_log
+    --+ reply = {3, status, policy_now, used}  --@ fixed_window or token_bucket
+    --+ reply = {3, status, policy_now, used, prev}  --@ sliding_window
+  --+ else  --@ fixed_window or token_bucket or sliding_window
+    --+ reply = {0, policy_now, used}  --@ fixed_window or token_bucket
+    --+ reply = {0, policy_now, used, prev}  --@ sliding_window
   end
-  r = r + 1
-  reply[r] = policy_now
+  r = r + 1  --@ general or sliding_log
+  reply[r] = policy_now  --@ general or sliding_log
   -- Per window: a sliding log's four reported numbers (model._log_result); for the other
   -- algorithms the window's view (used, and prev for the sliding window counter:
   -- model._view), from which the client computes the reported numbers
@@ -646,15 +653,15 @@ for i = 1, n do  --@ general
 --@ end
     else  --@ general
 --@ if fixed_window or sliding_window or token_bucket
-      local used, prev = policy[base + 1], policy[base + 2]  --@ general
+--@ if general
+      local used, prev = policy[base + 1], policy[base + 2]
       r = r + 1
       reply[r] = used
-      if algorithm == 2 or algorithm == 6 then  --@ general
---@ if sliding_window
+      if algorithm == 2 or algorithm == 6 then
         r = r + 1
         reply[r] = prev
+      end
 --@ end
-      end  --@ general
       if charged then
         if algorithm == 1 or algorithm == 5 then  --@ general
 --@ if fixed_window
