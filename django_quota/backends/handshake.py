@@ -71,7 +71,7 @@ class OneWriteHandshake:
     200,000, the parser stubbed out), against 0 this way."""
 
     def connect_check_health(self, *args: Any, **kwargs: Any) -> None:
-        connection = super()
+        redis_py = super()  # redis-py's own methods, past this mixin
         held: list[bytes] = []
 
         def write_held() -> None:
@@ -79,7 +79,7 @@ class OneWriteHandshake:
                 packed = b"".join(held)
                 # In place: a send that took the list before a health check still holds.
                 held.clear()
-                connection.send_packed_command([packed], check_health=False)  # type: ignore[attr-defined]
+                redis_py.send_packed_command([packed], check_health=False)  # type: ignore[attr-defined]
 
         def hold(command: Any, check_health: bool = True) -> None:
             if check_health:
@@ -88,11 +88,11 @@ class OneWriteHandshake:
 
         def read_response(*args: Any, **kwargs: Any) -> Any:
             write_held()
-            return connection.read_response(*args, **kwargs)  # type: ignore[attr-defined]
+            return redis_py.read_response(*args, **kwargs)  # type: ignore[attr-defined]
 
         self.__dict__.update(zip(_HELD_METHODS, (hold, read_response), strict=True))
         try:
-            connection.connect_check_health(*args, **kwargs)  # type: ignore[attr-defined]
+            redis_py.connect_check_health(*args, **kwargs)  # type: ignore[attr-defined]
             write_held()  # written but not answered within the handshake
         finally:
             for name in _HELD_METHODS:
@@ -103,14 +103,14 @@ class AsyncOneWriteHandshake:
     """The asyncio twin of :class:`OneWriteHandshake`."""
 
     async def connect_check_health(self, *args: Any, **kwargs: Any) -> None:
-        connection = super()
+        redis_py = super()  # redis-py's own methods, past this mixin
         held: list[bytes] = []
 
         async def write_held() -> None:
             if held:
                 packed = b"".join(held)
                 held.clear()
-                await connection.send_packed_command([packed], check_health=False)  # type: ignore[attr-defined]
+                await redis_py.send_packed_command([packed], check_health=False)  # type: ignore[attr-defined]
 
         async def hold(command: Any, check_health: bool = True) -> None:
             if check_health:
@@ -119,11 +119,11 @@ class AsyncOneWriteHandshake:
 
         async def read_response(*args: Any, **kwargs: Any) -> Any:
             await write_held()
-            return await connection.read_response(*args, **kwargs)  # type: ignore[attr-defined]
+            return await redis_py.read_response(*args, **kwargs)  # type: ignore[attr-defined]
 
         self.__dict__.update(zip(_HELD_METHODS, (hold, read_response), strict=True))
         try:
-            await connection.connect_check_health(*args, **kwargs)  # type: ignore[attr-defined]
+            await redis_py.connect_check_health(*args, **kwargs)  # type: ignore[attr-defined]
             await write_held()
         finally:
             for name in _HELD_METHODS:
