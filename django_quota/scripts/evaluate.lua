@@ -707,7 +707,7 @@ for i = 1, n do  --@ general
     if source == '' then source = '\0\0\0\0\0\0\0' end
     local d1, d2, d3, d4, d5, d6 = byte(source, ledger_end + 1, ledger_end + 6)
 --@ else
-    --+ if not d1 then d1, d2, d3, d4, d5, d6 = 0, 0, 0, 0, 0, 0 end  -- d + 1: none without a counter
+    --+ if value == '' then d1, d2, d3, d4, d5, d6 = 0, 0, 0, 0, 0, 0 end  -- d + 1: none (no counter)
 --@ end
     if entries >= LEDGER_SIZE * ENTRY then
       local b1, b2, b3, b4 = byte(value, 7, 10)  -- the oldest's charge time modulo 2^32
