@@ -81,6 +81,8 @@ COUNTER_CACHE_SIZE = IDENTITY_CACHE_SIZE
 
 
 Steps = Generator[Any, Any, list[Outcome]]
+#: The group statuses of a group the backend refused to decide.
+_UNDECIDED = (GROUP_CLOCK_UNSAFE, GROUP_INDETERMINATE)
 
 
 # -- the limiter ---------------------------------------------------------------------------
@@ -490,28 +492,35 @@ class Limiter(Interpreter):
     def _observe_reply(self, prepared: Prepared, reply: GroupReply) -> None:
         reason = metrics.OK
         status = reply.status
-        if status in (GROUP_CLOCK_UNSAFE, GROUP_INDETERMINATE):
-            reason = CLOCK_UNSAFE if status == GROUP_CLOCK_UNSAFE else INDETERMINATE
-            self.recent_errors.append(
-                BreakerError(time.time(), reason, "the script refused to decide")
-            )
+        if status in _UNDECIDED:
+            reason = self._undecided(status, "the script refused to decide")
         metrics.record_backend(self.backend_mode, reason, self._latency(prepared))
 
-    def _latency(self, prepared: Prepared) -> float | None:
-        """The evaluation's time so far (s); None on the memory backend, which makes no
-        I/O: no latency histogram (``docs/metrics.md``)."""
-        return None if self.local else time.monotonic() - prepared.started
+    def _undecided(self, status: int, detail: str) -> str:
+        """The reason of a group the backend refused to decide (``status``), kept among
+        the recent errors of the status page."""
+        reason = CLOCK_UNSAFE if status == GROUP_CLOCK_UNSAFE else INDETERMINATE
+        self.recent_errors.append(BreakerError(time.time(), reason, detail))
+        return reason
+
+    @staticmethod
+    def _latency(prepared: Prepared) -> float:
+        """The evaluation's time so far (s)."""
+        return time.monotonic() - prepared.started
 
     def decide_locally(self, prepared: Prepared) -> list[Outcome]:
-        """The memory backend's evaluation: the model, no I/O, no admission."""
+        """The memory backend's evaluation: the model, no I/O, no admission, and no
+        health count or latency (it has no node to be healthy or not:
+        ``docs/metrics.md``). A failure (the backend full) and a group the model refused
+        to decide are recent errors of the status page, and their outcomes say why."""
         assert prepared.request is not None
         try:
             reply = self.backend.evaluate(prepared.request)
         except BackendError as error:
-            self._observe_failure(prepared, error)
             self.recent_errors.append(BreakerError(time.time(), error.reason, str(error)))
             return self.failed(prepared, error.reason, self.backend_mode)
-        self._observe_reply(prepared, reply)
+        if reply.status in _UNDECIDED:
+            self._undecided(reply.status, "the model refused to decide")
         return self.interpret(prepared, reply, self.backend_mode)
 
     def _without_io(self, prepared: Prepared) -> list[Outcome] | None:

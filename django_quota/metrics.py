@@ -291,8 +291,9 @@ def _selector_label(evaluated: Sequence[Evaluated | Policy], policy_id: str) -> 
 
 def record_backend(backend_mode: str, reason: str, seconds: float | None) -> None:
     """Count one evaluation's backend result (``reason`` ``ok`` or a failure reason) and
-    its latency (seconds, the whole evaluation with its retry; None for the memory
-    backend, which makes no I/O and has no latency histogram)."""
+    its latency (seconds, the whole evaluation with its retry; None: no latency). The
+    memory backend's evaluations are not counted: it has no node to be healthy or not,
+    and no I/O to time (``docs/metrics.md``)."""
     if prometheus_client is None:  # only Prometheus shows these (the status page does not)
         return
     key = (backend_mode, reason)
