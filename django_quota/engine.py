@@ -326,8 +326,26 @@ class Limiter(Interpreter):
         caller_id = evaluation_id is not None
         if caller_id:
             check_evaluation_id(evaluation_id)
-        prepared = Prepared([], [], None, [], evaluation_id or "", 0.0, peek, self.backend_mode)
-        counters, calls = self._keys_and_calls(prepared, group, subject, cost, plan)
+        counters: tuple[str, ...] = ()
+        calls: tuple[PolicyCall, ...] = ()
+        if len(group) == 1:  # the common call: one policy, no lists to fill
+            compiled, keyed = self._keyed(group[0], subject, cost, plan, peek)
+            if isinstance(keyed, str):
+                prepared = Prepared(
+                    [compiled], [None], None, [0], evaluation_id or "", 0.0, peek,
+                    self.backend_mode,
+                )
+                counters, calls = (keyed,), (compiled.call(cost),)
+            else:
+                prepared = Prepared(
+                    [compiled], [keyed], None, [], evaluation_id or "", 0.0, peek,
+                    self.backend_mode,
+                )
+        else:
+            prepared = Prepared(
+                [], [], None, [], evaluation_id or "", 0.0, peek, self.backend_mode
+            )
+            counters, calls = self._keys_and_calls(prepared, group, subject, cost, plan)
         if counters:
             if not caller_id and (not self.local or self._needs_id(prepared)):
                 prepared.evaluation_id = new_evaluation_id()
@@ -347,6 +365,26 @@ class Limiter(Interpreter):
                 return True
         return False
 
+    def _keyed(
+        self, policy: Policy, subject: SubjectSource, cost: int, plan: str | None, peek: bool
+    ) -> tuple[Compiled, str | Outcome]:
+        """``policy`` compiled (with ``plan``'s limits when it has that plan), and its
+        counter key when it is to be sent, else its early outcome: skipped when it is
+        disabled, a refusal for an identity error or for a cost above its limit (a peek
+        is sent whatever the cost)."""
+        compiled = self.compiled(policy)
+        if plan is not None and policy.plans:
+            compiled = compiled.for_plan(plan)
+        if not policy.enabled:
+            return compiled, bare_outcome(policy, SKIPPED, None, backend_mode=self.backend_mode)
+        try:
+            counter = self.counter(compiled, subject(policy) if callable(subject) else subject)
+        except IdentityError as exc:
+            return compiled, refusal(policy, exc.reason, self.backend_mode)
+        if peek or cost <= compiled.cost_bound:
+            return compiled, counter
+        return compiled, refusal(policy, COST_EXCEEDS_LIMIT, self.backend_mode)
+
     def _keys_and_calls(
         self,
         prepared: Prepared,
@@ -354,12 +392,11 @@ class Limiter(Interpreter):
         subject: SubjectSource,
         cost: int,
         plan: str | None,
-    ) -> tuple[list[str], list[PolicyCall]]:
+    ) -> tuple[tuple[str, ...], tuple[PolicyCall, ...]]:
         """Give ``prepared`` each policy's compiled form and early outcome (None for a
-        policy to send); return the counter keys and calls to send, none when an enforced
-        policy refused the group."""
+        policy to send: :meth:`_keyed`); return the counter keys and calls to send, none
+        when an enforced policy refused the group."""
         peek = prepared.peek
-        backend_mode = prepared.backend_mode
         compiled_group = prepared.compiled
         outcomes = prepared.outcomes
         sent = prepared.sent
@@ -367,37 +404,26 @@ class Limiter(Interpreter):
         calls: list[PolicyCall] = []
         refused = False
         for index, policy in enumerate(group):
-            compiled = self.compiled(policy)
-            if plan is not None and policy.plans:
-                compiled = compiled.for_plan(plan)
+            compiled, keyed = self._keyed(policy, subject, cost, plan, peek)
             compiled_group.append(compiled)
-            if not policy.enabled:
-                outcomes.append(bare_outcome(policy, SKIPPED, None, backend_mode=backend_mode))
+            if isinstance(keyed, str):
+                outcomes.append(None)
+                sent.append(index)
+                counters.append(keyed)
+                calls.append(compiled.call(cost))
                 continue
-            try:
-                counter = self.counter(compiled, subject(policy) if callable(subject) else subject)
-            except IdentityError as exc:
-                early = refusal(policy, exc.reason, backend_mode)
-            else:
-                if peek or cost <= compiled.cost_bound:
-                    outcomes.append(None)
-                    sent.append(index)
-                    counters.append(counter)
-                    calls.append(compiled.call(cost))
-                    continue
-                early = refusal(policy, COST_EXCEEDS_LIMIT, backend_mode)
-            refused = refused or early.decision == DENIED_DECISION
-            outcomes.append(early)
+            refused = refused or keyed.decision == DENIED_DECISION
+            outcomes.append(keyed)
         if refused:
             sent.clear()
-            return [], []
-        return counters, calls
+            return (), ()
+        return tuple(counters), tuple(calls)
 
     def _request(
         self,
         prepared: Prepared,
-        counters: list[str],
-        calls: list[PolicyCall],
+        counters: tuple[str, ...],
+        calls: tuple[PolicyCall, ...],
         caller_id: bool,
         clock: Clock | None,
     ) -> None:
@@ -415,8 +441,8 @@ class Limiter(Interpreter):
         prepared.request = new_tuple(  # every field, in order: the hot path's cheaper call
             GroupRequest,
             (
-                tuple(counters),
-                tuple(calls),
+                counters,
+                calls,
                 now_ms,
                 peek,
                 -1 if now_ms is None else self.max_regression_ms,
@@ -429,8 +455,8 @@ class Limiter(Interpreter):
 
     @staticmethod
     def _calendar_calls(
-        prepared: Prepared, calls: list[PolicyCall], now_ms: int | None
-    ) -> list[PolicyCall]:
+        prepared: Prepared, calls: tuple[PolicyCall, ...], now_ms: int | None
+    ) -> tuple[PolicyCall, ...]:
         """``calls`` with the boundaries of their calendar windows around the client's
         now: ``now_ms``, or this machine's clock when the counters follow Redis ``TIME``
         (the script places its own now among them: docs/policies.md)."""
@@ -440,7 +466,7 @@ class Limiter(Interpreter):
             compiled = prepared.compiled[index]
             if compiled.calendar:
                 placed[position] = compiled.calendar_call(calls[position], client_now)
-        return placed
+        return tuple(placed)
 
     # -- the plan -----------------------------------------------------------------------
     def steps(self, prepared: Prepared) -> Steps:
