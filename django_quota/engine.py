@@ -328,6 +328,7 @@ class Limiter(Interpreter):
             check_evaluation_id(evaluation_id)
         counters: tuple[str, ...] = ()
         calls: tuple[PolicyCall, ...] = ()
+        needs_id = False
         if len(group) == 1:  # the common call: one policy, no lists to fill
             compiled, keyed = self._keyed(group[0], subject, cost, plan, peek)
             if isinstance(keyed, str):
@@ -336,6 +337,7 @@ class Limiter(Interpreter):
                     self.backend_mode,
                 )
                 counters, calls = (keyed,), (compiled.call(cost),)
+                needs_id = compiled.needs_id
             else:
                 prepared = Prepared(
                     [compiled], [keyed], None, [], evaluation_id or "", 0.0, peek,
@@ -345,25 +347,16 @@ class Limiter(Interpreter):
             prepared = Prepared(
                 [], [], None, [], evaluation_id or "", 0.0, peek, self.backend_mode
             )
-            counters, calls = self._keys_and_calls(prepared, group, subject, cost, plan)
+            counters, calls, needs_id = self._keys_and_calls(
+                prepared, group, subject, cost, plan
+            )
         if counters:
-            if not caller_id and (not self.local or self._needs_id(prepared)):
+            if not caller_id and (not self.local or needs_id):
                 prepared.evaluation_id = new_evaluation_id()
             self._request(prepared, counters, calls, caller_id, clock)
         if not self.local:  # the memory backend's evaluations are not timed
             prepared.started = time.monotonic()
         return prepared
-
-    @staticmethod
-    def _needs_id(prepared: Prepared) -> bool:
-        """Whether a sent policy's charge is undone by its evaluation id at the edges (a
-        concurrency policy's lease, a ``count_when`` policy's refund): then the memory
-        backend gives the evaluation one too."""
-        compiled = prepared.compiled
-        for index in prepared.sent:  # noqa: SIM110 - a loop: any() over a generator costs more
-            if compiled[index].needs_id:
-                return True
-        return False
 
     def _keyed(
         self, policy: Policy, subject: SubjectSource, cost: int, plan: str | None, peek: bool
@@ -392,21 +385,24 @@ class Limiter(Interpreter):
         subject: SubjectSource,
         cost: int,
         plan: str | None,
-    ) -> tuple[tuple[str, ...], tuple[PolicyCall, ...]]:
+    ) -> tuple[tuple[str, ...], tuple[PolicyCall, ...], bool]:
         """Give ``prepared`` each policy's compiled form and early outcome (None for a
         policy to send: :meth:`_keyed`); return the counter keys and calls to send, none
-        when an enforced policy refused the group."""
+        when an enforced policy refused the group, and whether the edges undo a sent
+        policy's charge by the evaluation's id (:attr:`Compiled.needs_id`: then the
+        memory backend gives the evaluation one too)."""
         peek = prepared.peek
         compiled_group = prepared.compiled
         outcomes = prepared.outcomes
         sent = prepared.sent
         counters: list[str] = []
         calls: list[PolicyCall] = []
-        refused = False
+        refused = needs_id = False
         for index, policy in enumerate(group):
             compiled, keyed = self._keyed(policy, subject, cost, plan, peek)
             compiled_group.append(compiled)
             if isinstance(keyed, str):
+                needs_id = needs_id or compiled.needs_id
                 outcomes.append(None)
                 sent.append(index)
                 counters.append(keyed)
@@ -416,8 +412,8 @@ class Limiter(Interpreter):
             outcomes.append(keyed)
         if refused:
             sent.clear()
-            return (), ()
-        return tuple(counters), tuple(calls)
+            return (), (), False
+        return tuple(counters), tuple(calls), needs_id
 
     def _request(
         self,
