@@ -100,6 +100,8 @@ class Limiter(Interpreter):
         # The backend as the script-running kind: only those reach execute and steps
         # (the memory backend is decided locally), so this view is typed once, here.
         self.scripts = cast(ScriptBackend, backend)
+        #: The backend as the memory backend: only that kind reaches decide_locally.
+        self.local_backend = cast(MemoryBackend, backend)
         self.fallback = (
             MemoryBackend(settings.local_fallback_max_entries, mode=BACKEND_MODE_FALLBACK)
             if settings.local_fallback_enabled
@@ -537,7 +539,7 @@ class Limiter(Interpreter):
         to decide are recent errors of the status page, and their outcomes say why."""
         assert prepared.request is not None
         try:
-            reply = self.backend.evaluate(prepared.request)
+            reply = self.local_backend.decide(prepared.request)
         except BackendError as error:
             self.recent_errors.append(BreakerError(time.time(), error.reason, str(error)))
             return self.failed(prepared, error.reason, self.backend_mode)
