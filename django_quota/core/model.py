@@ -118,7 +118,7 @@ def keeps_expiry(
         return False
     for window in windows:
         period = window.period_ms
-        if now - now % period != last - last % period:
+        if now // period != last // period:  # another window (as now - now % P ...)
             return False
     return True
 
