@@ -118,7 +118,7 @@ def keeps_expiry(
         return False
     for window in windows:
         period = window.period_ms
-        if now - now % period != last - last % period:
+        if now // period != last // period:  # another window (as now - now % P ...)
             return False
     return True
 
@@ -417,7 +417,9 @@ def decide_one(
     algorithm, window = call.algorithm, call.windows[0]
     used, prev = view = _view(algorithm, window, 1, state, now)
     fits = allows(algorithm, window, used, prev, now, cost)
-    status = decide_policy(call, fits, group_allows((call,), (fits,)), peek)
+    # A group of this one call is allowed when it fits (group_allows); when it does not,
+    # decide_policy refuses it whatever the group's decision.
+    status = decide_policy(call, fits, fits, peek)
     charged = status == CHARGED
     result, ttl = window_result(algorithm, window, used, prev, now, cost, charged)
     decided = new_tuple(PolicyResult, (status, now, (result,)))
