@@ -29,8 +29,9 @@ from django_quota.decorators import quota
 from django_quota.ratelimit.core import ais_ratelimited, get_usage, is_ratelimited
 from django_quota.ratelimit.decorators import ratelimit
 from django_quota.ratelimit.exceptions import Ratelimited
-from django_quota.throttling import AnonRateThrottle, QuotaThrottle
+from django_quota.throttling import QuotaThrottle
 from django_quota.views import usage
+from tests.test_exemptions import urlpatterns as edges  # /mw/, /dec/, /adec/, /drf/, /anon/
 
 pytestmark = [pytest.mark.urls(__name__), pytest.mark.django_db]
 
@@ -52,35 +53,6 @@ def tenant_of(request: Any) -> str | None:
 
 
 BROKEN = f"{HERE}.broken"
-
-
-def ok(request: HttpRequest) -> HttpResponse:
-    return HttpResponse("ok")
-
-
-@quota("dec")
-def decorated(request: HttpRequest) -> HttpResponse:
-    return HttpResponse("ok")
-
-
-@quota("dec")
-async def adecorated(request: HttpRequest) -> HttpResponse:
-    return HttpResponse("ok")
-
-
-class ThrottledView(APIView):
-    throttle_classes = [QuotaThrottle]
-    quota_policies = ["drf-api"]
-
-    def get(self, request: Any) -> Response:
-        return Response({"ok": True})
-
-
-class AnonView(APIView):
-    throttle_classes = [AnonRateThrottle]
-
-    def get(self, request: Any) -> Response:
-        return Response({"ok": True})
 
 
 def costly(request: Any) -> int:
@@ -124,11 +96,7 @@ class CostlyView(APIView):
 
 
 urlpatterns = [
-    path("mw/", ok),
-    path("dec/", decorated),
-    path("adec/", adecorated),
-    path("drf/", ThrottledView.as_view()),
-    path("anon/", AnonView.as_view()),
+    *edges,
     path("usage/", usage),
     path("login/", LoginView.as_view(template_name="admin/login.html")),
     path("costly/", decorated_costly),
