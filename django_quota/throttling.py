@@ -319,7 +319,8 @@ class QuotaThrottle(BaseThrottle):
         method = self.get_quota_cost
         if getattr(method, "__func__", method) is QuotaThrottle.get_quota_cost:
             return 1  # the default's answer, without a call back up for each request
-        return lambda request: self.get_quota_cost(request, view)
+        # Named as the method, for the log line of a cost that fails (docs/settings.md).
+        return functools.wraps(method)(lambda request: method(request, view))
 
     def _request_subject(self, request: Any, view: Any) -> RequestSubject:
         return RequestSubject(
