@@ -5,6 +5,7 @@ never an error; numbers the scripts cannot take are refused before any call."""
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterator
 from typing import Any
 
@@ -195,37 +196,61 @@ def test_a_string_not_in_the_layout_is_an_honest_failure_and_reset_clears_it(
         ("fixed_window", {"a": "5/m", "b": "50/h"}, 2),  # the general script
     ],
 )
-def test_a_counter_of_the_earlier_string_layout_reads_as_no_counter(
+def test_a_counter_of_the_earlier_string_layout_keeps_its_numbers_and_its_ledger(
     on_redis: Any, redis_client: Any, algorithm: str, windows: Any, numbers: int
 ) -> None:
-    # One byte of entry count, 9-byte entries without costs, d, t, the numbers.
+    # The earlier layout: one byte of entry count, 9-byte entries without costs (their
+    # fingerprints 40 bits: the first bit may be set), d, t, the numbers. An upgrade keeps
+    # what every subject used, and a repeat of an evaluation charged before it.
     on_redis(p={"algorithm": algorithm, "windows": windows})
     key = counter_of("p")
     windows_count = 1 if isinstance(windows, str) else len(windows)
+    # Ids whose 40-bit digest has its first bit set and clear, alternately.
+    ids = [f"before-{index}" for index in range(64)]
+    high = [i for i in ids if hashlib.blake2b(i.encode(), digest_size=5).digest()[0] >= 128]
+    low = [i for i in ids if i not in high]
+    old_ids = [pair[k] for pair in zip(high, low, strict=False) for k in (0, 1)][:8]
 
     def earlier(count: int) -> bytes:
+        entries_ = b"".join(
+            hashlib.blake2b(old_ids[j].encode(), digest_size=5).digest()
+            + (START_MS % 2**32).to_bytes(4, "big")
+            for j in range(count)
+        )
         return (
-            bytes((count,)) + b"\xa7" * 9 * count + (0).to_bytes(6, "big")
+            bytes((count,)) + entries_ + (0).to_bytes(6, "big")
             + START_MS.to_bytes(6, "big") + (4).to_bytes(6, "big") * numbers
         )
 
-    for count in (1, 8):
-        redis_client.set(key, earlier(count))
-        assert django_quota.peek("p", SUBJECT).remaining == 5
-        outcome = django_quota.evaluate("p", SUBJECT, evaluation_id=f"after-{count}")
-        assert (outcome.decision, outcome.remaining) == ("allowed", 4)
-        state, records = decode_counter(redis_client.get(key), algorithm, windows_count)
-        assert state is not None and state["t"] == START_MS and len(records) == 9
-        redis_client.set(key, earlier(count))  # a reset deletes it
-        assert django_quota.reset("p", SUBJECT) == 0
-        assert not redis_client.exists(key)
-    # Without entries, the two layouts are the same bytes: the counter is kept (4 used of
-    # 5; the sliding window also counts 4 in the previous window, the bucket's deficit
-    # is just over 4 tokens, and the sliding log's numbers are its list, empty here).
-    redis_client.set(key, earlier(0))
-    assert decode_counter(earlier(0), algorithm, windows_count)[1] == b""
+    # 4 used of 5; the sliding window also counts 4 in the previous window, the bucket's
+    # deficit is just over 4 tokens, and the sliding log's numbers are its list, empty here.
     kept = {"fixed_window": 1, "sliding_window": 0, "token_bucket": 0, "sliding_log": 5}
-    assert django_quota.peek("p", SUBJECT).remaining == kept[algorithm]
+    for count in (0, 1, 8):
+        redis_client.set(key, earlier(count))
+        assert django_quota.peek("p", SUBJECT).remaining == kept[algorithm]
+        for j in range(count):  # a repeat of a charge made before the upgrade
+            again = django_quota.evaluate("p", SUBJECT, evaluation_id=old_ids[j])
+            assert again.remaining == kept[algorithm], (count, j)
+        assert redis_client.get(key) == earlier(count)  # a repeat writes nothing
+        outcome = django_quota.evaluate("p", SUBJECT, evaluation_id=f"after-{count}")
+        if kept[algorithm]:
+            assert (outcome.decision, outcome.remaining) == ("allowed", kept[algorithm] - 1)
+        else:
+            assert outcome.decision == "denied"
+        if outcome.decision == "allowed":
+            state, records = decode_counter(redis_client.get(key), algorithm, windows_count)
+            assert state is not None and state["t"] == START_MS
+            assert [entry.fingerprint for entry in entries(records)] == [
+                *(fingerprint(old_ids[j]) for j in range(max(0, count - 7), count)),
+                fingerprint(f"after-{count}"),
+            ]
+        redis_client.set(key, earlier(count))  # a reset drops its numbers, keeps its ledger
+        assert django_quota.reset("p", SUBJECT) == windows_count
+        assert django_quota.peek("p", SUBJECT).remaining == 5
+        for j in range(count):  # a charge made before the upgrade and the reset
+            again = django_quota.evaluate("p", SUBJECT, evaluation_id=old_ids[j])
+            assert again.remaining == 5, (count, j)
+        redis_client.delete(key)
 
 
 def test_a_costed_charge_drops_as_many_old_entries_as_it_needs(

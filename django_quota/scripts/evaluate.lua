@@ -94,9 +94,10 @@ Counter value (core/protocol.py decodes it; "u48" = 6 bytes big-endian):
      DEDUP_TTL (0: none; see model.py);
   then, unless the numbers were reset: u48 t (the last accepted now, ms), and per window
      u48 c<w>, followed, for the sliding window counter and the token bucket, by u48 p<w>.
-  Another type at the key (a hash of an earlier version), or a string in the layout of
-  an earlier version (u8 k, the entry count, then k 9-byte entries without costs), reads
-  as no counter, and the first charge replaces it.
+  Another type at the key (a hash of an earlier version) reads as no counter, and the
+  first charge replaces it. A string in the layout of an earlier version (u8 k, the entry
+  count 1 to 8, then k 9-byte entries without costs, their fingerprints 40 bits) is read
+  as this layout (L = 9k, each fingerprint's first bit cleared), numbers kept.
 
 Sliding log (algorithm 4, docs/arithmetic.md): c<i> counts every unit window i ever
 recorded, modulo LOG_MODULUS; its list holds, newest event first, two integers an event:
@@ -340,12 +341,23 @@ for i = 1, n do  --@ general
   local stride = 1  --@ general
   if algorithm == 2 or algorithm == 3 then stride = 2 end  --@ general
   local ledger_end, last, count, extra = 1, nil, 0, 0
+  local length = byte(value, 1)  -- none without a counter
+  if length and length < 9 and length > 0 then
+    -- An earlier version's layout: u8 k, an entry count (1 to 8), then k entries of 9
+    -- bytes whose fingerprints have 40 bits. Read as this one: L = 9k, each fingerprint's
+    -- first bit cleared (protocol.fingerprint's 39 bits); d, t and the numbers are the
+    -- same bytes. A charge writes it back so (docs/operations.md#upgrading).
+    local upgraded = char(ENTRY * length)
+    for at = 2, ENTRY * length, ENTRY do
+      upgraded = upgraded .. char(byte(value, at) % 128) .. sub(value, at + 1, at + 8)
+    end
+    value = upgraded .. sub(value, 2 + ENTRY * length)
+    length = ENTRY * length
+  end
 --@ if general
   if value ~= '' then
-    local length = byte(value, 1)
     ledger_end = 1 + length
 --@ else
-  --+ local length = byte(value, 1)  -- none without a counter
   --+ if length then ledger_end = 1 + length end
   --+ -- d + 1 (kept for the charge), t and the window's numbers in one call: the bytes past
   --+ -- the value's end are nil.
@@ -370,16 +382,8 @@ for i = 1, n do  --@ general
 --@ end
       end  --@ general
     elseif size ~= ledger_end + 6 then
-      -- An earlier version's layout (u8 k, k 9-byte entries, d, ...) reads as no counter.
-      local old = 7 + ENTRY * length  -- its size up to d
-      if length <= 8 and (size == old or size == old + 6 + 6 * stride * m) then  --@ general
-      --+ if length <= 8 and (size == old or size == old + 12) then  --@ fixed_window or sliding_log
-      --+ if length <= 8 and (size == old or size == old + 18) then  --@ sliding_window or token_bucket
-        value, ledger_end = '', 1
-      else
-        return redis.error_reply('django-quota: the value at ' .. KEYS[i] ..
-          ' is not a counter of this policy (docs/operations.md); reset it')
-      end
+      return redis.error_reply('django-quota: the value at ' .. KEYS[i] ..
+        ' is not a counter of this policy (docs/operations.md); reset it')
     end
   end
   local policy_now = now
