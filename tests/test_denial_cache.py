@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import os
+import time
 from collections import Counter
 from collections.abc import Iterator
 from io import StringIO
@@ -597,6 +598,33 @@ def test_the_cache_keeps_at_most_max_entries_least_recently_used_first(
     assert evaluate("b").backend_mode == "cache"
     assert evaluate("c").backend_mode == "redis"
     assert len(cache_of(current)) == 2
+
+
+def test_a_refusal_sent_before_a_refund_or_reset_is_not_remembered(
+    pairs: dict[str, tuple[Any, Any]],
+) -> None:
+    # Another thread's refund (or reset) of the counter lands while a refusal is on its
+    # way back: the refusal predates it, and remembered it would deny a budget given back.
+    client = pairs["fakeredis"][0]
+    client.flushdb()
+    current = build_limiter(client, True)
+    one = policy("dc-race", FIXED_WINDOW, (Window("default", 1, 3_600_000, 1),))
+
+    def prepared() -> Any:
+        return current.prepare([one], {"user": "r"}, 1, clock=lambda: 1.7e9)
+
+    assert [current.run(prepared())[0].decision for _ in range(2)] == ["allowed", "denied"]
+    cache = cache_of(current)
+    [denial] = cache.entries.values()
+    request = prepared().request
+    cache.clear()
+    sent_at = time.monotonic()
+    current.forget_denials(request.counters)  # the refund, after the refusal was sent
+    assert cache.remember(request, denial.results, sent_at) is False
+    assert cache.answer(request, time.monotonic()) is None
+    # A refusal sent after the refund is remembered as before.
+    assert cache.remember(request, denial.results, time.monotonic() + 1.0) is True
+    assert cache.answer(request, time.monotonic() + 1.0) is not None
 
 
 def test_max_ttl_bounds_an_answer(

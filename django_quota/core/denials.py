@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from typing import NamedTuple
@@ -36,6 +37,10 @@ from django_quota.core.windows import WindowResult
 
 #: A hold longer than any window can give (ms): the entry then lives ``MAX_TTL``.
 UNBOUNDED_MS = 2**62
+
+#: Slots of a cache's forget clock (:meth:`DenialCache.forget`): counters share a slot by
+#: hash, which only makes a refusal skipped, never one kept wrongly.
+FORGET_SLOTS = 1024
 
 #: What identifies a group's evaluation: its counter keys (policy, revision, identity)
 #: and each call's packed arguments (algorithm, enforcement, cost, every window's limit,
@@ -117,6 +122,9 @@ class DenialCache:
         self.max_ttl = max_ttl
         self.entries: OrderedDict[Key, Denial] = OrderedDict()
         self.counters: dict[str, set[Key]] = {}
+        # When each counter (by slot) was last forgotten, monotonic seconds: a refusal
+        # sent before then may predate a refund or a reset, and is not remembered.
+        self.forgotten_at = [float("-inf")] * FORGET_SLOTS
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
@@ -176,6 +184,9 @@ class DenialCache:
         shortest = min(holds)
         if shortest <= 0:
             return False
+        forgotten_at = self.forgotten_at
+        if any(forgotten_at[hash(c) % FORGET_SLOTS] >= sent_at for c in request.counters):
+            return False  # a refund or reset of a counter may have landed after it was sent
         expires = sent_at + self.max_ttl
         if request.now_ms is None and shortest < UNBOUNDED_MS:
             expires = min(expires, sent_at + shortest / 1000)
@@ -196,7 +207,12 @@ class DenialCache:
 
     def forget(self, counters: Iterable[str]) -> None:
         """Forget every refusal of a group holding one of ``counters`` (a counter was
-        written, or may have been: its numbers are no longer the refusal's)."""
+        written, or may have been: its numbers are no longer the refusal's), and any
+        refusal of them already sent and still on its way back (:meth:`remember`)."""
+        counters = tuple(counters)
+        now = time.monotonic()
+        for counter in counters:
+            self.forgotten_at[hash(counter) % FORGET_SLOTS] = now
         index = self.counters
         found = [counter for counter in counters if counter in index]
         if not found:
