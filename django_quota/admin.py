@@ -25,8 +25,7 @@ from django_quota import conf, limiter, metrics, operations, policies, reference
 from django_quota.backends import connection_url
 from django_quota.core.breaker import CLOSED, HALF_OPEN, OPEN
 from django_quota.core.errors import BackendError, ConfigurationError
-from django_quota.core.policy import ALGORITHMS, DIMENSIONS, parse_policy
-from django_quota.core.rates import format_rate
+from django_quota.core.policy import ALGORITHMS, DIMENSIONS, Window, parse_policy, written_rate
 from django_quota.models import (
     QuotaPlanLimit,
     QuotaPolicy,
@@ -222,6 +221,11 @@ class ResetCountersForm(forms.Form):
         return {name: value for name, value in self.cleaned_data.items() if value}
 
 
+def _written(algorithm: str, limit: int, period_s: int) -> str:
+    """A database window's rate as ``quota policies`` writes it (``core.policy.written_rate``)."""
+    return written_rate(algorithm, Window("", limit, period_s * 1000, limit))
+
+
 @admin.register(QuotaPolicy)
 class QuotaPolicyAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     list_display = (
@@ -284,16 +288,22 @@ class QuotaPolicyAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
 
     @admin.display(description="windows")
     def windows_summary(self, obj: QuotaPolicy) -> str:
-        return ", ".join(str(window) for window in obj.windows.all())
+        """``burst: 2/m, daily: 3/day (UTC)``: each window's rate as ``quota policies``
+        writes it (a database day of a fixed window is the day in UTC)."""
+        return ", ".join(
+            f"{row.name}: {_written(obj.algorithm, row.limit, row.period)}"
+            for row in obj.windows.all()
+        )
 
     @admin.display(description="plans")
     def plans_summary(self, obj: QuotaPolicy) -> str:
-        """``free (daily 100/d), pro (daily 10000/d)``: each plan's windows' rates."""
+        """``free (daily 100/day (UTC)), pro (daily 10000/day (UTC))``: each plan's
+        windows' rates."""
         periods = {window.name: window.period for window in obj.windows.all()}
         plans: dict[str, list[str]] = {}
         for row in obj.plan_limits.all():
             period = periods.get(row.window)
-            rate = "?" if period is None else format_rate(row.limit, period * 1000)
+            rate = "?" if period is None else _written(obj.algorithm, row.limit, period)
             plans.setdefault(row.plan, []).append(f"{row.window} {rate}")
         return ", ".join(f"{plan} ({', '.join(rates)})" for plan, rates in plans.items()) or "-"
 

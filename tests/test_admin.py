@@ -701,7 +701,11 @@ def test_a_policy_added_with_plans_decides_with_the_plans_limits(
     ]
     assert django_quota.peek("api", {"ip": IP}, plan="pro").limit == 20
     page = admin_client.get(CHANGELIST).content.decode()
-    assert "free (burst 2/m, daily 3/d), pro (burst 20/m, daily 300/d)" in html.unescape(page)
+    # A fixed window of a database day is the day in UTC, written as quota policies
+    # and the status page write it.
+    unescaped = html.unescape(page)
+    assert "burst: 2/m, daily: 3/day (UTC)" in unescaped
+    assert "free (burst 2/m, daily 3/day (UTC)), pro (burst 20/m, daily 300/day (UTC))" in unescaped
     (row,) = cells(admin_client.get(STATUS), "quota-policies")
     # The status page writes the effective policy: a day of a database policy is the
     # epoch-aligned day, the day in UTC (docs/policies.md#calendar-windows).
