@@ -20,6 +20,7 @@ from django_quota import limiter, releasing
 from django_quota.core.outcome import DENIED_DECISION, FAILED_CLOSED, Outcome
 from django_quota.core.policy import Policy
 from django_quota.exemptions import aexempt_step, exempt_step
+from django_quota.prepared import Prepared
 
 #: The one attribute django-quota sets on a request.
 LEDGER_ATTR = "_quota"
@@ -205,18 +206,13 @@ class Decision:
 
 
 def _holding(
-    decision: Decision,
-    group: Sequence[Policy],
-    fresh: Sequence[Outcome],
-    subject: Subject,
-    cost: int = 1,
-    plan: str | None = None,
+    decision: Decision, fresh: Sequence[Outcome], prepared: Prepared, cost: int
 ) -> Decision:
     """``decision`` with the leases its fresh outcomes acquired and the ``count_when``
-    charges they made (none when refused)."""
+    charges they made (none when refused), on the counters ``prepared`` charged."""
     if not fresh or decision.refusing is not None:
         return decision
-    leases = releasing.held(group, fresh, subject.for_policy, cost, plan)
+    leases = releasing.held(fresh, prepared, cost)
     if not leases:
         return decision
     return Decision(decision.outcomes, None, decision.announces, leases)
@@ -316,10 +312,10 @@ def decide(
         assert subject is not None
         charge = cost(request) if callable(cost) else cost
         plan = _plan(subject, step.pending)
-        fresh = limiter.evaluate_policies(
-            step.pending, subject.for_policy, charge, clock=clock, plan=plan
-        )
-        return _holding(step.finish(group, fresh), step.pending, fresh, subject, charge, plan)
+        current = limiter.get_limiter()
+        prepared = current.prepare(step.pending, subject.for_policy, charge, clock=clock, plan=plan)
+        fresh = current.run(prepared)
+        return _holding(step.finish(group, fresh), fresh, prepared, charge)
     return step.finish(group, fresh)
 
 
@@ -348,8 +344,8 @@ async def adecide(
             if iscoroutinefunction(cost):
                 charge = await charge
         plan = _plan(subject, step.pending)
-        fresh = await limiter.aevaluate_policies(
-            step.pending, subject.for_policy, charge, clock=clock, plan=plan
-        )
-        return _holding(step.finish(group, fresh), step.pending, fresh, subject, charge, plan)
+        current = limiter.get_limiter()
+        prepared = current.prepare(step.pending, subject.for_policy, charge, clock=clock, plan=plan)
+        fresh = await current.arun(prepared)
+        return _holding(step.finish(group, fresh), fresh, prepared, charge)
     return step.finish(group, fresh)

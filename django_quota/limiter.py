@@ -30,7 +30,7 @@ from django_quota.core.refunds import RefundCall, RefundRequest
 from django_quota.core.windows import calendar_place
 from django_quota.engine import Clock, Limiter, Subject, SubjectSource
 from django_quota.messages import Codes
-from django_quota.prepared import validate_cost
+from django_quota.prepared import Compiled, validate_cost
 
 logger = logging.getLogger("django_quota")
 
@@ -346,9 +346,15 @@ def lease_request(policy: Policy, subject: Subject, evaluation_id: str) -> Relea
     ones included)."""
     if policy.algorithm != CONCURRENCY:
         return None
-    limiter = get_limiter()
-    identity = limiter.identity_for(policy, subject, "release")
+    identity = get_limiter().identity_for(policy, subject, "release")
     counter = counter_key(conf.get_settings().key_prefix, policy, identity)
+    return counter_release(counter, evaluation_id)
+
+
+def counter_release(counter: str, evaluation_id: str) -> ReleaseRequest:
+    """What releases the leases ``evaluation_id`` acquired on the counter ``counter``
+    (the edges keep the counter their evaluation charged)."""
+    limiter = get_limiter()
     return ReleaseRequest(
         counter, fingerprint(evaluation_id), limiter.now(None), limiter.cleanup_grace_ms
     )
@@ -425,25 +431,35 @@ def refund_request(
     compiled = limiter.compiled(policy)
     if plan is not None and policy.plans:
         compiled = compiled.for_plan(plan)
+    counter = compiled.counter(conf.get_settings().key_prefix, identity)
+    return counter_refund(compiled, counter, evaluation_id, cost, since_ms)
+
+
+def counter_refund(
+    compiled: Compiled, counter: str, evaluation_id: str, cost: int, since_ms: int | None = None
+) -> RefundRequest | None:
+    """What undoes the charge of ``evaluation_id`` (``cost`` units) on the counter
+    ``counter`` of ``compiled``'s policy (its plan's limits, if any); None when nothing
+    can have been charged (cost 0, or above what the windows ever admit)."""
     if cost == 0 or cost > compiled.cost_bound:
         return None
     windows = compiled.policy.windows
-    now_ms = limiter.now(None)
+    now_ms = get_limiter().now(None)
     places: tuple[int, ...] = ()
     if compiled.calendar:
         client_now = round(time.time() * 1000) if now_ms is None else now_ms
-        bounds = compiled.calendar_call(compiled.call(cost), client_now).bounds
+        call = compiled.call(cost)
+        bounds = compiled.calendar_call(call, client_now).bounds
         for index, window in enumerate(windows):
             places += calendar_place(bounds, index, client_now, window.period_ms)
-    call = RefundCall(
-        policy.algorithm,
+    refund = RefundCall(
+        compiled.policy.algorithm,
         tuple(window.period_ms for window in windows),
         tuple(window.limit for window in windows),
         cost,
         places,
     )
-    counter = compiled.counter(conf.get_settings().key_prefix, identity)
-    return RefundRequest((counter,), (call,), fingerprint(evaluation_id), now_ms, since_ms)
+    return RefundRequest((counter,), (refund,), fingerprint(evaluation_id), now_ms, since_ms)
 
 
 def refund(
