@@ -348,12 +348,11 @@ def lease_request(policy: Policy, subject: Subject, evaluation_id: str) -> Relea
         return None
     identity = get_limiter().identity_for(policy, subject, "release")
     counter = counter_key(conf.get_settings().key_prefix, policy, identity)
-    return counter_release(counter, evaluation_id)
+    return _counter_release(counter, evaluation_id)
 
 
-def counter_release(counter: str, evaluation_id: str) -> ReleaseRequest:
-    """What releases the leases ``evaluation_id`` acquired on the counter ``counter``
-    (the edges keep the counter their evaluation charged)."""
+def _counter_release(counter: str, evaluation_id: str) -> ReleaseRequest:
+    """What releases the leases ``evaluation_id`` acquired on the counter ``counter``."""
     limiter = get_limiter()
     return ReleaseRequest(
         counter, fingerprint(evaluation_id), limiter.now(None), limiter.cleanup_grace_ms
@@ -432,15 +431,19 @@ def refund_request(
     if plan is not None and policy.plans:
         compiled = compiled.for_plan(plan)
     counter = compiled.counter(conf.get_settings().key_prefix, identity)
-    return counter_refund(compiled, counter, evaluation_id, cost, since_ms)
+    return counter_undo(compiled, counter, evaluation_id, cost, since_ms)
 
 
-def counter_refund(
-    compiled: Compiled, counter: str, evaluation_id: str, cost: int, since_ms: int | None = None
-) -> RefundRequest | None:
+def counter_undo(
+    compiled: Compiled, counter: str, evaluation_id: str, cost: int, since_ms: int | None
+) -> RefundRequest | ReleaseRequest | None:
     """What undoes the charge of ``evaluation_id`` (``cost`` units) on the counter
-    ``counter`` of ``compiled``'s policy (its plan's limits, if any); None when nothing
-    can have been charged (cost 0, or above what the windows ever admit)."""
+    ``counter`` of ``compiled``'s policy (its plan's limits, if any), as
+    :func:`refund_request` says, from the counter itself (the edges keep the counter
+    their evaluation charged): a concurrency policy's release, else a refund; None when
+    nothing can have been charged (cost 0, or above what the windows ever admit)."""
+    if compiled.policy.algorithm == CONCURRENCY:
+        return _counter_release(counter, evaluation_id)
     if cost == 0 or cost > compiled.cost_bound:
         return None
     windows = compiled.policy.windows

@@ -58,7 +58,8 @@ def held(fresh: Sequence[Outcome], prepared: Prepared, cost: int = 1) -> tuple[H
     through) holds until the response is done: the allowed outcomes of its concurrency
     policies and of its ``count_when`` policies, with the counters it charged."""
     request = prepared.request
-    if request is None or not any(_holds(compiled.policy) for compiled in prepared.compiled):
+    # ``needs_id`` is true of every policy that holds (and of login policies): one look.
+    if request is None or not any(compiled.needs_id for compiled in prepared.compiled):
         return ()
     sent: dict[str, tuple[Compiled, str]] = {}
     for position, index in enumerate(prepared.sent):
@@ -89,14 +90,13 @@ def _holds(policy: Policy) -> bool:
 def _settlement(lease: Held, status: int) -> Any:
     """What ends ``lease`` after a response of ``status``: a concurrency lease's release;
     a ``count_when`` charge's refund when the status does not count; else None."""
-    if lease.policy.algorithm == CONCURRENCY:
-        return limiter.counter_release(lease.counter, lease.evaluation_id)
-    if lease.policy.counts(status):
+    policy = lease.policy
+    if policy.algorithm != CONCURRENCY and policy.counts(status):
         return None
     # The charge's own time, should the bounded ledger have dropped its entry: the ms
     # since it, measured here (docs/refunds.md, "At the edges").
     since = max(0, round((time.monotonic() - lease.charged_at) * 1000))
-    return limiter.counter_refund(
+    return limiter.counter_undo(
         lease.compiled, lease.counter, lease.evaluation_id, lease.cost, since
     )
 
