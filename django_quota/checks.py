@@ -33,6 +33,13 @@ def _warning(message: Message, **values: object) -> Warning:
 
 def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
     """Validate ``settings.QUOTA`` and warn about risky combinations."""
+    from django_quota import policies
+
+    with policies.checking():  # quiet before the first migrate, which runs the checks
+        return _check_settings()
+
+
+def _check_settings() -> list[CheckMessage]:
     parsed, problems = parse_settings(conf.quota_setting(), secret_key=django_settings.SECRET_KEY)
     reported: list[CheckMessage] = [
         Error(f"{problem.key}: {problem.message}", hint=problem.hint, id=problem.id)

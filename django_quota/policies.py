@@ -11,11 +11,13 @@ registry stays in use.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 import threading
 import time
-from collections.abc import Callable, Hashable, Mapping
+from collections.abc import Callable, Hashable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,6 +33,11 @@ from django_quota.core.policy import (
 from django_quota.messages import Checks
 
 logger = logging.getLogger("django_quota")
+
+#: True while the system checks read the registry (:func:`checking`).
+_checking: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "django_quota_checking", default=False
+)
 
 
 class UnknownPolicy(QuotaError, LookupError):
@@ -88,10 +95,14 @@ class _PolicyState:
         self.told_to_migrate = False
 
     def refresh(self) -> Registry:
-        """Rebuild the registry unless another thread just did, and keep it."""
+        """Rebuild the registry unless another thread just did, and keep it (unless the
+        system checks built it without the database: see :func:`checking`)."""
         with self.lock:
             if self.registry is None or needs_refresh():
-                self.registry = _build(self.registry)
+                registry = _build(self.registry)
+                if registry.database_ok or not _checking.get():
+                    self.registry = registry
+                return registry
             return self.registry
 
     def report(self, message: str) -> None:
@@ -151,9 +162,29 @@ def _database_unreadable(exc: Exception) -> None:
         logger.debug("quota policies not read from the database, which this test blocks")
         return
     if _tables_missing():
-        _state.tell_to_migrate()
+        if _checking.get():
+            logger.debug("quota policies not read from the database: no tables yet")
+        else:
+            _state.tell_to_migrate()
     else:
         logger.error("quota policies could not be read from the database: %s", exc)
+
+
+@contextmanager
+def checking() -> Iterator[None]:
+    """Read the registry for the system checks: before the first ``migrate`` (the tables
+    missing) say nothing and keep nothing.
+
+    ``migrate`` runs the checks before it creates the tables, so a warning to run
+    ``migrate`` would be printed by ``migrate`` itself. A registry built without the
+    database is not kept, so the first real use rebuilds it and says what is wrong
+    (docs/operations.md). A database that cannot be read at all is still logged.
+    """
+    token = _checking.set(True)
+    try:
+        yield
+    finally:
+        _checking.reset(token)
 
 
 def load_database_policies() -> list[Policy]:

@@ -695,8 +695,12 @@ def test_a_policy_added_with_plans_decides_with_the_plans_limits(
     page = admin_client.get(CHANGELIST).content.decode()
     assert "free (burst 2/m, daily 3/d), pro (burst 20/m, daily 300/d)" in html.unescape(page)
     (row,) = cells(admin_client.get(STATUS), "quota-policies")
-    assert row[4:6] == ["burst: 2/m, daily: 3/d",
-                        "free (burst 2/m, daily 3/d), pro (burst 20/m, daily 300/d)"]
+    # The status page writes the effective policy: a day of a database policy is the
+    # epoch-aligned day, the day in UTC (docs/policies.md#calendar-windows).
+    assert row[4:6] == [
+        "burst: 2/m, daily: 3/day (UTC)",
+        "free (burst 2/m, daily 3/day (UTC)), pro (burst 20/m, daily 300/day (UTC))",
+    ]
 
 
 def create_planned_policy() -> QuotaPolicy:

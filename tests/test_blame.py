@@ -7,6 +7,7 @@ loopback (tests/faults.py); the cluster cases are in tests/test_cluster.py."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import signal
@@ -21,6 +22,7 @@ from django.test import Client
 
 import django_quota
 from django_quota import engine, limiter
+from django_quota.backends import clients
 from django_quota.backends.cluster import classify_cluster
 from django_quota.backends.scripting import ConnectFailed, classify
 from django_quota.core.breaker import CLOSED, OPEN, CircuitBreaker
@@ -126,6 +128,32 @@ def test_maxclients_counts_when_no_connection_of_the_node_answered_lately(
             assert limiter.get_breaker().state == OPEN
             assert set(labels()) == {("backend_unavailable", MAXCLIENTS)}
         assert "label=maxclients (counted by its circuit breaker)" in caplog.text
+
+
+@pytest.mark.redis
+def test_an_async_decision_refused_at_maxclients_keeps_its_label(
+    quota: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On the loop's pipelined connections: redis-py's asyncio connection writes its
+    handshake's commands one after the other (every redis-py 8), the refusal's reset
+    made the second write fail, and the refusal read as a dropped connection (up to 100
+    of 100 new connections here before the handshake went out in one write)."""
+    monkeypatch.setattr(clients, "PIPELINE_AFTER", 0)  # no decision on the sync client
+    with redis_process() as server:
+        configure(quota, server.url)
+        with at_maxclients(server):
+
+            async def decide() -> list[tuple[str, str | None]]:
+                decided = []
+                for _ in range(engine.BREAKER_THRESHOLD):
+                    outcome = await django_quota.aevaluate("p", SUBJECT)
+                    decided.append((outcome.decision, outcome.reason))
+                return decided
+
+            decided = asyncio.run(decide())
+            assert decided == [("failed_closed", "backend_unavailable")] * len(decided)
+            assert labels() == [("backend_unavailable", MAXCLIENTS)] * engine.BREAKER_THRESHOLD
+            assert limiter.get_breaker().state == OPEN  # no connection of it ever answered
 
 
 @pytest.mark.redis

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from django_quota.core.calendar import SKEW_MS, calendar_bounds, windows_bounds
 from django_quota.core.calls import GROUP_CLOCK_UNSAFE, PolicyCall
 from django_quota.core.model import evaluate_group
-from django_quota.core.policy import Window, parse_policy
+from django_quota.core.policy import Window, parse_policy, written_rate
 from django_quota.core.protocol import GroupReply, GroupRequest, counter_tail, fingerprint
 from tests import differential
 from tests.differential import SEQUENCES, expected_script
@@ -197,7 +197,8 @@ def test_timezone_setting_is_the_policies_default() -> None:
     assert parsed.timezone == "America/New_York"
     assert parsed.policies["own"].windows[0].timezone == "Europe/Berlin"
     assert parsed.policies["default"].windows[0].timezone == "America/New_York"
-    assert parsed.policies["default"].windows[0].described == "5/month (America/New_York)"
+    default = parsed.policies["default"]
+    assert written_rate(default.algorithm, default.windows[0]) == "5/month (America/New_York)"
 
 
 # -- exact counts at the boundaries ----------------------------------------------------------

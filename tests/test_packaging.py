@@ -1,8 +1,12 @@
 """The built wheel carries every non-Python file the app needs at run time (the editable
-install the other tests use would hide a missing one), and works once installed."""
+install the other tests use would hide a missing one), and works once installed. It is
+built with the README's own command, run at the root of a clean copy of the clone, as a
+reader runs it."""
 
 from __future__ import annotations
 
+import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -25,29 +29,34 @@ NOT_SOURCE = (
 )
 
 
+def readme_command(program: str) -> list[str]:
+    """The README's ``python -m pip <program> ...`` command, split into its words."""
+    readme = (ROOT / "README.md").read_text()
+    [command] = re.findall(rf"`(python -m pip {program} [^`]*)`", readme)
+    return shlex.split(command)
+
+
+def test_the_readme_commands_name_the_root_of_the_clone() -> None:
+    """A clone's directory is named whatever git made it: the README's commands name the
+    current directory (its root), not ``./django-quota``."""
+    wheel = ["python", "-m", "pip", "wheel", "--no-deps", "-w", "dist", "."]
+    assert readme_command("wheel") == wheel
+    readme = (ROOT / "README.md").read_text()
+    assert 'pip install ".[drf,hiredis,prometheus]"' in readme
+    assert "./django-quota" not in readme
+
+
 def _build_wheel(tmp_path: Path) -> Path:
     # Build from a clean copy: a stale build/ directory would hide a missing file.
     source = tmp_path / "source"
     shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(*NOT_SOURCE))
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "wheel",
-            "--no-deps",
-            "--no-build-isolation",
-            "-q",
-            "-w",
-            str(tmp_path),
-            str(source),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    _python, *pip_wheel = readme_command("wheel")
+    # The test's own additions: the build backend from this environment (no download),
+    # and quiet output.
+    command = [sys.executable, *pip_wheel, "--no-build-isolation", "-q"]
+    result = subprocess.run(command, cwd=source, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
-    return next(tmp_path.glob("django_quota-*.whl"))
+    return next((source / "dist").glob("django_quota-*.whl"))
 
 
 def test_wheel_contains_templates_scripts_and_migrations(tmp_path: Path) -> None:

@@ -120,6 +120,17 @@ def test_the_page_has_the_recipes_this_module_runs() -> None:
     ]
 
 
+def test_recipes_compose_no_two_write_the_same_module() -> None:
+    """A reader who follows two recipes keeps both: each recipe's code has a module of its
+    own (the settings blocks are merged into one ``QUOTA``, as the page says)."""
+    writers: dict[str, list[str]] = {}
+    for title, blocks in RECIPES.items():
+        for filename, _code in blocks:
+            if filename != "settings.py":
+                writers.setdefault(filename, []).append(title)
+    assert {name: titles for name, titles in writers.items() if len(titles) > 1} == {}
+
+
 # -- exempting health checks and internal networks ------------------------------------------
 def ok(request: HttpRequest) -> HttpResponse:
     return HttpResponse("ok")
@@ -157,7 +168,7 @@ def test_exempting_health_checks_and_internal_networks(
 # -- tiers: a plan per API key ----------------------------------------------------------------
 def test_tiers_a_plan_per_api_key(recipe: Any, mount: Any) -> None:
     modules = recipe("Tiers: a plan per API key")
-    customers = modules["myproject.quota"].CUSTOMERS
+    customers = modules["myproject.plans"].CUSTOMERS
     mount([path("api/items", ok)])
     client = Client()
 

@@ -336,11 +336,16 @@ def test_loading_database_policies_in_the_event_loop_is_refused_by_django(quota:
 
 
 # -- before and after migrate ---------------------------------------------------------------
-def test_missing_tables_are_a_warning_to_migrate_not_an_error(
-    quota: Any, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The subprocess test (tests/test_before_migrate.py) runs a real fresh migrate; here
-    the same path in-process, twice, for the once-per-process bound."""
+TOLD_TO_MIGRATE = (
+    "the quota policy tables do not exist yet: run `manage.py migrate`; until then only "
+    "settings policies apply"
+)
+
+
+@pytest.fixture
+def no_tables(quota: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before the first ``migrate``: a settings policy ``zeta``, the database policies'
+    read failing on the missing table, and nothing told yet in this process."""
     from django.db.utils import OperationalError
 
     def no_table() -> list[Any]:
@@ -350,6 +355,13 @@ def test_missing_tables_are_a_warning_to_migrate_not_an_error(
     monkeypatch.setattr(policies, "load_database_policies", no_table)
     monkeypatch.setattr(policies, "_tables_missing", lambda: True)
     monkeypatch.setattr(policies._state, "told_to_migrate", False)
+
+
+def test_missing_tables_are_a_warning_to_migrate_not_an_error(
+    no_tables: None, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The subprocess test (tests/test_before_migrate.py) runs a real fresh migrate; here
+    the same path in-process, twice, for the once-per-process bound."""
     with caplog.at_level(logging.WARNING, logger="django_quota"):
         for _ in range(2):
             policies.clear()
@@ -358,8 +370,42 @@ def test_missing_tables_are_a_warning_to_migrate_not_an_error(
     assert registry.database_ok is False
     assert quota_errors(caplog) == []
     assert [r.getMessage() for r in caplog.records if r.name == "django_quota"] == [
-        "the quota policy tables do not exist yet: run `manage.py migrate`; until then only "
-        "settings policies apply"
+        TOLD_TO_MIGRATE
+    ]
+
+
+def test_the_checks_say_nothing_before_migrate_and_the_first_use_still_does(
+    no_tables: None, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``migrate`` runs the system checks before it creates the tables: they must not tell
+    it to run itself, nor keep the registry they built, so that the first real use warns."""
+    policies.clear()
+    with caplog.at_level(logging.WARNING, logger="django_quota"):
+        assert [message.id for message in check_settings()] == ["django_quota.W001"]  # memory
+        with policies.checking():
+            assert list(policies.get_registry().policies) == ["zeta"]
+        assert policies._state.registry is None
+        assert [r.getMessage() for r in caplog.records if r.name == "django_quota"] == []
+        assert list(policies.get_registry().policies) == ["zeta"]
+    assert [r.getMessage() for r in caplog.records if r.name == "django_quota"] == [
+        TOLD_TO_MIGRATE
+    ]
+
+
+def test_the_checks_still_log_a_database_that_cannot_be_read(
+    quota: Any, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def unreadable() -> list[Any]:
+        raise DatabaseError("connection refused")
+
+    quota(POLICY_SOURCES=SOURCES, POLICIES={"zeta": SETTINGS_POLICY})
+    monkeypatch.setattr(policies, "load_database_policies", unreadable)
+    monkeypatch.setattr(policies, "_tables_missing", lambda: False)
+    policies.clear()
+    with caplog.at_level(logging.WARNING, logger="django_quota"), policies.checking():
+        assert list(policies.get_registry().policies) == ["zeta"]
+    assert quota_errors(caplog) == [
+        "quota policies could not be read from the database: connection refused"
     ]
 
 

@@ -26,6 +26,7 @@ from django_quota.backends.failures import (
     deadline_spent,
     mark_connect_failure,
 )
+from django_quota.backends.handshake import AsyncOneWriteHandshakePool, OneWriteHandshakePool
 from django_quota.backends.pipeline import Pipeline
 from django_quota.backends.pipeline import pack_command as pack_command
 from django_quota.backends.redispy import IdleStack, write
@@ -57,18 +58,27 @@ class _MarkConnectFailures:
             raise
 
 
-class MarkingConnectionPool(IdleStack, _MarkConnectFailures, redis.ConnectionPool):
-    """redis-py's pool, telling connect failures apart, with its own stack of idle
-    connections (the fence's :class:`~django_quota.backends.redispy.IdleStack`)."""
+class MarkingConnectionPool(IdleStack, _MarkConnectFailures, OneWriteHandshakePool):
+    """redis-py's pool, telling connect failures apart (a refusal read whole: the
+    connections' :class:`~django_quota.backends.handshake.OneWriteHandshake`), with its
+    own stack of idle connections (the fence's
+    :class:`~django_quota.backends.redispy.IdleStack`)."""
 
 
-class PublicMarkingConnectionPool(_MarkConnectFailures, redis.ConnectionPool):
+class PublicMarkingConnectionPool(_MarkConnectFailures, OneWriteHandshakePool):
     """redis-py's pool, telling connect failures apart: redis-py's public path
     (``docs/settings.md``, ``REDIS_PUBLIC_PATH``)."""
 
 
-class MarkingSentinelConnectionPool(_MarkConnectFailures, SentinelConnectionPool):
+class MarkingSentinelConnectionPool(
+    _MarkConnectFailures, SentinelConnectionPool, OneWriteHandshakePool
+):
     """redis-py's Sentinel pool, telling connect failures apart."""
+
+
+class AsyncSentinelPool(AsyncSentinelConnectionPool, AsyncOneWriteHandshakePool):
+    """redis-py's asyncio Sentinel pool, its connections' handshake in one write
+    (:class:`~django_quota.backends.handshake.AsyncOneWriteHandshake`)."""
 
 
 #: URL query options that would undo the pinned client settings (timeouts, pool size,
@@ -139,7 +149,7 @@ class RedisBackend(BaseRedisBackend):
                 socket_connect_timeout=self.timeout,
             )
             pool_class: Any = (
-                AsyncSentinelConnectionPool if asynchronous else MarkingSentinelConnectionPool
+                AsyncSentinelPool if asynchronous else MarkingSentinelConnectionPool
             )
             client = sentinel.master_for(
                 self.sentinel["SERVICE"], connection_pool_class=pool_class, **options
@@ -147,7 +157,7 @@ class RedisBackend(BaseRedisBackend):
         else:
             assert self.url is not None
             if asynchronous:
-                pool_class = redis_asyncio.ConnectionPool
+                pool_class = AsyncOneWriteHandshakePool
             elif self.public:
                 pool_class = PublicMarkingConnectionPool
             else:

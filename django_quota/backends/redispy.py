@@ -37,6 +37,7 @@ from redis.asyncio import cluster as async_cluster
 from redis.asyncio import connection as async_connection
 
 from django_quota.backends.failures import CONNECT_ERRORS, mark_connect_failure
+from django_quota.backends.handshake import AsyncOneWriteHandshake
 
 logger = logging.getLogger("django_quota")
 
@@ -350,12 +351,16 @@ class _MarkConnectFailuresBeforeWrite:
         await super().send_packed_command(command, check_health)  # type: ignore[misc]
 
 
-class AsyncMarkingClusterConnection(_MarkConnectFailuresBeforeWrite, async_connection.Connection):
-    """redis-py's asyncio connection, telling connect failures apart (cluster nodes)."""
+class AsyncMarkingClusterConnection(
+    _MarkConnectFailuresBeforeWrite, AsyncOneWriteHandshake, async_connection.Connection
+):
+    """redis-py's asyncio connection, telling connect failures apart (cluster nodes), its
+    handshake in one write (:class:`~django_quota.backends.handshake.AsyncOneWriteHandshake`:
+    a refusal read whole)."""
 
 
 class AsyncMarkingClusterSSLConnection(
-    _MarkConnectFailuresBeforeWrite, async_connection.SSLConnection
+    _MarkConnectFailuresBeforeWrite, AsyncOneWriteHandshake, async_connection.SSLConnection
 ):
     """The TLS twin of :class:`AsyncMarkingClusterConnection`."""
 

@@ -14,6 +14,7 @@ from django_quota.core.errors import ConfigurationError
 from django_quota.core.rates import (
     CALENDAR_ONLY,
     MAX_PRODUCT,
+    UNIT_MS,
     Rate,
     check_rate_bounds,
     format_period,
@@ -111,12 +112,30 @@ class Window:
         """The window's rate as the grammar writes it: ``"100/h"``, ``"10000/month"``."""
         return format_rate(self.limit, self.period_ms, self.calendar)
 
-    @property
-    def described(self) -> str:
-        """The rate with a calendar window's timezone: ``"10000/month (Europe/Berlin)"``."""
-        if self.calendar:
-            return f"{self.rate} ({self.timezone})"
-        return self.rate
+
+def counted_calendar(algorithm: str, window: Window) -> tuple[str, str]:
+    """The calendar unit and timezone that ``window`` counts in, ``("", "")`` for none.
+
+    A calendar window's own; ``("day", "UTC")`` for a fixed window of exactly one day
+    without one, since the epoch-aligned day is the day in UTC (``"5/d"`` in UTC,
+    ``"5/24h"`` in any timezone, a database policy's 86,400 seconds). What
+    ``quota policies`` and the status page show (docs/policies.md#calendar-windows).
+    """
+    if window.calendar:
+        return window.calendar, window.timezone
+    if algorithm == FIXED_WINDOW and window.period_ms == UNIT_MS["d"]:
+        return "day", "UTC"
+    return "", ""
+
+
+def written_rate(algorithm: str, window: Window) -> str:
+    """``window``'s rate as a person reads it: a window counted in a calendar unit in
+    words with its timezone (``"10000/month (Europe/Berlin)"``, ``"5/day (UTC)"``),
+    any other in its largest whole unit (``"100/30d"``, a rolling day ``"5/d"``)."""
+    calendar, timezone = counted_calendar(algorithm, window)
+    if calendar:
+        return f"{format_rate(window.limit, window.period_ms, calendar)} ({timezone})"
+    return window.rate
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,6 +185,19 @@ class Policy:
             if name == plan:
                 return windows
         return None
+
+    @property
+    def written_windows(self) -> tuple[tuple[Window, str], ...]:
+        """Each window with its rate as a person reads it (:func:`written_rate`)."""
+        return tuple((window, written_rate(self.algorithm, window)) for window in self.windows)
+
+    @property
+    def written_plans(self) -> tuple[tuple[str, tuple[tuple[Window, str], ...]], ...]:
+        """Each plan with its windows as :attr:`written_windows` gives them."""
+        return tuple(
+            (name, tuple((window, written_rate(self.algorithm, window)) for window in windows))
+            for name, windows in self.plans
+        )
 
     @property
     def shadow(self) -> bool:

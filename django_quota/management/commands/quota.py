@@ -17,7 +17,7 @@ from django.db import DatabaseError
 
 from django_quota import conf, limiter, operations, policies
 from django_quota.core.errors import BackendError
-from django_quota.core.policy import TOKEN_BUCKET, Policy, Window
+from django_quota.core.policy import TOKEN_BUCKET, Policy, Window, counted_calendar
 from django_quota.core.rates import format_rate
 
 SUBJECT_OPTIONS = (
@@ -280,17 +280,21 @@ def _subject(options: dict[str, Any]) -> dict[str, str]:
 
 
 def _window_rows(policy: Policy, windows: tuple[Window, ...]) -> list[dict[str, object]]:
-    return [
-        {
+    rows: list[dict[str, object]] = []
+    for w in windows:
+        row: dict[str, object] = {
             "window": w.name,
             "limit": w.limit,
             "period": w.period,
             "capacity": w.capacity if policy.algorithm == TOKEN_BUCKET else None,
-            # a calendar window's unit and timezone (docs/policies.md#calendar-windows)
-            **({"calendar": w.calendar, "timezone": w.timezone} if w.calendar else {}),
         }
-        for w in windows
-    ]
+        # the calendar unit and timezone it counts in, the UTC day's included
+        # (docs/policies.md#calendar-windows)
+        calendar, timezone = counted_calendar(policy.algorithm, w)
+        if calendar:
+            row.update(calendar=calendar, timezone=timezone)
+        rows.append(row)
+    return rows
 
 
 def _policy_row(policy: Policy, settings: conf.QuotaSettings) -> dict[str, object]:
@@ -314,8 +318,8 @@ def _policy_row(policy: Policy, settings: conf.QuotaSettings) -> dict[str, objec
 
 
 def _written_rate(window: dict[str, Any]) -> str:
-    """A window row's rate: ``5/30d``, a calendar window in words with its timezone
-    (``10000/month (Europe/Berlin)``)."""
+    """A window row's rate: ``5/30d``, a window counted in a calendar unit in words with
+    its timezone (``10000/month (Europe/Berlin)``, ``5/day (UTC)``)."""
     if "calendar" in window:
         return f"{window['limit']}/{window['calendar']} ({window['timezone']})"
     return format_rate(window["limit"], round(window["period"] * 1000))
