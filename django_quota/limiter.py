@@ -346,14 +346,9 @@ def lease_request(policy: Policy, subject: Subject, evaluation_id: str) -> Relea
     ones included)."""
     if policy.algorithm != CONCURRENCY:
         return None
-    identity = get_limiter().identity_for(policy, subject, "release")
-    counter = counter_key(conf.get_settings().key_prefix, policy, identity)
-    return _counter_release(counter, evaluation_id)
-
-
-def _counter_release(counter: str, evaluation_id: str) -> ReleaseRequest:
-    """What releases the leases ``evaluation_id`` acquired on the counter ``counter``."""
     limiter = get_limiter()
+    identity = limiter.identity_for(policy, subject, "release")
+    counter = counter_key(conf.get_settings().key_prefix, policy, identity)
     return ReleaseRequest(
         counter, fingerprint(evaluation_id), limiter.now(None), limiter.cleanup_grace_ms
     )
@@ -440,14 +435,25 @@ def counter_undo(
     """What undoes the charge of ``evaluation_id`` (``cost`` units) on the counter
     ``counter`` of ``compiled``'s policy (its plan's limits, if any), as
     :func:`refund_request` says, from the counter itself (the edges keep the counter
-    their evaluation charged): a concurrency policy's release, else a refund; None when
+    their evaluation charged): a refund, or a concurrency policy's release; None when
     nothing can have been charged (cost 0, or above what the windows ever admit)."""
-    if compiled.policy.algorithm == CONCURRENCY:
-        return _counter_release(counter, evaluation_id)
-    if cost == 0 or cost > compiled.cost_bound:
-        return None
+    limiter = get_limiter()
+    if compiled.policy.algorithm != CONCURRENCY:
+        if cost == 0 or cost > compiled.cost_bound:
+            return None
+        now_ms = limiter.now(None)
+        call = _refund_call(compiled, cost, now_ms)
+        return RefundRequest((counter,), (call,), fingerprint(evaluation_id), now_ms, since_ms)
+    return ReleaseRequest(
+        counter, fingerprint(evaluation_id), limiter.now(None), limiter.cleanup_grace_ms
+    )
+
+
+def _refund_call(compiled: Compiled, cost: int, now_ms: int | None) -> RefundCall:
+    """A refund of ``cost`` on ``compiled``'s windows: their periods and limits, and the
+    places of calendar windows around the client's now (``now_ms``, or this machine's
+    clock when the counters follow Redis ``TIME``)."""
     windows = compiled.policy.windows
-    now_ms = get_limiter().now(None)
     places: tuple[int, ...] = ()
     if compiled.calendar:
         client_now = round(time.time() * 1000) if now_ms is None else now_ms
@@ -455,14 +461,13 @@ def counter_undo(
         bounds = compiled.calendar_call(call, client_now).bounds
         for index, window in enumerate(windows):
             places += calendar_place(bounds, index, client_now, window.period_ms)
-    refund = RefundCall(
+    return RefundCall(
         compiled.policy.algorithm,
         tuple(window.period_ms for window in windows),
         tuple(window.limit for window in windows),
         cost,
         places,
     )
-    return RefundRequest((counter,), (refund,), fingerprint(evaluation_id), now_ms, since_ms)
 
 
 def refund(
