@@ -58,8 +58,14 @@ def held(fresh: Sequence[Outcome], prepared: Prepared, cost: int = 1) -> tuple[H
     through) holds until the response is done: the allowed outcomes of its concurrency
     policies and of its ``count_when`` policies, with the counters it charged."""
     request = prepared.request
-    # ``needs_id`` is true of every policy that holds (and of login policies): one look.
-    if request is None or not any(compiled.needs_id for compiled in prepared.compiled):
+    if request is None:
+        return ()
+    # ``needs_id`` is true of every policy that holds (and of login policies): one look
+    # at each, in a loop (any() over a generator costs more on every request).
+    for compiled in prepared.compiled:
+        if compiled.needs_id:
+            break
+    else:
         return ()
     sent: dict[str, tuple[Compiled, str]] = {}
     for position, index in enumerate(prepared.sent):
