@@ -259,3 +259,32 @@ def test_lua_matches_model_for_long_sliding_logs(engines: list[Any]) -> None:
         _run(engines, "sliding_log:long", [("sliding_log", windows, True)], sequence, -1)
 
     check()
+
+
+@pytest.mark.parametrize("algorithm", [a for a in ALGORITHMS if a != CONCURRENCY])
+@pytest.mark.parametrize("windows", [1, 2])
+def test_a_charge_after_a_reset_keeps_the_ledger_and_its_young_drop(
+    engines: list[Any], algorithm: str, windows: int
+) -> None:
+    """Nine charges 1 ms apart fill the ledger and drop an entry younger than DEDUP_TTL
+    (d); a reset keeps the ledger and d and forgets the numbers; charges a second later
+    append to the ledger, drop only old entries and keep d, alike on every engine (a
+    variant reads d with the numbers, which a reset counter lacks)."""
+    call = PolicyCall(algorithm, tuple(Window(f"w{w}", 50, 60_000, 50) for w in range(windows)), 1)
+    counter = "q:{s0}:p0:r"
+    for engine in engines:
+        engine.reset()
+    for step, now in enumerate([*range(9), 1_000, 1_001]):
+        if step == 9:
+            assert [engine.backend.reset(counter, windows) for engine in engines] == [windows] * 3
+        request = GroupRequest(
+            (counter,), (call,), START_MS + now, False, -1, 100, HUGE_GRACE_MS,
+            fingerprint(f"e{step}"),
+        )
+        replies = [engine.evaluate(request) for engine in engines]
+        assert replies[1:] == replies[:1] * 2, step
+        states = [engine.state(counter, call) for engine in engines]
+        assert states[1:] == states[:1] * 2, step
+    state, records = states[0]
+    assert state is not None and "t" in state and records  # numbers again, and the ledger
+    assert state["d"] == START_MS  # the young drop's charge time, kept through the reset

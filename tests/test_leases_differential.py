@@ -176,3 +176,26 @@ def test_every_lease_released_or_expired_leaves_no_key(engines: list[Any]) -> No
     model = engines[0].backend
     request = ReleaseRequest("q:{s0}:p0:r", fingerprint("e0"), START_MS, 0)
     assert model.release(request) == 0
+
+
+def test_a_release_frees_every_lease_its_evaluation_holds(engines: list[Any]) -> None:
+    """No acquire makes two leases of one evaluation in a set, but release.lua frees all it
+    finds: three of its own (one expired), beside another evaluation's, on fakeredis and
+    on Redis alike."""
+    key, mine, other = "q:{s0}:p0:r", fingerprint("e1"), fingerprint("e2")
+    leases = {
+        mine + bytes([0, 4]): START_MS,  # expired at now
+        mine + bytes([0, 2]): START_MS + 10,
+        other + bytes([0, 1]): START_MS + 20,
+        mine + bytes([1, 3]): START_MS + 30,
+    }
+    for engine in engines[1:]:
+        engine.reset()
+        engine.client.zadd(key, leases)
+        request = ReleaseRequest(key, mine, START_MS, 1_000)
+        assert release(engine, request) == 2 + 259, engine.name
+        assert engine.client.zrange(key, 0, -1, withscores=True) == [
+            (other + bytes([0, 1]), START_MS + 20)
+        ], engine.name
+        assert 0 < engine.client.pttl(key) <= 20 + 1_000
+        assert release(engine, request) == 0

@@ -43,8 +43,11 @@ SIGNATURES = {
 }
 #: What only the general script needs: the loops over policies and windows, the
 #: per-policy arrays, the dispatch on the algorithm (the fixed window's variant tells a
-#: calendar call, code 5, from an epoch-aligned one: that is no dispatch).
-GENERAL_ONLY = r"for i = 1, n do|for w = 1, m do|policies\[|policy\[|algorithm == [1-4]|m > 1"
+#: calendar call, code 5, from an epoch-aligned one: that is no dispatch), the function
+#: splitting the windows' numbers (a closure made on every call).
+GENERAL_ONLY = (
+    r"for i = 1, n do|for w = 1, m do|policies\[|policy\[|algorithm == [1-4]|m > 1|split48"
+)
 
 
 def code_lines(source: str) -> list[str]:
@@ -218,6 +221,74 @@ def test_a_variant_runs_far_fewer_lua_instructions_than_the_general_script(
     variant = vm_instructions(load(f"evaluate_{algorithm}").source, call, 3)
     assert general[1] == general[2] and variant[1] == variant[2]  # a counter to charge
     assert variant[2] <= 0.8 * general[2], (variant, general)
+
+
+# -- Redis TIME read as whole ms ------------------------------------------------------------
+#: (seconds, µs) as Redis TIME gives them, the µs without leading zeros: each digit count,
+#: both edges of a ms, and seconds of nine and of eleven digits (before 2001, after 2286).
+TIMES = [
+    (b"1796307944", b"0"),
+    (b"1796307944", b"7"),
+    (b"1796307944", b"999"),
+    (b"1796307944", b"1000"),
+    (b"1796307944", b"1999"),
+    (b"1796307944", b"989123"),
+    (b"1796307944", b"999999"),
+    (b"999999999", b"500"),
+    (b"99999999999", b"999999"),
+]
+
+
+def run_once(source: str, keys: list[bytes], args: list[bytes], time: tuple[bytes, bytes],
+             replies: dict[bytes, Any]) -> Any:
+    """``source`` run once by Lua 5.1 with ``KEYS``, ``ARGV`` (strings, as Redis passes
+    them) and a stub ``redis`` whose ``TIME`` is ``time``, answering the commands named in
+    ``replies`` with theirs (a list: a Lua array) and any other with 1; the reply."""
+    runtime = lua51.LuaRuntime(encoding=None)
+
+    def command(name: bytes, *_: bytes) -> Any:
+        if name == b"TIME":
+            return runtime.table(*time)
+        reply = replies.get(name, 1)
+        return runtime.table(*reply) if isinstance(reply, list) else reply
+
+    runtime.execute("redis = {}")
+    stub = runtime.globals().redis
+    stub.call = stub.pcall = command
+    runtime.globals().KEYS = runtime.table(*keys)
+    runtime.globals().ARGV = runtime.table(*args)
+    return runtime.eval("loadstring")(source.encode())()
+
+
+def whole_ms(time: tuple[bytes, bytes]) -> int:
+    return int(time[0]) * 1000 + int(time[1]) // 1000
+
+
+@pytest.mark.parametrize("name", ["evaluate", *SINGLE_WINDOW_SCRIPTS.values()])
+@pytest.mark.parametrize("time", TIMES)
+def test_the_evaluation_scripts_read_redis_time_as_whole_ms(
+    name: str, time: tuple[bytes, bytes]
+) -> None:
+    """On the server clock a decision's now is TIME's µs floored to ms: the reply's now."""
+    algorithm = "fixed_window" if name == "evaluate" else name.removeprefix("evaluate_")
+    call = request(algorithm, now_ms=None)
+    args = [arg if isinstance(arg, bytes) else str(arg).encode() for arg in call.args()]
+    keys = call.keys()  # a GroupRequest's KEYS (not a mapping's)
+    counters = [key.encode() for key in keys]
+    reply = run_once(load(name).source, counters, args, time, {b"GET": False, b"LINDEX": False})
+    assert list(reply.values())[:2] == [0, whole_ms(time)]
+
+
+@pytest.mark.parametrize("time", TIMES)
+def test_release_reads_redis_time_as_whole_ms(time: tuple[bytes, bytes]) -> None:
+    """A lease expiring at now has expired, one expiring 1 ms later is still held: only
+    the second's units are released."""
+    now = whole_ms(time)
+    mine = fingerprint("e1")
+    leases = [mine + bytes([0, 2]), str(now).encode(), mine + bytes([0, 5]), str(now + 1).encode()]
+    args = [mine, b"0", b"1000"]
+    released = run_once(load("release").source, [b"q:{s}:p0:r"], args, time, {b"ZRANGE": leases})
+    assert released == 5
 
 
 # -- a real Redis: NOSCRIPT recovered for each script ------------------------------------

@@ -10,9 +10,10 @@ for b > 0 (docs/arithmetic.md).
 
 Cost: the script runs on every decision, so it avoids what Redis's Lua makes expensive
 (measured in instructions per call, docs/benchmarks.md): every VM instruction (about 50
-machine instructions each) and C call, tonumber() on a decimal string (strtod), a Lua
-number passed to redis.call or concatenated (formatted through "%.17g"), a closure or
-table made or grown per call, every integer of the reply and every extra command. Hence
+machine instructions each) and C call, tonumber() on a decimal string (two strtod; the
+arithmetic coerces a string with one, so x + 0 instead), a Lua number passed to
+redis.call or concatenated (formatted through "%.17g"), a closure or table made or grown
+per call, every integer of the reply and every extra command. Hence
 binary arguments read in as few string.byte calls as possible, a binary counter value
 (one GET and one SET with its expiry per charged counter), each policy decided in the
 pass that reads it, and a reply without what the client can derive.
@@ -123,8 +124,10 @@ local ENTRY = 9  -- bytes of a ledger entry: 5 of fingerprint, 4 of charge time
 local STAMP = 4294967296
 local LOG_MODULUS = 1000000000000  -- sliding-log counts wrap here (model.LOG_MODULUS)  --@ sliding_log
 
+--@ if general
 -- The six bytes of x (0 <= x < 2^48), most significant first: remainders and exact
--- divisions by 256, no C call (char(split48(x)) is x as a u48).
+-- divisions by 256, no C call (char(split48(x)) is x as a u48). For the windows of a
+-- charge with more than one; elsewhere written out, as a closure is made on every call.
 local function split48(x)
   local b6 = x % 256
   x = (x - b6) / 256
@@ -137,6 +140,7 @@ local function split48(x)
   local b2 = x % 256
   return (x - b2) / 256, b2, b3, b4, b5, b6
 end
+--@ end
 
 local fingerprint, packed = ARGV[1], ARGV[2]
 
@@ -161,27 +165,12 @@ local peek = mode == 2
 -- its counter's expiry (model.keeps_expiry).
 local server_clock = now < 0
 if server_clock then
-  -- Redis TIME in ms, read from its digits: ten of seconds (until 2286), then the µs
-  -- without leading zeros, whose digits but the last three are the whole ms.
+  -- Redis TIME in ms: seconds * 1000 plus the µs / 1000 floored. Its two decimal strings
+  -- are made numbers by the arithmetic (Lua's coercion: one strtod each, exact; cheaper
+  -- than their digits' arithmetic), and x - x % 1 is floor(x) exactly (docs/arithmetic.md).
   local time = redis.call('TIME')
-  local seconds, micros = time[1], time[2]
-  if #seconds == 10 then
-    local a, b, c, d, e, f, g, h, i, j = byte(seconds, 1, 10)
-    now = (((((((((a * 10 + b) * 10 + c) * 10 + d) * 10 + e) * 10 + f) * 10 + g) * 10 + h)
-      * 10 + i) * 10 + j - 53333333328) * 1000  -- 48 * 1111111111: the digits' zeros
-  else
-    now = tonumber(seconds) * 1000
-  end
-  local digits = #micros - 3
-  if digits == 3 then
-    local a, b, c = byte(micros, 1, 3)
-    now = now + a * 100 + b * 10 + c - 5328
-  elseif digits == 2 then
-    local a, b = byte(micros, 1, 2)
-    now = now + a * 10 + b - 528
-  elseif digits == 1 then
-    now = now + byte(micros, 1) - 48
-  end
+  local ms = time[2] / 1000
+  now = time[1] * 1000 + (ms - ms % 1)
 end
 -- DEDUP_TTL matters when something may be charged or searched for; the grace (g1..g6) is
 -- read where a lifetime is set.
@@ -205,16 +194,16 @@ if #KEYS > n then  -- the sliding logs' lists follow the counters  --@ general
   log_view = function(key, count, at_now, period)
     local newest = redis.call('LINDEX', key, '0')
     if not newest then return {used = 0, inside = 0, newest = 0, oldest = 0, events = 0} end
-    newest = tonumber(newest)
+    newest = newest + 0
     local edge = at_now - period  -- a unit recorded at or before it has left
     if newest <= edge then  -- events, none inside
       return {used = 0, inside = 0, newest = 0, oldest = 0, events = 1}
     end
     local pair = redis.call('LRANGE', key, '-2', '-1')  -- the oldest event: time, count before
-    local oldest = tonumber(pair[1])
+    local oldest = pair[1] + 0
     if oldest > edge then
       -- Every event is inside: how many is read only when a denial's wait needs it.
-      return {used = (count - tonumber(pair[2])) % LOG_MODULUS, all = true, inside = 0,
+      return {used = (count - pair[2]) % LOG_MODULUS, all = true, inside = 0,
         newest = newest, oldest = oldest, events = 0}
     end
     local events = floor(redis.call('LLEN', key) / 2)
@@ -222,7 +211,7 @@ if #KEYS > n then  -- the sliding logs' lists follow the counters  --@ general
     oldest = newest
     while high - low > 1 do
       local middle = floor((low + high) / 2)
-      local time = tonumber(redis.call('LINDEX', key, decimal(2 * middle - 2)))
+      local time = redis.call('LINDEX', key, decimal(2 * middle - 2)) + 0
       if time > edge then
         low = middle
         oldest = time
@@ -230,7 +219,7 @@ if #KEYS > n then  -- the sliding logs' lists follow the counters  --@ general
         high = middle
       end
     end
-    local before = tonumber(redis.call('LINDEX', key, decimal(2 * low - 1)))
+    local before = redis.call('LINDEX', key, decimal(2 * low - 1)) + 0
     return {used = (count - before) % LOG_MODULUS, inside = low, newest = newest,
       oldest = oldest, events = events}
   end
@@ -245,14 +234,14 @@ if #KEYS > n then  -- the sliding logs' lists follow the counters  --@ general
     local low, high = 0, inside  -- events 1..low hold fewer than rank units, 1..high enough
     while high - low > 1 do
       local middle = floor((low + high) / 2)
-      local before = tonumber(redis.call('LINDEX', key, decimal(2 * middle - 1)))
+      local before = redis.call('LINDEX', key, decimal(2 * middle - 1)) + 0
       if (lv.count - before) % LOG_MODULUS >= rank then
         high = middle
       else
         low = middle
       end
     end
-    return tonumber(redis.call('LINDEX', key, decimal(2 * high - 2))) + period - at_now
+    return redis.call('LINDEX', key, decimal(2 * high - 2)) + period - at_now
   end
 
   -- Sets out[at + 1 .. at + 4] to the window's numbers; returns the ttl.
@@ -342,16 +331,28 @@ for i = 1, n do  --@ general
   local stride = 1  --@ general
   if algorithm == 2 or algorithm == 3 then stride = 2 end  --@ general
   local ledger_end, last, count, extra = 1, nil, 0, 0
+--@ if general
   if value ~= '' then
     local entries = byte(value, 1)
     ledger_end = 1 + ENTRY * entries
+--@ else
+  --+ local entries = byte(value, 1)  -- none without a counter
+  --+ if entries then ledger_end = 1 + ENTRY * entries end
+  --+ -- d + 1 (kept for the charge), t and the window's numbers in one call: the bytes past
+  --+ -- the value's end are nil.
+  --+ local d1, d2, d3, d4, d5, d6, t1, t2, t3, t4, t5, t6, u1, u2, u3, u4, u5, u6 =  --@ fixed_window or sliding_log
+    --+ byte(value, ledger_end + 1, ledger_end + 18)  --@ fixed_window or sliding_log
+  --+ local d1, d2, d3, d4, d5, d6, t1, t2, t3, t4, t5, t6, u1, u2, u3, u4, u5, u6, x1, x2, x3, x4,  --@ sliding_window or token_bucket
+    --+ x5, x6 = byte(value, ledger_end + 1, ledger_end + 24)  --@ sliding_window or token_bucket
+  --+ if entries then
+--@ end
     local size = #value
     if size == ledger_end + 12 + 6 * stride * m then  --@ general
     --+ if size == ledger_end + 18 then  -- t and one number  --@ fixed_window or sliding_log
     --+ if size == ledger_end + 24 then  -- t and two numbers  --@ sliding_window or token_bucket
-      -- t and the first window's numbers in one call.
-      local t1, t2, t3, t4, t5, t6, u1, u2, u3, u4, u5, u6, x1, x2, x3, x4, x5, x6 =
-        byte(value, ledger_end + 7, ledger_end + 24)
+      -- t and the first window's numbers in one call.  --@ general
+      local t1, t2, t3, t4, t5, t6, u1, u2, u3, u4, u5, u6, x1, x2, x3, x4, x5, x6 =  --@ general
+        byte(value, ledger_end + 7, ledger_end + 24)  --@ general
       last = ((((t1 * 256 + t2) * 256 + t3) * 256 + t4) * 256 + t5) * 256 + t6
       count = ((((u1 * 256 + u2) * 256 + u3) * 256 + u4) * 256 + u5) * 256 + u6
       if stride == 2 then  --@ general
@@ -433,7 +434,7 @@ for i = 1, n do  --@ general
       local leases = redis.call('ZRANGE', KEYS[i], '0', '-1', 'WITHSCORES')
       local held, wait, expired, latest, mine = 0, 0, 0, 0, false
       for j = 1, #leases, 2 do
-        local expiry = tonumber(leases[j + 1])
+        local expiry = leases[j + 1] + 0
         if expiry > policy_now then
           local member = leases[j]
           local u1, u2 = byte(member, 6, 7)
@@ -579,11 +580,13 @@ end
 -- The reply, then the writes. Per policy: its status only when replayed (else the client
 -- derives it from the views, as model.evaluate_group decides), its effective now, then
 -- per window its view or, for a sliding log, its numbers.
+-- (A one-window variant other than the sliding log's builds it in one constructor: a
+-- table grown or set index by index costs more.)
 local reply = {0, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil}  --@ general
---+ local reply = {0, nil, nil, nil, nil}  --@ fixed_window or sliding_window or token_bucket
+--+ local reply  --@ fixed_window or sliding_window or token_bucket
 --+ local reply = {0, nil, nil, nil, nil, nil, nil}  --@ sliding_log
-local r = 1  -- the reply's last index
-if replay then reply[1] = 3 end
+local r = 1  -- the reply's last index  --@ general or sliding_log
+if replay then reply[1] = 3 end  --@ general or sliding_log
 for i = 1, n do  --@ general
   local policy = policies[i]  --@ general
   local algorithm, m, call_cost, value, policy_now, logs, ledger_end, allowed, same_windows =  --@ general
@@ -616,11 +619,16 @@ for i = 1, n do  --@ general
     local status = 2
     if remembers(value, ledger_end, policy_now) then status = 1 end
     if algorithm == 6 and policy[16] then status = 1 end  -- holds its lease  --@ general
-    r = r + 1
-    reply[r] = status
+    r = r + 1  --@ general or sliding_log
+    reply[r] = status  --@ general or sliding_log
+    --+ reply = {3, status, policy_now, used}  --@ fixed_window or token_bucket
+    --+ reply = {3, status, policy_now, used, prev}  --@ sliding_window
+  --+ else  --@ fixed_window or token_bucket or sliding_window
+    --+ reply = {0, policy_now, used}  --@ fixed_window or token_bucket
+    --+ reply = {0, policy_now, used, prev}  --@ sliding_window
   end
-  r = r + 1
-  reply[r] = policy_now
+  r = r + 1  --@ general or sliding_log
+  reply[r] = policy_now  --@ general or sliding_log
   -- Per window: a sliding log's four reported numbers (model._log_result); for the other
   -- algorithms the window's view (used, and prev for the sliding window counter:
   -- model._view), from which the client computes the reported numbers
@@ -645,15 +653,15 @@ for i = 1, n do  --@ general
 --@ end
     else  --@ general
 --@ if fixed_window or sliding_window or token_bucket
-      local used, prev = policy[base + 1], policy[base + 2]  --@ general
+--@ if general
+      local used, prev = policy[base + 1], policy[base + 2]
       r = r + 1
       reply[r] = used
-      if algorithm == 2 or algorithm == 6 then  --@ general
---@ if sliding_window
+      if algorithm == 2 or algorithm == 6 then
         r = r + 1
         reply[r] = prev
+      end
 --@ end
-      end  --@ general
       if charged then
         if algorithm == 1 or algorithm == 5 then  --@ general
 --@ if fixed_window
@@ -694,13 +702,29 @@ for i = 1, n do  --@ general
     -- then the numbers.
     local entries = ledger_end - 1
     local kept = 2  -- byte of the oldest entry kept
+--@ if general
     local source = value  -- for d + 1 as stored: none (six zeros) without a counter
     if source == '' then source = '\0\0\0\0\0\0\0' end
     local d1, d2, d3, d4, d5, d6 = byte(source, ledger_end + 1, ledger_end + 6)
+--@ else
+    --+ if value == '' then d1, d2, d3, d4, d5, d6 = 0, 0, 0, 0, 0, 0 end  -- d + 1: none (no counter)
+--@ end
     if entries >= LEDGER_SIZE * ENTRY then
       local b1, b2, b3, b4 = byte(value, 7, 10)  -- the oldest's charge time modulo 2^32
       local age = (policy_now - (((b1 * 256 + b2) * 256 + b3) * 256 + b4)) % STAMP
-      if age < dedup_ttl then d1, d2, d3, d4, d5, d6 = split48(policy_now - age + 1) end
+      if age < dedup_ttl then  -- d + 1 = its charge time + 1 (split48 written out)
+        local x = policy_now - age + 1
+        d6 = x % 256
+        x = (x - d6) / 256
+        d5 = x % 256
+        x = (x - d5) / 256
+        d4 = x % 256
+        x = (x - d4) / 256
+        d3 = x % 256
+        x = (x - d3) / 256
+        d2 = x % 256
+        d1 = (x - d2) / 256
+      end
       kept = 2 + ENTRY
       entries = entries - ENTRY
     end
