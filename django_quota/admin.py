@@ -251,6 +251,7 @@ class QuotaPolicyAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         "routes",
         "methods",
         "exempt",
+        "count_when",
         "enforcement",
         "failure_mode",
         "on_missing",

@@ -81,6 +81,8 @@ COUNTER_CACHE_SIZE = IDENTITY_CACHE_SIZE
 
 
 Steps = Generator[Any, Any, list[Outcome]]
+#: The group statuses of a group the backend refused to decide.
+_UNDECIDED = (GROUP_CLOCK_UNSAFE, GROUP_INDETERMINATE)
 
 
 # -- the limiter ---------------------------------------------------------------------------
@@ -98,6 +100,8 @@ class Limiter(Interpreter):
         # The backend as the script-running kind: only those reach execute and steps
         # (the memory backend is decided locally), so this view is typed once, here.
         self.scripts = cast(ScriptBackend, backend)
+        #: The backend as the memory backend: only that kind reaches decide_locally.
+        self.local_backend = cast(MemoryBackend, backend)
         self.fallback = (
             MemoryBackend(settings.local_fallback_max_entries, mode=BACKEND_MODE_FALLBACK)
             if settings.local_fallback_enabled
@@ -325,26 +329,57 @@ class Limiter(Interpreter):
         caller_id = evaluation_id is not None
         if caller_id:
             check_evaluation_id(evaluation_id)
-        prepared = Prepared([], [], None, [], evaluation_id or "", 0.0, peek, self.backend_mode)
-        counters, calls = self._keys_and_calls(prepared, group, subject, cost, plan)
+        counters: tuple[str, ...] = ()
+        calls: tuple[PolicyCall, ...] = ()
+        needs_id = False
+        if len(group) == 1:  # the common call: one policy, no lists to fill
+            compiled, keyed = self._keyed(group[0], subject, cost, plan, peek)
+            if isinstance(keyed, str):
+                prepared = Prepared(
+                    [compiled], [None], None, [0], evaluation_id or "", 0.0, peek,
+                    self.backend_mode,
+                )
+                counters, calls = (keyed,), (compiled.call(cost),)
+                needs_id = compiled.needs_id
+            else:
+                prepared = Prepared(
+                    [compiled], [keyed], None, [], evaluation_id or "", 0.0, peek,
+                    self.backend_mode,
+                )
+        else:
+            prepared = Prepared(
+                [], [], None, [], evaluation_id or "", 0.0, peek, self.backend_mode
+            )
+            counters, calls, needs_id = self._keys_and_calls(
+                prepared, group, subject, cost, plan
+            )
         if counters:
-            if not caller_id and (not self.local or self._needs_id(prepared)):
+            if not caller_id and (not self.local or needs_id):
                 prepared.evaluation_id = new_evaluation_id()
             self._request(prepared, counters, calls, caller_id, clock)
         if not self.local:  # the memory backend's evaluations are not timed
             prepared.started = time.monotonic()
         return prepared
 
-    @staticmethod
-    def _needs_id(prepared: Prepared) -> bool:
-        """Whether a sent policy's charge is undone by its evaluation id at the edges (a
-        concurrency policy's lease, a ``count_when`` policy's refund): then the memory
-        backend gives the evaluation one too."""
-        compiled = prepared.compiled
-        for index in prepared.sent:  # noqa: SIM110 - a loop: any() over a generator costs more
-            if compiled[index].needs_id:
-                return True
-        return False
+    def _keyed(
+        self, policy: Policy, subject: SubjectSource, cost: int, plan: str | None, peek: bool
+    ) -> tuple[Compiled, str | Outcome]:
+        """``policy`` compiled (with ``plan``'s limits when it has that plan), and its
+        counter key when it is to be sent, else its early outcome: skipped when it is
+        disabled, a refusal for an identity error or for a cost above its limit (a peek
+        is sent whatever the cost)."""
+        compiled = self.compiled(policy)
+        if plan is not None and policy.plans:
+            compiled = compiled.for_plan(plan)
+        if not policy.enabled:
+            return compiled, bare_outcome(policy, SKIPPED, None, backend_mode=self.backend_mode)
+        try:
+            counter = self.counter(compiled, subject(policy) if callable(subject) else subject)
+        except IdentityError as exc:
+            return compiled, refusal(policy, exc.reason, self.backend_mode)
+        if peek or cost <= compiled.cost_bound:
+            return compiled, counter
+        return compiled, refusal(policy, COST_EXCEEDS_LIMIT, self.backend_mode)
 
     def _keys_and_calls(
         self,
@@ -353,50 +388,41 @@ class Limiter(Interpreter):
         subject: SubjectSource,
         cost: int,
         plan: str | None,
-    ) -> tuple[list[str], list[PolicyCall]]:
+    ) -> tuple[tuple[str, ...], tuple[PolicyCall, ...], bool]:
         """Give ``prepared`` each policy's compiled form and early outcome (None for a
-        policy to send); return the counter keys and calls to send, none when an enforced
-        policy refused the group."""
+        policy to send: :meth:`_keyed`); return the counter keys and calls to send, none
+        when an enforced policy refused the group, and whether the edges undo a sent
+        policy's charge by the evaluation's id (:attr:`Compiled.needs_id`: then the
+        memory backend gives the evaluation one too)."""
         peek = prepared.peek
-        backend_mode = prepared.backend_mode
         compiled_group = prepared.compiled
         outcomes = prepared.outcomes
         sent = prepared.sent
         counters: list[str] = []
         calls: list[PolicyCall] = []
-        refused = False
+        refused = needs_id = False
         for index, policy in enumerate(group):
-            compiled = self.compiled(policy)
-            if plan is not None and policy.plans:
-                compiled = compiled.for_plan(plan)
+            compiled, keyed = self._keyed(policy, subject, cost, plan, peek)
             compiled_group.append(compiled)
-            if not policy.enabled:
-                outcomes.append(bare_outcome(policy, SKIPPED, None, backend_mode=backend_mode))
+            if isinstance(keyed, str):
+                needs_id = needs_id or compiled.needs_id
+                outcomes.append(None)
+                sent.append(index)
+                counters.append(keyed)
+                calls.append(compiled.call(cost))
                 continue
-            try:
-                counter = self.counter(compiled, subject(policy) if callable(subject) else subject)
-            except IdentityError as exc:
-                early = refusal(policy, exc.reason, backend_mode)
-            else:
-                if peek or cost <= compiled.cost_bound:
-                    outcomes.append(None)
-                    sent.append(index)
-                    counters.append(counter)
-                    calls.append(compiled.call(cost))
-                    continue
-                early = refusal(policy, COST_EXCEEDS_LIMIT, backend_mode)
-            refused = refused or early.decision == DENIED_DECISION
-            outcomes.append(early)
+            refused = refused or keyed.decision == DENIED_DECISION
+            outcomes.append(keyed)
         if refused:
             sent.clear()
-            return [], []
-        return counters, calls
+            return (), (), False
+        return tuple(counters), tuple(calls), needs_id
 
     def _request(
         self,
         prepared: Prepared,
-        counters: list[str],
-        calls: list[PolicyCall],
+        counters: tuple[str, ...],
+        calls: tuple[PolicyCall, ...],
         caller_id: bool,
         clock: Clock | None,
     ) -> None:
@@ -414,8 +440,8 @@ class Limiter(Interpreter):
         prepared.request = new_tuple(  # every field, in order: the hot path's cheaper call
             GroupRequest,
             (
-                tuple(counters),
-                tuple(calls),
+                counters,
+                calls,
                 now_ms,
                 peek,
                 -1 if now_ms is None else self.max_regression_ms,
@@ -428,8 +454,8 @@ class Limiter(Interpreter):
 
     @staticmethod
     def _calendar_calls(
-        prepared: Prepared, calls: list[PolicyCall], now_ms: int | None
-    ) -> list[PolicyCall]:
+        prepared: Prepared, calls: tuple[PolicyCall, ...], now_ms: int | None
+    ) -> tuple[PolicyCall, ...]:
         """``calls`` with the boundaries of their calendar windows around the client's
         now: ``now_ms``, or this machine's clock when the counters follow Redis ``TIME``
         (the script places its own now among them: docs/policies.md)."""
@@ -439,7 +465,7 @@ class Limiter(Interpreter):
             compiled = prepared.compiled[index]
             if compiled.calendar:
                 placed[position] = compiled.calendar_call(calls[position], client_now)
-        return placed
+        return tuple(placed)
 
     # -- the plan -----------------------------------------------------------------------
     def steps(self, prepared: Prepared) -> Steps:
@@ -491,28 +517,35 @@ class Limiter(Interpreter):
     def _observe_reply(self, prepared: Prepared, reply: GroupReply) -> None:
         reason = metrics.OK
         status = reply.status
-        if status in (GROUP_CLOCK_UNSAFE, GROUP_INDETERMINATE):
-            reason = CLOCK_UNSAFE if status == GROUP_CLOCK_UNSAFE else INDETERMINATE
-            self.recent_errors.append(
-                BreakerError(time.time(), reason, "the script refused to decide")
-            )
+        if status in _UNDECIDED:
+            reason = self._undecided(status, "the script refused to decide")
         metrics.record_backend(self.backend_mode, reason, self._latency(prepared))
 
-    def _latency(self, prepared: Prepared) -> float | None:
-        """The evaluation's time so far (s); None on the memory backend, which makes no
-        I/O: no latency histogram (``docs/metrics.md``)."""
-        return None if self.local else time.monotonic() - prepared.started
+    def _undecided(self, status: int, detail: str) -> str:
+        """The reason of a group the backend refused to decide (``status``), kept among
+        the recent errors of the status page."""
+        reason = CLOCK_UNSAFE if status == GROUP_CLOCK_UNSAFE else INDETERMINATE
+        self.recent_errors.append(BreakerError(time.time(), reason, detail))
+        return reason
+
+    @staticmethod
+    def _latency(prepared: Prepared) -> float:
+        """The evaluation's time so far (s)."""
+        return time.monotonic() - prepared.started
 
     def decide_locally(self, prepared: Prepared) -> list[Outcome]:
-        """The memory backend's evaluation: the model, no I/O, no admission."""
+        """The memory backend's evaluation: the model, no I/O, no admission, and no
+        health count or latency (it has no node to be healthy or not:
+        ``docs/metrics.md``). A failure (the backend full) and a group the model refused
+        to decide are recent errors of the status page, and their outcomes say why."""
         assert prepared.request is not None
         try:
-            reply = self.backend.evaluate(prepared.request)
+            reply = self.local_backend.decide(prepared.request)
         except BackendError as error:
-            self._observe_failure(prepared, error)
             self.recent_errors.append(BreakerError(time.time(), error.reason, str(error)))
             return self.failed(prepared, error.reason, self.backend_mode)
-        self._observe_reply(prepared, reply)
+        if reply.status in _UNDECIDED:
+            self._undecided(reply.status, "the model refused to decide")
         return self.interpret(prepared, reply, self.backend_mode)
 
     def _without_io(self, prepared: Prepared) -> list[Outcome] | None:

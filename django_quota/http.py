@@ -5,6 +5,7 @@ throttles (``docs/http.md``)."""
 from __future__ import annotations
 
 import json
+import logging
 import math
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -17,6 +18,8 @@ from django_quota import conf, policies
 from django_quota.core.outcome import DENIED_DECISION, FAILED_CLOSED, Outcome
 from django_quota.core.policy import CONCURRENCY, DEFAULT_WINDOW
 from django_quota.signals import quota_denied
+
+logger = logging.getLogger("django_quota")
 
 QUOTA_EXCEEDED_TYPE = "https://iana.org/assignments/http-problem-types#quota-exceeded"
 
@@ -161,12 +164,10 @@ def problem_response(
             "retry_after": outcome.retry_after,
             "violated-policies": _violated(outcome),
         }
+    response: Any = None
     if settings.denied_view is not None:
-        view = import_string(settings.denied_view)
-        if iscoroutinefunction(view):
-            view = async_to_sync(view)
-        response = view(request, outcome=outcome)
-    else:
+        response = _denied_view(settings.denied_view, request, outcome)
+    if response is None:
         response = HttpResponse(
             json.dumps(body), status=status, content_type="application/problem+json"
         )
@@ -174,6 +175,19 @@ def problem_response(
     if retry_after is not None and "Retry-After" not in response:
         response["Retry-After"] = retry_after
     return response  # type: ignore[no-any-return]
+
+
+def _denied_view(path: str, request: Any, outcome: Outcome) -> Any:
+    """``DENIED_VIEW``'s response, or None when it raises: the default refusal is sent
+    then, and the exception logged (docs/settings.md#when-a-projects-callable-fails)."""
+    try:
+        view = import_string(path)
+        if iscoroutinefunction(view):
+            view = async_to_sync(view)
+        return view(request, outcome=outcome)
+    except Exception:
+        logger.exception("DENIED_VIEW %s raised: the default refusal is sent", path)
+        return None
 
 
 def _detail(outcome: Outcome) -> str:

@@ -22,6 +22,7 @@ from django_quota.core.calls import (
     GROUP_REPLAYED,
     REFUSED,
     UNCHARGED,
+    GroupResult,
 )
 from django_quota.core.denials import DenialCache, rememberable
 from django_quota.core.errors import BackendError
@@ -56,8 +57,12 @@ class Interpreter:
     fallback: MemoryBackend | None
     denials: DenialCache | None
 
-    def interpret(self, prepared: Prepared, reply: GroupReply, backend_mode: str) -> list[Outcome]:
-        """Turn a backend reply into outcomes (failure modes for a refused decision)."""
+    def interpret(
+        self, prepared: Prepared, reply: GroupReply | GroupResult, backend_mode: str
+    ) -> list[Outcome]:
+        """Turn a backend reply into outcomes (failure modes for a refused decision): a
+        script's parsed reply, or the model's result (the memory backend and the local
+        fallback), whose status and results are read alike."""
         status = reply.status
         if status == GROUP_CLOCK_UNSAFE:
             return self.failed(prepared, CLOCK_UNSAFE, backend_mode)
@@ -97,7 +102,7 @@ class Interpreter:
         return [outcome for outcome in outcomes if outcome is not None]
 
     # -- the denial cache ---------------------------------------------------------------
-    def _remember_denial(self, prepared: Prepared, reply: GroupReply) -> None:
+    def _remember_denial(self, prepared: Prepared, reply: GroupReply | GroupResult) -> None:
         """Remember a refusal Redis decided for the denial cache, when the group may be
         answered again (:func:`~django_quota.core.denials.rememberable`)."""
         denials = self.denials
@@ -169,7 +174,7 @@ class Interpreter:
         if self.fallback is not None and error.reason in FALLBACK_REASONS and request:
             logger.warning("quota backend failure, deciding locally: reason=%s", error.reason)
             try:
-                reply = self.fallback.evaluate(request._replace(may_repeat=False))
+                reply = self.fallback.decide(request._replace(may_repeat=False))
             except BackendError as fallback_error:
                 return self.failed(prepared, fallback_error.reason, BACKEND_MODE_FALLBACK)
             return self.interpret(prepared, reply, BACKEND_MODE_FALLBACK)

@@ -14,6 +14,7 @@ over.
 
 from __future__ import annotations
 
+import logging
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -33,6 +34,8 @@ from django_quota.core.outcome import (
 from django_quota.core.policy import Policy
 from django_quota.prepared import Prepared
 from django_quota.subjects import PLAIN, Readable, Subject
+
+logger = logging.getLogger("django_quota")
 
 #: The one attribute django-quota sets on a request.
 LEDGER_ATTR = "_quota"
@@ -305,6 +308,57 @@ class _Step:
         return Decision(tuple(found), refusing, announces, held)
 
 
+def _callable_name(function: object) -> str:
+    return f"{getattr(function, '__module__', '?')}.{getattr(function, '__qualname__', function)}"
+
+
+def _cost_failed(cost: object, group: Sequence[Policy], problem: str) -> int:
+    """The cost of a request whose ``cost`` callable failed: 1, as without one, logged
+    (docs/settings.md#when-a-projects-callable-fails): never a 500, never free."""
+    ids = ", ".join(policy.id for policy in group)
+    if problem == "raised":
+        logger.exception(
+            "the cost callable %s of policy %s raised: the request costs 1",
+            _callable_name(cost),
+            ids,
+        )
+    else:
+        logger.error(
+            "the cost callable %s of policy %s %s: the request costs 1",
+            _callable_name(cost),
+            ids,
+            problem,
+        )
+    return 1
+
+
+def _checked_cost(cost: object, value: object, group: Sequence[Policy]) -> int:
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    shown = str(value) if type(value) is int else f"a {type(value).__name__}"
+    return _cost_failed(cost, group, f"returned {shown}, not an int >= 0")
+
+
+def _charge(request: Any, cost: Callable[[Any], Any], group: Sequence[Policy]) -> int:
+    """What the callable ``cost`` says ``request`` costs."""
+    try:
+        value = cost(request)
+    except Exception:
+        return _cost_failed(cost, group, "raised")
+    return _checked_cost(cost, value, group)
+
+
+async def _acharge(request: Any, cost: Callable[[Any], Any], group: Sequence[Policy]) -> int:
+    """Async twin of :func:`_charge`: an async ``cost`` callable is awaited."""
+    try:
+        value = cost(request)
+        if iscoroutinefunction(cost):
+            value = await value
+    except Exception:
+        return _cost_failed(cost, group, "raised")
+    return _checked_cost(cost, value, group)
+
+
 def decide(
     request: Any,
     group: Sequence[Policy],
@@ -333,7 +387,7 @@ def decide(
     subject = step.read(request, reading) if step.pending else None
     if subject is None:  # nothing to evaluate: every policy reused, undefined or exempt
         return step.finish()
-    charge = cost(request) if callable(cost) else cost
+    charge = _charge(request, cost, step.pending) if callable(cost) else cost
     current = limiter.get_limiter()
     pending, plan = step.pending, step.plan
     prepared = current.prepare(pending, subject.for_policy, charge, clock=clock, plan=plan)
@@ -363,11 +417,7 @@ async def adecide(
             subject = step.read(request, reading)
     if subject is None:  # nothing to evaluate: every policy reused, undefined or exempt
         return step.finish()
-    charge: Any = cost
-    if callable(cost):
-        charge = cost(request)
-        if iscoroutinefunction(cost):
-            charge = await charge
+    charge = await _acharge(request, cost, step.pending) if callable(cost) else cost
     current = limiter.get_limiter()
     pending, plan = step.pending, step.plan
     prepared = current.prepare(pending, subject.for_policy, charge, clock=clock, plan=plan)

@@ -407,17 +407,20 @@ def refund_request(
     policy: Policy,
     subject: Subject,
     evaluation_id: str,
-    cost: int = 1,
+    cost: int | None = None,
     plan: str | None = None,
     since_ms: int | None = None,
 ) -> RefundRequest | ReleaseRequest | None:
-    """What undoes the charge of ``evaluation_id`` (``cost`` units) on ``subject``'s
-    counter of ``policy``: a :class:`~django_quota.core.refunds.RefundRequest`, or for a
-    concurrency policy the release of its lease; None when nothing can have been charged
-    (cost 0, or above what the policy's windows ever admit). ``since_ms``: the ms since
-    the charge, as an edge measured them (``docs/refunds.md``, "At the edges")."""
+    """What undoes the charge of ``evaluation_id`` on ``subject``'s counter of
+    ``policy``: a :class:`~django_quota.core.refunds.RefundRequest`, or for a concurrency
+    policy the release of its lease; None when nothing is to be given back (``cost``
+    0). ``cost``: at most that many units (None: what the evaluation charged, as its
+    counter's ledger says). ``since_ms``: the ms since the charge, as an edge measured
+    them, for a charge the bounded ledger dropped (``cost`` units then; ``docs/refunds.md``,
+    "At the edges")."""
     check_evaluation_id(evaluation_id)
-    cost = validate_cost(cost)
+    if cost is not None:
+        cost = validate_cost(cost)
     if policy.algorithm == CONCURRENCY:
         return lease_request(policy, subject, evaluation_id)
     limiter = get_limiter()
@@ -430,17 +433,23 @@ def refund_request(
 
 
 def counter_undo(
-    compiled: Compiled, counter: str, evaluation_id: str, cost: int, since_ms: int | None
+    compiled: Compiled,
+    counter: str,
+    evaluation_id: str,
+    cost: int | None,
+    since_ms: int | None,
 ) -> RefundRequest | ReleaseRequest | None:
-    """What undoes the charge of ``evaluation_id`` (``cost`` units) on the counter
-    ``counter`` of ``compiled``'s policy (its plan's limits, if any), as
-    :func:`refund_request` says, from the counter itself (the edges keep the counter
-    their evaluation charged): a refund, or a concurrency policy's release; None when
-    nothing can have been charged (cost 0, or above what the windows ever admit)."""
+    """What undoes the charge of ``evaluation_id`` on the counter ``counter`` of
+    ``compiled``'s policy (its plan's limits, if any), as :func:`refund_request` says,
+    from the counter itself (the edges keep the counter their evaluation charged): a
+    refund of at most ``cost`` units (None: what the evaluation charged), or a
+    concurrency policy's release; None when nothing is to be given back (``cost`` 0)."""
     limiter = get_limiter()
     if compiled.policy.algorithm != CONCURRENCY:
-        if cost == 0 or cost > compiled.cost_bound:
+        if cost == 0:
             return None
+        if cost is None or (cost > compiled.cost_bound and since_ms is None):
+            cost = 0  # all the charge: none was above the bound
         now_ms = limiter.now(None)
         call = _refund_call(compiled, cost, now_ms)
         return RefundRequest((counter,), (call,), fingerprint(evaluation_id), now_ms, since_ms)
@@ -450,14 +459,14 @@ def counter_undo(
 
 
 def _refund_call(compiled: Compiled, cost: int, now_ms: int | None) -> RefundCall:
-    """A refund of ``cost`` on ``compiled``'s windows: their periods and limits, and the
-    places of calendar windows around the client's now (``now_ms``, or this machine's
-    clock when the counters follow Redis ``TIME``)."""
+    """A refund of ``cost`` units (0: all the charge) on ``compiled``'s windows: their
+    periods and limits, and the places of calendar windows around the client's now
+    (``now_ms``, or this machine's clock when the counters follow Redis ``TIME``)."""
     windows = compiled.policy.windows
     places: tuple[int, ...] = ()
     if compiled.calendar:
         client_now = round(time.time() * 1000) if now_ms is None else now_ms
-        call = compiled.call(cost)
+        call = compiled.call(cost or 1)
         bounds = compiled.calendar_call(call, client_now).bounds
         for index, window in enumerate(windows):
             places += calendar_place(bounds, index, client_now, window.period_ms)
@@ -475,19 +484,20 @@ def refund(
     subject: Subject,
     evaluation_id: str,
     *,
-    cost: int = 1,
+    cost: int | None = None,
     plan: str | None = None,
 ) -> int:
     """Undo what the evaluation ``evaluation_id`` of ``policy_id`` charged ``subject``,
     at most once, while its window is current; return the units refunded (0 afterwards,
     or when it charged nothing, or was refunded already).
 
-    ``cost`` is the units that evaluation charged (its counter's ledger remembers which
-    evaluations charged, not how much); ``plan`` the plan it was decided under. Each
-    algorithm gives the cost back as ``docs/refunds.md`` says (the sliding log's event
-    leaves the log; a sliding window counter's current count drops, and nothing once
-    that window has passed). A concurrency policy's lease is released, as
-    :func:`release` does.
+    The units are what that evaluation charged: its counter's ledger records the cost
+    of each charge. ``cost`` gives back at most that many of them (a partial refund: the
+    rest stays, and the evaluation is refunded all the same); ``plan`` is the plan it
+    was decided under (a token bucket's). Each algorithm gives the units back as
+    ``docs/refunds.md`` says (the sliding log's event leaves the log; a sliding window
+    counter's current count drops, and nothing once that window has passed). A
+    concurrency policy's lease is released, as :func:`release` does.
 
     Raises as :func:`release` does (:class:`~django_quota.policies.UnknownPolicy`,
     ``ValueError`` for a missing or invalid identity or evaluation id, ``TypeError`` or
@@ -518,7 +528,7 @@ async def arefund(
     subject: Subject,
     evaluation_id: str,
     *,
-    cost: int = 1,
+    cost: int | None = None,
     plan: str | None = None,
 ) -> int:
     """Async twin of :func:`refund`."""

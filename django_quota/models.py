@@ -53,8 +53,8 @@ def _default_selector() -> list[str]:
 
 #: Policy fields a validation error can be attached to (``policy['<field>']`` keys).
 _POLICY_FIELDS = frozenset(
-    {"algorithm", "selector", "routes", "methods", "exempt", "enforcement", "failure_mode",
-     "on_missing", "max_cost", "enabled"}
+    {"algorithm", "selector", "routes", "methods", "exempt", "count_when", "enforcement",
+     "failure_mode", "on_missing", "max_cost", "enabled"}
 )
 _KEY_FIELD_RE = re.compile(r"^policy\['([a-z_]+)'\]")
 
@@ -146,6 +146,15 @@ class QuotaPolicy(models.Model):
             'Client networks that skip this policy (CIDR): ["192.0.2.0/24", "2001:db8::/48"].'
         ),
     )
+    count_when = models.JSONField(
+        null=True,
+        blank=True,
+        default=None,
+        help_text=(
+            'The responses that keep their charge: ["2xx"], [401, 403, 429]; others are '
+            "refunded. Empty: every request counts."
+        ),
+    )
     enforcement = models.CharField(max_length=8, choices=_choices(ENFORCEMENTS), default="enforce")
     failure_mode = models.CharField(
         max_length=8,
@@ -188,6 +197,7 @@ class QuotaPolicy(models.Model):
             "routes": self.routes,
             "methods": self.methods,
             "exempt": self.exempt,
+            "count_when": self.count_when,
             "enforcement": self.enforcement,
             "failure_mode": self.failure_mode or None,
             "on_missing": self.on_missing,

@@ -53,7 +53,9 @@ class Registry:
     """Every effective policy by id, and those the middleware applies, in order.
 
     ``built_at`` is a ``time.monotonic()`` reading; ``conflicts`` lists ids defined in
-    both sources (settings win).
+    both sources (settings win). ``from_database``: the database is one of its sources,
+    so it is read again after ``POLICY_CACHE_TTL`` (a registry of settings policies
+    only lasts until the settings change).
     """
 
     policies: Mapping[str, Policy]
@@ -61,6 +63,7 @@ class Registry:
     built_at: float = 0.0
     conflicts: tuple[str, ...] = ()
     database_ok: bool = True
+    from_database: bool = False
 
 
 class _PolicyState:
@@ -228,7 +231,10 @@ def _build(previous: Registry | None) -> Registry:
                 continue
             policies[policy.id] = policy
     middleware = tuple(p for p in policies.values() if p.routes and p.enabled)
-    return Registry(policies, middleware, time.monotonic(), tuple(conflicts), database_ok)
+    return Registry(
+        policies, middleware, time.monotonic(), tuple(conflicts), database_ok,
+        "database" in settings.policy_sources,
+    )
 
 
 def needs_refresh() -> bool:
@@ -236,10 +242,9 @@ def needs_refresh() -> bool:
     registry = _state.registry
     if registry is None:
         return True
-    settings = conf.get_settings()
-    if "database" not in settings.policy_sources:
+    if not registry.from_database:  # settings policies only: until the settings change
         return False
-    return time.monotonic() - registry.built_at >= settings.policy_cache_ttl
+    return time.monotonic() - registry.built_at >= conf.get_settings().policy_cache_ttl
 
 
 def get_registry() -> Registry:

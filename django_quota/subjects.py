@@ -144,6 +144,25 @@ def _call(path: str | None, request: Any) -> object:
     return import_string(path)(request)
 
 
+def _resolved(setting: str, path: str | None, request: Any, policy: Policy | None) -> object:
+    """What the resolver of ``setting`` (``API_KEY_RESOLVER``, ``TENANT_RESOLVER``) gives
+    for ``request``. One that raises gives an invalid identity (``selector_identity_invalid``
+    in every policy that selects it: refused, never skipped by ``on_missing``, never
+    replaced by another dimension), logged with its traceback and the ``policy`` that
+    needed it (docs/settings.md#when-a-projects-callable-fails)."""
+    try:
+        return _call(path, request)
+    except Exception:
+        logger.exception(
+            "%s %s raised (policy %s): the request's identity is invalid "
+            "(selector_identity_invalid)",
+            setting,
+            path,
+            "-" if policy is None else policy.id,
+        )
+        return INVALID_VALUE
+
+
 def _plan_of(path: str | None, request: Any) -> str | None:
     """What ``PLAN_RESOLVER`` names for ``request``: a plan name, or None (no resolver,
     no plan). A resolver that raises, or returns anything but a string or None, gives None
@@ -194,12 +213,14 @@ class RequestSubject:
         self.settings = conf.get_settings()
         self._values: dict[str, object] = {"route": route} if route else {}
 
-    def _value(self, name: str) -> object:
+    def _value(self, name: str, policy: Policy | None = None) -> object:
+        """The value of dimension ``name``, read at most once (``policy``: the one that
+        needs it, named in the log line of a resolver that fails)."""
         if name not in self._values:
-            self._values[name] = identity_value(self._read(name))
+            self._values[name] = identity_value(self._read(name, policy))
         return self._values[name]
 
-    def _read(self, name: str) -> object:
+    def _read(self, name: str, policy: Policy | None) -> object:
         request = self.request
         if name == "user":
             user = getattr(request, "user", None)
@@ -209,10 +230,10 @@ class RequestSubject:
                 return None if pk is None else str(pk)
             return None
         if name == "verified_api_key":
-            return _call(self.settings.api_key_resolver, request)
+            return _resolved("API_KEY_RESOLVER", self.settings.api_key_resolver, request, policy)
         if name == "api_key":
             if self.settings.api_key_resolver is not None:
-                return self._value("verified_api_key")
+                return self._value("verified_api_key", policy)
             if self.drf_auth is not None:
                 return self._drf_key(self.drf_auth)
             return self._header_text(request.META.get(self.settings.api_key_meta_name))
@@ -221,7 +242,7 @@ class RequestSubject:
         if name == "route":
             return route_value(request, self.kept)
         if name == "tenant":
-            return _call(self.settings.tenant_resolver, request)
+            return _resolved("TENANT_RESOLVER", self.settings.tenant_resolver, request, policy)
         raise KeyError(name)
 
     @staticmethod
@@ -265,9 +286,9 @@ class RequestSubject:
         user = self._value("user") if selectors & {"user", AUTO} else None
         resolver = self.settings.api_key_resolver is not None
         if (AUTO in selectors and user is None) or ("api_key" in selectors and resolver):
-            self._value("verified_api_key")
+            self._value("verified_api_key", _selecting(group, AUTO, "api_key"))
         if "tenant" in selectors:
-            self._value("tenant")
+            self._value("tenant", _selecting(group, "tenant"))
         if self.settings.plan_resolver is not None and any(policy.plans for policy in group):
             self.plan()
 
@@ -287,14 +308,19 @@ class RequestSubject:
                 if user is not None:
                     subject["user"] = user
                     continue
-                verified = self._value("verified_api_key")
+                verified = self._value("verified_api_key", policy)
                 if verified not in (None, ""):
                     subject["api_key"] = verified
                     continue
                 subject["ip"] = self._value("ip")
             else:
-                subject[dimension] = self._value(dimension)
+                subject[dimension] = self._value(dimension, policy)
         return subject
+
+
+def _selecting(group: Iterable[Policy], *dimensions: str) -> Policy | None:
+    """The first policy of ``group`` whose selector has one of ``dimensions``."""
+    return next((p for p in group if any(d in p.selector for d in dimensions)), None)
 
 
 class GivenSubject:

@@ -51,6 +51,7 @@ def policy_form(**fields: Any) -> dict[str, str]:
         "routes": '["/api"]',
         "methods": "[]",
         "exempt": "[]",
+        "count_when": "",
         "enforcement": "enforce",
         "failure_mode": "",
         "on_missing": "deny",
@@ -223,6 +224,13 @@ def test_invalid_windows_are_refused_with_a_message(
         ("routes", '"/api"', "expected a list of strings"),
         ("exempt", '["the office"]', "'the office' is not an IP network"),
         ("exempt", '"192.0.2.0/24"', "expected a list of strings"),
+        ("count_when", '["2xy"]', "'2xy' is not an HTTP status (100 to 599) or a class"),
+        ("count_when", "[600]", "600 is not an HTTP status (100 to 599) or a class"),
+        ("count_when", "[true]", "True is not an HTTP status (100 to 599) or a class"),
+        ("count_when", "[]", "expected None or a non-empty list of statuses and classes"),
+        ("count_when", '"2xx"', "expected None or a non-empty list of statuses and classes"),
+        ("count_when", '{"2xx": 1}', "expected None or a non-empty list of statuses"),
+        ("count_when", "[2", "Enter a valid JSON."),
     ],
 )
 def test_invalid_policy_fields_are_refused_next_to_the_field(
@@ -840,3 +848,41 @@ def test_a_policy_added_with_exempt_networks_skips_their_clients(
     assert QuotaPolicy.objects.get(name="api").revision == 1
     assert statuses("/api/items/", 3, address="192.0.2.7") == [200, 200, 200]
     assert statuses("/api/items/", 2) == [200, 429]
+
+
+def test_a_policy_added_with_count_when_refunds_the_responses_it_does_not_list(
+    admin_client: Client, database_policies: Any
+) -> None:
+    response = add_policy(admin_client, [{"name": "default", "limit": 2, "period": 3600}],
+                          count_when='["2XX", 304]')
+    assert response.status_code == 302, errors_of(response)
+    stored = QuotaPolicy.objects.get(name="api")
+    assert stored.count_when == ["2XX", 304]
+    assert policies.get_policy("api").count_when == ("2xx", 304)
+    # Each 404 is charged before the view, then refunded: none of them uses the budget.
+    assert statuses("/api/nothing/", 5) == [404] * 5
+    assert django_quota.peek("api", {"ip": IP}).remaining == 2
+    assert statuses("/api/items/", 3) == [200, 200, 429]
+
+
+def test_count_when_left_empty_counts_every_response(
+    admin_client: Client, database_policies: Any
+) -> None:
+    response = add_policy(admin_client, [{"name": "default", "limit": 2, "period": 3600}])
+    assert response.status_code == 302, errors_of(response)
+    assert QuotaPolicy.objects.get(name="api").count_when is None
+    assert policies.get_policy("api").count_when is None
+    assert statuses("/api/nothing/", 3) == [404, 404, 429]
+
+
+def test_count_when_is_no_part_of_the_revision(
+    admin_client: Client, database_policies: Any
+) -> None:
+    api = create_policy()
+    before = api.revision
+    assert statuses("/api/items/", 1) == [200]
+    response = change(admin_client, api, [], count_when='["2xx"]')
+    assert response.status_code == 302, errors_of(response)
+    api.refresh_from_db()
+    assert api.revision == before and api.count_when == ["2xx"]
+    assert django_quota.peek("api", {"ip": IP}).remaining == 1  # the counter is kept

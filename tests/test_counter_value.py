@@ -13,7 +13,7 @@ import pytest
 import django_quota
 from django_quota import limiter, policies
 from django_quota.core.calls import PolicyCall
-from django_quota.core.evaluation_ids import appended
+from django_quota.core.evaluation_ids import appended, entries
 from django_quota.core.policy import Window
 from django_quota.core.protocol import GroupRequest, decode_counter, fingerprint
 from tests import clock
@@ -47,10 +47,11 @@ def test_one_charge_stores_the_documented_bytes(on_redis: Any, redis_client: Any
     outcome = django_quota.evaluate("p", SUBJECT, evaluation_id="first-charge")
     assert (outcome.decision, outcome.remaining) == ("allowed", 4)
     value = redis_client.get(counter_of("p"))
-    entry, _ = appended(b"", fingerprint("first-charge"), START_MS, 5_000)
+    entry, _ = appended(b"", fingerprint("first-charge"), 1, START_MS, 5_000)
+    assert len(entry) == 9
     assert value == (
-        b"\x01"  # one ledger entry: the fingerprint, then the charge time mod 2**32 ms
-        + entry
+        b"\x09"  # the ledger's 9 bytes: one entry, the fingerprint, then the charge time
+        + entry  # mod 2**32 ms (a charge of cost 1 records no cost)
         + (0).to_bytes(6, "big")  # d + 1: nothing dropped
         + START_MS.to_bytes(6, "big")  # t
         + (1).to_bytes(6, "big")  # c1
@@ -64,20 +65,36 @@ def test_a_token_bucket_keeps_its_remainder_beside_each_count(
 ) -> None:
     on_redis(p={"algorithm": "token_bucket", "windows": "10/m", "capacity": 10})
     clock.set_to(START)
-    django_quota.evaluate("p", SUBJECT, cost=3)
+    django_quota.evaluate("p", SUBJECT, cost=3, evaluation_id="three")
     state, records = decode_counter(redis_client.get(counter_of("p")), "token_bucket", 1)
     # deficit D = 3 tokens x 60,000 ms: c1 = floor(D / P) = 3, p1 = D mod P = 0
-    assert state == {"t": START_MS, "c1": 3, "p1": 0} and len(records) == 9
+    assert state == {"t": START_MS, "c1": 3, "p1": 0}
+    # The entry records the cost: its fingerprint flagged, 6 bytes of cost, the time.
+    assert len(records) == 15 and records[0] & 0x80
+    assert list(entries(records)) == [(15, fingerprint("three"), 3, START_MS % 2**32)]
 
 
-def test_reset_keeps_only_the_ledger_and_its_expiry(on_redis: Any, redis_client: Any) -> None:
-    on_redis(p={"algorithm": "sliding_window", "windows": "5/m"})
-    django_quota.evaluate("p", SUBJECT)
+@pytest.mark.parametrize(
+    ("algorithm", "windows"),
+    [
+        ("sliding_window", "5/m"),
+        ("fixed_window", "5/m"),
+        ("token_bucket", "5/m"),
+        ("fixed_window", {"a": "5/m", "b": "9/h"}),
+        ("sliding_window", {"a": "5/m", "b": "9/h"}),
+    ],
+)
+def test_reset_keeps_only_the_ledger_and_its_expiry(
+    on_redis: Any, redis_client: Any, algorithm: str, windows: Any
+) -> None:
+    on_redis(p={"algorithm": algorithm, "windows": windows})
+    count = 1 if isinstance(windows, str) else len(windows)
+    django_quota.evaluate("p", SUBJECT, cost=2)
     key = counter_of("p")
     ttl = redis_client.pttl(key)
-    assert django_quota.reset("p", SUBJECT) == 1
-    state, records = decode_counter(redis_client.get(key), "sliding_window", 1)
-    assert state == {} and len(records) == 9  # numbers gone, the id still remembered
+    assert django_quota.reset("p", SUBJECT) == count
+    state, records = decode_counter(redis_client.get(key), algorithm, count)
+    assert state == {} and len(records) == 15  # numbers gone, the id (and cost) remembered
     assert 0 < redis_client.pttl(key) <= ttl
     assert django_quota.peek("p", SUBJECT).remaining == 5
 
@@ -144,9 +161,9 @@ def test_a_value_of_another_length_is_refused() -> None:
 @pytest.mark.parametrize(
     ("stored", "windows_reset"),
     [
-        (b"garbage", 0),  # 103 ledger entries: more than a ledger holds
-        (b"\x09" + b"\x00" * 90, 0),  # 9 entries
-        (b"\x00" * 20, 1),  # a ledger, then numbers of another policy's shape: dropped
+        (b"garbage", 0),  # a ledger of 103 bytes, then too few
+        (b"\x51" + b"\x00" * 105, 0),  # a ledger of 81 bytes: more than it holds
+        (b"\x00" * 20, 0),  # no ledger, then numbers of another policy's shape
         (b"", 0),
     ],
 )
@@ -166,3 +183,66 @@ def test_a_string_not_in_the_layout_is_an_honest_failure_and_reset_clears_it(
     assert not redis_client.exists(key)
     assert django_quota.evaluate("p", SUBJECT).remaining == 4
 
+
+
+@pytest.mark.parametrize(
+    ("algorithm", "windows", "numbers"),
+    [
+        ("fixed_window", "5/m", 1),
+        ("sliding_window", "5/m", 2),
+        ("token_bucket", "5/m", 2),
+        ("sliding_log", "5/m", 1),
+        ("fixed_window", {"a": "5/m", "b": "50/h"}, 2),  # the general script
+    ],
+)
+def test_a_counter_of_the_earlier_string_layout_reads_as_no_counter(
+    on_redis: Any, redis_client: Any, algorithm: str, windows: Any, numbers: int
+) -> None:
+    # One byte of entry count, 9-byte entries without costs, d, t, the numbers.
+    on_redis(p={"algorithm": algorithm, "windows": windows})
+    key = counter_of("p")
+    windows_count = 1 if isinstance(windows, str) else len(windows)
+
+    def earlier(count: int) -> bytes:
+        return (
+            bytes((count,)) + b"\xa7" * 9 * count + (0).to_bytes(6, "big")
+            + START_MS.to_bytes(6, "big") + (4).to_bytes(6, "big") * numbers
+        )
+
+    for count in (1, 8):
+        redis_client.set(key, earlier(count))
+        assert django_quota.peek("p", SUBJECT).remaining == 5
+        outcome = django_quota.evaluate("p", SUBJECT, evaluation_id=f"after-{count}")
+        assert (outcome.decision, outcome.remaining) == ("allowed", 4)
+        state, records = decode_counter(redis_client.get(key), algorithm, windows_count)
+        assert state is not None and state["t"] == START_MS and len(records) == 9
+        redis_client.set(key, earlier(count))  # a reset deletes it
+        assert django_quota.reset("p", SUBJECT) == 0
+        assert not redis_client.exists(key)
+    # Without entries, the two layouts are the same bytes: the counter is kept (4 used of
+    # 5; the sliding window also counts 4 in the previous window, the bucket's deficit
+    # is just over 4 tokens, and the sliding log's numbers are its list, empty here).
+    redis_client.set(key, earlier(0))
+    assert decode_counter(earlier(0), algorithm, windows_count)[1] == b""
+    kept = {"fixed_window": 1, "sliding_window": 0, "token_bucket": 0, "sliding_log": 5}
+    assert django_quota.peek("p", SUBJECT).remaining == kept[algorithm]
+
+
+def test_a_costed_charge_drops_as_many_old_entries_as_it_needs(
+    on_redis: Any, redis_client: Any
+) -> None:
+    on_redis(p={"algorithm": "fixed_window", "windows": "100/h"})
+    for index in range(8):  # a full ledger: 8 entries of cost 1, 72 bytes
+        clock.set_to(START + index / 1000)
+        django_quota.evaluate("p", SUBJECT, evaluation_id=f"one-{index}")
+    clock.set_to(START + 0.008)
+    django_quota.evaluate("p", SUBJECT, cost=7, evaluation_id="seven")
+    state, records = decode_counter(redis_client.get(counter_of("p")), "fixed_window", 1)
+    # 15 bytes for the new entry: the two oldest leave (72 - 18 + 15 = 69 bytes), and d is
+    # the charge time of the newer of them, both younger than DEDUP_TTL.
+    assert [(entry.fingerprint, entry.cost) for entry in entries(records)] == [
+        *((fingerprint(f"one-{index}"), 1) for index in range(2, 8)),
+        (fingerprint("seven"), 7),
+    ]
+    assert len(records) == 69
+    assert state == {"t": START_MS + 8, "d": START_MS + 1, "c1": 15}

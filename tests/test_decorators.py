@@ -567,10 +567,18 @@ def test_cost_callable_decides_the_charge(quota: Any) -> None:
     assert "Retry-After" not in refused
 
 
-def test_cost_callable_returning_a_non_int_is_an_error(quota: Any) -> None:
+@pytest.mark.parametrize(("query", "problem"), [("-1", "returned -1"), ("x", "raised")])
+def test_a_cost_callable_that_fails_charges_one_and_is_logged(
+    quota: Any, caplog: pytest.LogCaptureFixture, query: str, problem: str
+) -> None:
+    # Never a 500, never free (docs/settings.md#when-a-projects-callable-fails).
     quota(CLOCK=CLOCK)
-    with pytest.raises(ValueError):
-        Client().get("/costly/?cost=-1")
+    assert Client().get(f"/costly/?cost={query}").status_code == 200
+    assert remaining("view:tests.test_decorators.costly") == 9
+    assert (
+        f"the cost callable tests.test_decorators.cost_from_query of policy "
+        f"view:tests.test_decorators.costly {problem}"
+    ) in caplog.text
 
 
 # -- 7. headers ----------------------------------------------------------------------------

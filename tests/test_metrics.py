@@ -87,8 +87,9 @@ def test_memory_outcomes_are_counted_under_their_own_labels(
     assert outcome_count(
         "m-shadow", "shadow_denied", "default_quota_exhausted", "api_key", "memory"
     ) == 1
-    assert sample(HEALTH, backend_mode="memory", reason="ok") - ok_before == 5
-    # no latency histogram for a backend without I/O (docs/metrics.md)
+    # no health count (no node to be healthy or not) and no latency histogram (no I/O)
+    # for the memory backend (docs/metrics.md)
+    assert sample(HEALTH, backend_mode="memory", reason="ok") == ok_before == 0
     assert sample(f"{LATENCY}_count", backend_mode="memory") == latency_before == 0
     assert sample(f"{LATENCY}_bucket", backend_mode="memory", le="+Inf") == 0
     assert metrics.outcome_counts()[("m-enforced", "denied", "default_quota_exhausted")] == 1
@@ -314,11 +315,12 @@ def test_the_collector_exposes_what_prometheus_client_s_own_metrics_would(
     expected = _samples(theirs)
     assert len(expected) > 25
     assert _samples(ours) == expected
-    # the memory backend decided the groups: health counts, no latency histogram
-    assert ("django_quota_backend_health_total",
-            (("backend_mode", "memory"), ("reason", "ok")), 3.0) in expected
-    assert not any(name.startswith("django_quota_backend_latency") and
+    # the memory backend decided the groups: neither a health count nor a latency
+    assert not any(name.startswith(("django_quota_backend_health",
+                                    "django_quota_backend_latency")) and
                    ("backend_mode", "memory") in labels for name, labels, _ in expected)
+    assert ("django_quota_backend_health_total",
+            (("backend_mode", "redis"), ("reason", "backend_timeout")), 1.0) in expected
     assert ("django_quota_backend_latency_seconds_bucket",
             (("backend_mode", "redis"), ("le", "0.001")), 4.0) in expected
     counts = metrics.outcome_counts()  # the status page's, from the same counts
@@ -380,8 +382,10 @@ WORKER = textwrap.dedent("""
         "POLICIES": {"mp-api": {"windows": "100/m", "selector": ["ip"]}},
     }
     import django_quota
+    from django_quota import metrics
     for _ in range(int(sys.argv[1])):
         django_quota.evaluate("mp-api", {"ip": "203.0.113.77"})
+        metrics.record_backend("redis", "ok", 0.002)  # a Redis call's counts, as recorded
 """)
 SCRAPER = textwrap.dedent("""
     import django
@@ -421,11 +425,14 @@ def test_multiprocess_mode_aggregates_every_worker(tmp_path: Path, variable: str
         if s.name == OUTCOMES and s.labels["policy"] == "mp-api"
     ]
     assert allowed == [5.0]
-    health = [
-        s.value for s in families["django_quota_backend_health"].samples
-        if s.labels == {"backend_mode": "memory", "reason": "ok"}
-    ]
-    assert health == [5.0]
-    # the memory backend makes no I/O: no latency histogram, in any worker
-    latency = families.get("django_quota_backend_latency_seconds")
-    assert latency is None or not latency.samples
+    health = {
+        tuple(s.labels.values()): s.value for s in families["django_quota_backend_health"].samples
+    }
+    assert health == {("redis", "ok"): 5.0}  # and none of the memory backend, in any worker
+    latency = {
+        (s.name, tuple(s.labels.values())): s.value
+        for s in families["django_quota_backend_latency_seconds"].samples
+    }
+    assert latency[("django_quota_backend_latency_seconds_count", ("redis",))] == 5.0
+    assert latency[("django_quota_backend_latency_seconds_bucket", ("redis", "0.0025"))] == 5.0
+    assert not any("memory" in labels for _, labels in latency)

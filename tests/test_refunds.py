@@ -73,6 +73,54 @@ def test_a_refund_of_a_larger_cost_gives_back_that_cost(frozen: Any, policy: str
     assert django_quota.refund(policy, SUBJECT, "big", cost=3) == 0
 
 
+@pytest.mark.parametrize("policy", RATES)
+def test_a_refund_gives_back_what_its_evaluation_charged(frozen: Any, policy: str) -> None:
+    # No cost given: the counter's ledger remembers what each evaluation charged.
+    for name, cost in (("three", 3), ("one", 1)):
+        assert django_quota.evaluate(policy, SUBJECT, cost=cost, evaluation_id=name).allowed
+    assert remaining(policy) == 1
+    assert django_quota.refund(policy, SUBJECT, "three") == 3
+    assert remaining(policy) == 4
+    assert django_quota.refund(policy, SUBJECT, "three") == 0
+    assert async_to_sync(django_quota.arefund)(policy, SUBJECT, "one") == 1
+    assert remaining(policy) == 5
+
+
+@pytest.mark.parametrize("policy", RATES)
+def test_cost_caps_a_refund_at_what_was_charged(frozen: Any, policy: str) -> None:
+    assert django_quota.evaluate(policy, SUBJECT, cost=3, evaluation_id="three").allowed
+    assert django_quota.evaluate(policy, SUBJECT, cost=1, evaluation_id="one").allowed
+    # A part of the charge: the rest stays, and the evaluation is refunded (once).
+    assert django_quota.refund(policy, SUBJECT, "three", cost=2) == 2
+    assert remaining(policy) == 3
+    assert django_quota.refund(policy, SUBJECT, "three") == 0
+    # Nothing: the charge stays refundable. More than was charged gives back what was
+    # charged, never more.
+    assert django_quota.refund(policy, SUBJECT, "one", cost=0) == 0
+    assert django_quota.refund(policy, SUBJECT, "one", cost=4) == 1
+    assert remaining(policy) == 4
+
+
+@pytest.mark.parametrize("policy", ["fixed_window", "sliding_log", "token_bucket"])
+def test_a_full_ledger_of_mixed_costs_refunds_each_exactly(frozen: Any, policy: str) -> None:
+    frozen(
+        CLOCK="tests.clock.now",
+        DEDUP_TTL=0.001,  # a dropped entry is old at once: no repeat is indeterminate
+        POLICIES={policy: {**POLICIES[policy], "windows": "100/h", "selector": ["ip"]}},
+    )
+    # The ledger keeps the newest entries within 72 bytes, 9 for a cost of 1, 15 for
+    # another: of these 11 charges, the last 6 (9 + 15 + 15 + 9 + 15 + 9 = 72 bytes).
+    costs = [1, 7, 1, 2, 30, 1, 1, 5, 9, 1, 4]
+    for index, cost in enumerate(costs):
+        clock.set_to(START + index * 0.002)
+        assert django_quota.evaluate(policy, SUBJECT, cost=cost, evaluation_id=f"e{index}").allowed
+    assert remaining(policy) == 100 - sum(costs)
+    assert [django_quota.refund(policy, SUBJECT, f"e{i}") for i in range(len(costs))] == [
+        0, 0, 0, 0, 0, *costs[5:]
+    ]
+    assert remaining(policy) == 100 - sum(costs[:5])
+
+
 def test_the_edge_of_a_full_window_admits_again_after_a_refund(frozen: Any) -> None:
     for index in range(5):
         django_quota.evaluate("fixed_window", SUBJECT, evaluation_id=f"e{index}")
@@ -171,8 +219,8 @@ def test_a_charge_the_bounded_ledger_dropped_is_refunded_only_by_an_edges_measur
         django_quota.evaluate(policy, SUBJECT, evaluation_id=f"later{index}")
     assert remaining(policy) == 11
     assert django_quota.refund(policy, SUBJECT, "first") == 0  # unknown to the ledger
-    request = limiter.refund_request(
-        policies.get_policy(policy), SUBJECT, "first", since_ms=2000
+    request = limiter.refund_request(  # an edge knows what it charged
+        policies.get_policy(policy), SUBJECT, "first", 1, since_ms=2000
     )
     assert limiter.refund_charge(request) == 1  # placed by the edge's measure
     assert remaining(policy) == 12

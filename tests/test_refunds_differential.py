@@ -1,5 +1,6 @@
-"""Refunds, model against script (docs/refunds.md): random sequences of charges,
-refunds (some twice, some of ids the bounded ledger dropped, some measured by an edge)
+"""Refunds, model against script (docs/refunds.md): random sequences of charges of
+several costs, refunds (of what the ledger recorded, or capped; some twice, some of ids
+the bounded ledger dropped, some measured by an edge)
 and clock steps give identical numbers on the memory model, fakeredis and a real
 redis-server, for every algorithm."""
 
@@ -37,7 +38,7 @@ def run(seed: int, policy: str) -> list[Any]:
     for step in range(120):
         action = rng.random()
         if action < 0.5:
-            cost = rng.choice((1, 1, 1, 2, 3))
+            cost = rng.choice((1, 1, 1, 2, 3, 5))
             evaluation_id = f"e{step}"
             outcome = django_quota.evaluate(policy, SUBJECT, cost, evaluation_id=evaluation_id)
             seen.append(("evaluate", outcome.decision, outcome.remaining, outcome.windows))
@@ -51,9 +52,12 @@ def run(seed: int, policy: str) -> list[Any]:
                     since_ms=rng.randrange(0, 3000),
                 )
                 seen.append(("measured", limiter.refund_charge(request)))
-            else:
-                refunded = django_quota.refund(policy, SUBJECT, evaluation_id, cost=cost)
-                seen.append(("refund", refunded))
+            elif rng.random() < 0.3:  # at most some units: a partial refund, or all
+                cap = rng.choice((1, 2, 6))
+                refunded = django_quota.refund(policy, SUBJECT, evaluation_id, cost=cap)
+                seen.append(("capped", refunded))
+            else:  # what the ledger says it charged
+                seen.append(("refund", django_quota.refund(policy, SUBJECT, evaluation_id)))
         else:
             clock.set_to(clock.current + rng.choice((0.001, 0.25, 1, 3, 9.999, 10, 31)))
         peeked = django_quota.peek(policy, SUBJECT)

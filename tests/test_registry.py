@@ -168,6 +168,22 @@ def test_invalid_rows_are_skipped_and_logged_never_raised(
     assert "a policy needs at least one window" in logged[2]
 
 
+def test_a_row_with_a_bad_count_when_is_skipped_and_logged(
+    quota: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    quota(CLOCK=CLOCK, POLICY_SOURCES=SOURCES)
+    broken = db_policy("bad-count-when", routes=["/api"])
+    QuotaPolicy.objects.filter(pk=broken.pk).update(count_when=["2xy"])  # past clean()
+    db_policy("good", limit=1, routes=["/api"], count_when=["2xx"])
+    with caplog.at_level(logging.ERROR, logger="django_quota"):
+        assert [Client().get("/api/items/").status_code for _ in range(2)] == [200, 429]
+    assert list(policies.get_registry().policies) == ["good"]
+    assert policies.get_registry().policies["good"].count_when == ("2xx",)
+    (logged,) = quota_errors(caplog)
+    assert logged.startswith("quota policy 'bad-count-when' in the database is invalid")
+    assert "'2xy' is not an HTTP status" in logged
+
+
 def test_database_failure_keeps_the_last_good_registry(
     quota: Any, clock: FakeMonotonic, monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,

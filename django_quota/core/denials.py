@@ -29,7 +29,7 @@ from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from typing import NamedTuple
 
-from django_quota.core.calls import GROUP_DECIDED, PolicyResult
+from django_quota.core.calls import GROUP_DECIDED, GroupResult, PolicyResult
 from django_quota.core.policy import CONCURRENCY, FIXED_WINDOW, SLIDING_WINDOW
 from django_quota.core.protocol import GroupReply, GroupRequest
 from django_quota.core.windows import WindowResult
@@ -239,7 +239,7 @@ def hash_tag(counter: str) -> str:
 
 
 def rememberable(
-    request: GroupRequest, reply: GroupReply, *, shadow: bool, cluster: bool
+    request: GroupRequest, reply: GroupReply | GroupResult, *, shadow: bool, cluster: bool
 ) -> bool:
     """Whether a refusal Redis decided may be answered again (``docs/failures.md``): the
     group decided, no shadow policy in it, every policy enforced, none a concurrency

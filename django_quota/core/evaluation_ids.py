@@ -2,52 +2,105 @@
 
 Its bytes are the same here and in Redis (``evaluate.lua`` mirrors these functions);
 :mod:`django_quota.core.model` says how a group uses the ledgers of its counters.
+
+An entry records one charged evaluation: its fingerprint (5 bytes), then, when the
+evaluation charged another cost than 1, that cost (6 bytes, big-endian), then the charge
+time modulo 2**32 ms (4 bytes). The fingerprint's first bit says whether a cost follows
+(:func:`~django_quota.core.protocol.fingerprint` leaves it 0), so an entry of cost 1
+keeps its 9 bytes and one of another cost takes 15 (docs/refunds.md). The ledger keeps
+the newest entries that fit in :data:`LEDGER_BYTES`: the last 8 charges of cost 1, at
+least the last 4 whatever their costs.
 """
 
 from __future__ import annotations
 
 import struct
+from collections.abc import Iterator
+from typing import NamedTuple
 
-#: How many charged evaluation ids each counter remembers.
+#: How many charges of cost 1 each counter remembers.
 LEDGER_SIZE = 8
-#: Bytes of one evaluation id's fingerprint (40 bits).
+#: Bytes of one evaluation id's fingerprint (its first bit is the entry's cost flag).
 FINGERPRINT_BYTES = 5
-#: Bytes of one ledger entry: the fingerprint, then the charge time modulo 2**32 ms.
+#: Bytes of an entry of cost 1: the fingerprint, then the charge time modulo 2**32 ms.
 ENTRY_BYTES = FINGERPRINT_BYTES + 4
+#: Bytes of an entry's cost, when it is not 1.
+COST_BYTES = 6
+#: Bytes of an entry of another cost: the fingerprint, the cost, the charge time.
+COSTED_ENTRY_BYTES = ENTRY_BYTES + COST_BYTES
+#: Set in an entry's first byte when a cost follows its fingerprint.
+COST_FLAG = 0x80
 STAMP_MODULUS = 2**32
-#: Bytes of a full ledger.
-LEDGER_FULL = LEDGER_SIZE * ENTRY_BYTES
+#: The ledger's bound in bytes: a charge drops the oldest entries while it is over.
+LEDGER_BYTES = LEDGER_SIZE * ENTRY_BYTES
 #: An entry's charge time (modulo 2**32 ms), as it is stored.
 _STAMP = struct.Struct(">I")
 
 
-def _stamp_age(records: bytes, start: int, now: int) -> int:
-    """Milliseconds since the entry at ``start`` was charged (modulo 2**32)."""
-    at = int.from_bytes(records[start + FINGERPRINT_BYTES : start + ENTRY_BYTES], "big")
-    return (now - at) % STAMP_MODULUS
+class Entry(NamedTuple):
+    """One ledger entry: where it ends in the ledger's bytes, the fingerprint it
+    records (its flag cleared), the cost it charged and its charge time modulo 2**32."""
+
+    end: int
+    fingerprint: bytes
+    cost: int
+    stamp: int
+
+
+def entry_head(fingerprint: bytes, cost: int) -> bytes:
+    """What an entry of ``fingerprint`` charged ``cost`` starts with: the fingerprint,
+    or, for a cost other than 1, the fingerprint flagged and the cost after it (what
+    ``evaluate.lua`` takes as its first argument and appends as it is)."""
+    if cost == 1 or not fingerprint:
+        return fingerprint
+    flagged = bytes((fingerprint[0] | COST_FLAG,)) + fingerprint[1:]
+    return flagged + cost.to_bytes(COST_BYTES, "big")
+
+
+def entries(records: bytes) -> Iterator[Entry]:
+    """The entries of the ledger ``records``, oldest first."""
+    start = 0
+    size = len(records)
+    while start < size:
+        first = records[start]
+        if first & COST_FLAG:
+            found = bytes((first ^ COST_FLAG,)) + records[start + 1 : start + FINGERPRINT_BYTES]
+            at = start + FINGERPRINT_BYTES + COST_BYTES
+            cost = int.from_bytes(records[start + FINGERPRINT_BYTES : at], "big")
+        else:
+            found = records[start : start + FINGERPRINT_BYTES]
+            at = start + FINGERPRINT_BYTES
+            cost = 1
+        yield Entry(at + 4, found, cost, _STAMP.unpack_from(records, at)[0])
+        start = at + 4
 
 
 def remembers(records: bytes, fingerprint: bytes, now: int, dedup_ttl_ms: int) -> bool:
     """Whether the ledger ``records`` holds ``fingerprint`` in an entry charged less than
     ``dedup_ttl_ms`` before ``now``."""
-    for start in range(0, len(records), ENTRY_BYTES):
-        if (
-            records[start : start + FINGERPRINT_BYTES] == fingerprint
-            and _stamp_age(records, start, now) < dedup_ttl_ms
-        ):
+    for entry in entries(records):
+        if entry.fingerprint == fingerprint and (now - entry.stamp) % STAMP_MODULUS < dedup_ttl_ms:
             return True
     return False
 
 
 def appended(
-    records: bytes, fingerprint: bytes, now: int, dedup_ttl_ms: int
+    records: bytes, fingerprint: bytes, cost: int, now: int, dedup_ttl_ms: int
 ) -> tuple[bytes, int | None]:
-    """The ledger with ``fingerprint`` charged at ``now`` appended, the oldest entry
-    dropped when full; and that entry's charge time when it was younger than
-    ``dedup_ttl_ms`` (else None)."""
+    """The ledger with ``fingerprint`` charged ``cost`` at ``now`` appended, the oldest
+    entries dropped while it is over :data:`LEDGER_BYTES`; and the charge time of the
+    newest one dropped younger than ``dedup_ttl_ms`` (else None)."""
     stamp = now % STAMP_MODULUS
-    entry = fingerprint + _STAMP.pack(stamp)
-    if len(records) < LEDGER_FULL:
-        return records + entry, None
-    age = (stamp - _STAMP.unpack_from(records, FINGERPRINT_BYTES)[0]) % STAMP_MODULUS
-    return records[ENTRY_BYTES:] + entry, (now - age if age < dedup_ttl_ms else None)
+    grown = records + entry_head(fingerprint, cost) + _STAMP.pack(stamp)
+    if len(grown) <= LEDGER_BYTES:
+        return grown, None
+    dropped_at = None
+    start = 0
+    for oldest in entries(grown):
+        if len(grown) - start <= LEDGER_BYTES:
+            break
+        age = (stamp - oldest.stamp) % STAMP_MODULUS
+        if age < dedup_ttl_ms:
+            dropped_at = now - age
+        start = oldest.end
+    return grown[start:], dropped_at

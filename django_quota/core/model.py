@@ -21,15 +21,15 @@ bytes), all integers:
 * ``p<i>``: sliding window, the count of the window before ``t``'s; token bucket, the
   remainder of the deficit (``D = c * P + p``, ``0 <= p < P``).
 * the evaluation-id ledger (:mod:`django_quota.core.evaluation_ids`), the last
-  ``LEDGER_SIZE`` charged evaluations, oldest first: here one byte string of
-  ``ENTRY_BYTES``-byte entries (the evaluation id's ``FINGERPRINT_BYTES``-byte
-  fingerprint, then the ``now`` it was charged at, modulo 2**32 ms, about 49.7 days, as
-  4 big-endian bytes), the same bytes in Redis.
+  ``LEDGER_SIZE`` charged evaluations, oldest first: here one byte string of entries
+  (the evaluation id's ``FINGERPRINT_BYTES``-byte fingerprint, the cost it charged when
+  that is not 1, then the ``now`` it was charged at, modulo 2**32 ms, about 49.7 days,
+  as 4 big-endian bytes), the same bytes in Redis.
 * ``d``: the charge time (ms) of the newest entry the ledger dropped to make room while
   it was younger than ``DEDUP_TTL``.
 
-Evaluation ids (``docs/failures.md``): a charged evaluation appends its fingerprint and
-time to the ledger of every counter it charged (one without a fingerprint, which nothing
+Evaluation ids (``docs/failures.md``): a charged evaluation appends its fingerprint, cost
+and time to the ledger of every counter it charged (one without a fingerprint, which nothing
 can repeat, appends nothing: the memory backend's own evaluations). An evaluation that
 may repeat an earlier one (a retry, or an id the caller chose) first looks for its
 fingerprint among the entries younger than ``DEDUP_TTL``: found in any counter of the
@@ -118,7 +118,7 @@ def keeps_expiry(
         return False
     for window in windows:
         period = window.period_ms
-        if now - now % period != last - last % period:
+        if now // period != last // period:  # another window (as now - now % P ...)
             return False
     return True
 
@@ -306,7 +306,7 @@ def _charge(
     state = _charged_state(call, views, now, old)
     records = ledger
     if fingerprint:  # no fingerprint: an evaluation nothing can repeat (the memory backend's)
-        records, dropped_at = appended(ledger, fingerprint, now, dedup_ttl_ms)
+        records, dropped_at = appended(ledger, fingerprint, call.cost, now, dedup_ttl_ms)
         if dropped_at is not None:
             state["d"] = dropped_at
     lifetime = ttl + cleanup_grace_ms
@@ -417,7 +417,9 @@ def decide_one(
     algorithm, window = call.algorithm, call.windows[0]
     used, prev = view = _view(algorithm, window, 1, state, now)
     fits = allows(algorithm, window, used, prev, now, cost)
-    status = decide_policy(call, fits, group_allows((call,), (fits,)), peek)
+    # A group of this one call is allowed when it fits (group_allows); when it does not,
+    # decide_policy refuses it whatever the group's decision.
+    status = decide_policy(call, fits, fits, peek)
     charged = status == CHARGED
     result, ttl = window_result(algorithm, window, used, prev, now, cost, charged)
     decided = new_tuple(PolicyResult, (status, now, (result,)))

@@ -24,7 +24,7 @@ from django_quota.core.calls import (
     PolicyResult,
     check_packable,
 )
-from django_quota.core.evaluation_ids import ENTRY_BYTES, FINGERPRINT_BYTES
+from django_quota.core.evaluation_ids import COST_FLAG, FINGERPRINT_BYTES, entry_head
 from django_quota.core.identity import Identity
 from django_quota.core.model import decide_policy, group_allows
 from django_quota.core.policy import (
@@ -91,18 +91,17 @@ def decode_counter(
 ) -> tuple[dict[str, int] | None, bytes]:
     """A counter as ``evaluate.lua`` stores it in Redis, read back: its numbers as the
     model keeps them (``t``, ``d``, ``c<i>`` and, for the sliding window counter and
-    the token bucket, ``p<i>``; times in ms) and its ledger records (9-byte entries,
+    the token bucket, ``p<i>``; times in ms) and its ledger records (the entries,
     oldest first, as :func:`~django_quota.core.evaluation_ids.appended` builds them).
 
-    The value (the script's header documents it): one byte of entry count, the entries,
-    6 bytes of ``d + 1`` (0: none), then, unless reset, 6 bytes of ``t`` and 6 bytes per
-    stored number, each big-endian. ``None`` (no key) reads as ``(None, b"")``. Raises
-    ``ValueError`` for a value of another length.
+    The value (the script's header documents it): one byte of the ledger's length in
+    bytes, the entries, 6 bytes of ``d + 1`` (0: none), then, unless reset, 6 bytes of
+    ``t`` and 6 bytes per stored number, each big-endian. ``None`` (no key) reads as
+    ``(None, b"")``. Raises ``ValueError`` for a value of another length.
     """
     if value is None:
         return None, b""
-    entries = value[0] if value else 0
-    ledger_end = 1 + ENTRY_BYTES * entries
+    ledger_end = 1 + (value[0] if value else 0)
     numbers = (2 if algorithm in (SLIDING_WINDOW, TOKEN_BUCKET) else 1) * window_count
     if len(value) not in (ledger_end + 6, ledger_end + 12 + 6 * numbers):
         raise ValueError(f"a counter value of {len(value)} bytes is not in evaluate.lua's layout")
@@ -157,9 +156,14 @@ def check_evaluation_id(evaluation_id: object) -> str:
 
 
 def fingerprint(evaluation_id: str) -> bytes:
-    """The ledger fingerprint of an evaluation id: the 5-byte (40-bit) BLAKE2b digest of
-    its UTF-8 bytes. Two ids share one with probability 2**-40."""
-    return hashlib.blake2b(evaluation_id.encode(), digest_size=FINGERPRINT_BYTES).digest()
+    """The ledger fingerprint of an evaluation id: the 5-byte BLAKE2b digest of its UTF-8
+    bytes, its first bit cleared (a ledger entry's cost flag:
+    :mod:`~django_quota.core.evaluation_ids`), so 39 bits. Two ids share one with
+    probability 2**-39."""
+    digest = hashlib.blake2b(evaluation_id.encode(), digest_size=FINGERPRINT_BYTES).digest()
+    if digest[0] & COST_FLAG:
+        return bytes((digest[0] ^ COST_FLAG,)) + digest[1:]
+    return digest
 
 
 #: Added to the header's mode when the group gives ``now`` (the client's clock): without
@@ -229,8 +233,10 @@ class GroupRequest(NamedTuple):
         return keys
 
     def args(self) -> list[int | str | bytes]:
-        """ARGV for ``evaluate.lua`` (see its header): the fingerprint, then every number
-        packed in one string. Raises ``ValueError`` for more than 65,535 policies or a
+        """ARGV for ``evaluate.lua`` (see its header): the head of the ledger entry a
+        charge appends (the fingerprint, and the cost when it is not 1:
+        :func:`~django_quota.core.evaluation_ids.entry_head`), then every number packed
+        in one string. Raises ``ValueError`` for more than 65,535 policies or a
         time outside 0..2**48 ms."""
         fields = (
             self.mode if self.now_ms is None else self.mode + CLIENT_CLOCK,
@@ -247,7 +253,13 @@ class GroupRequest(NamedTuple):
             packed = header + self.calls[0].packed
         else:
             packed = header + b"".join(call.packed for call in self.calls)
-        return [b"" if self.peek else self.fingerprint, packed]
+        if self.peek:
+            return [b"", packed]
+        head = self.fingerprint
+        cost = self.calls[0].cost  # one cost for the whole group
+        if cost != 1 and head:
+            head = entry_head(head, cost)
+        return [head, packed]
 
 
 class GroupReply(NamedTuple):

@@ -22,7 +22,9 @@ to ``t``, as an evaluation clamps it):
   number, and ``c<i>``, drop by the cost. When an edge's measured refund (below) took
   that event's units, the newest event before it gives them instead.
 
-The units refunded are the evaluation's cost when some window gave it back, else 0.
+The units given back are what the entry says the evaluation charged, or fewer when the
+caller caps them (a partial refund; the entry goes all the same); the units refunded
+are those when some window gave them back, else 0.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
 from django_quota.core.calls import ALGORITHM_CODES, CALENDAR_CODE, check_packable
-from django_quota.core.evaluation_ids import ENTRY_BYTES, FINGERPRINT_BYTES, STAMP_MODULUS
+from django_quota.core.evaluation_ids import STAMP_MODULUS, entries
 from django_quota.core.policy import FIXED_WINDOW, SLIDING_LOG, SLIDING_WINDOW, TOKEN_BUCKET
 from django_quota.core.protocol import log_key
 from django_quota.core.windows import (
@@ -46,9 +48,10 @@ from django_quota.core.windows import (
 
 class RefundCall(NamedTuple):
     """One counter's refund: its algorithm, windows' periods (ms) and, token bucket,
-    limits; the units the evaluation charged; and, for a fixed window call with calendar
-    windows, each window's ``[start, end)`` around the caller's ``now`` (flat; ``()``
-    otherwise)."""
+    limits; ``cost``, the most units to give back (0: all the evaluation charged, as its
+    ledger entry says; an edge's measured refund, whose entry is gone, gives ``cost``);
+    and, for a fixed window call with calendar windows, each window's ``[start, end)``
+    around the caller's ``now`` (flat; ``()`` otherwise)."""
 
     algorithm: str
     periods: tuple[int, ...]
@@ -67,21 +70,31 @@ class Refunded(NamedTuple):
     logs: tuple[Log, ...]
 
 
-def charge_time(records: bytes, fingerprint: bytes, last: int) -> tuple[bytes, int | None]:
-    """The ledger without ``fingerprint``'s entries, and the charge time of its first
-    one (None when the ledger does not hold it), recovered from the counter's ``t``
-    (``last``), which is never earlier than the charge."""
+class Charge(NamedTuple):
+    """The ledger without an evaluation's entries, and what its first one says: the
+    charge time (None when the ledger does not hold it) and the cost charged."""
+
+    kept: bytes
+    at: int | None
+    cost: int
+
+
+def charge_time(records: bytes, fingerprint: bytes, last: int) -> Charge:
+    """The ledger without ``fingerprint``'s entries, and the charge time and cost of its
+    first one (time None when the ledger does not hold it), the time recovered from the
+    counter's ``t`` (``last``), which is never earlier than the charge."""
     kept = []
-    stamp = None
-    for start in range(0, len(records), ENTRY_BYTES):
-        entry = records[start : start + ENTRY_BYTES]
-        if entry[:FINGERPRINT_BYTES] != fingerprint:
-            kept.append(entry)
-        elif stamp is None:
-            stamp = int.from_bytes(entry[FINGERPRINT_BYTES:], "big")
-    if stamp is None:
-        return records, None
-    return b"".join(kept), last - (last - stamp) % STAMP_MODULUS
+    found = None
+    start = 0
+    for entry in entries(records):
+        if entry.fingerprint != fingerprint:
+            kept.append(records[start : entry.end])
+        elif found is None:
+            found = entry
+        start = entry.end
+    if found is None:
+        return Charge(records, None, 0)
+    return Charge(b"".join(kept), last - (last - found.stamp) % STAMP_MODULUS, found.cost)
 
 
 def log_refund(
@@ -126,14 +139,16 @@ def refund_counter(
     on one counter at ``now`` (ms). None when the ledger does not hold it: nothing is
     written (refunded already, never charged, or dropped from the bounded ledger).
 
+    The units given back are the entry's cost, at most ``call.cost`` when that is not 0.
     ``since_ms``, the ms since the charge as an edge measured them, places a charge
     whose entry the bounded ledger dropped: at ``now`` (clamped to ``t``) minus them,
-    never after ``t``; a sliding log's units then leave the newest event at or before
-    that time. The edge refunds each charge at most once itself."""
+    never after ``t``, for ``call.cost`` units; a sliding log's units then leave the
+    newest event at or before that time. The edge refunds each charge at most once
+    itself."""
     numbers = dict(state or {})
     last = numbers.get("t")
-    kept, charged = charge_time(records, fingerprint, 0 if last is None else last)
-    measured = charged is None and since_ms is not None
+    kept, charged, cost = charge_time(records, fingerprint, 0 if last is None else last)
+    measured = charged is None and since_ms is not None and call.cost > 0
     if charged is None and not measured:
         return None
     stored_logs = tuple(logs)
@@ -143,7 +158,9 @@ def refund_counter(
     if charged is None:
         assert since_ms is not None
         charged = min(last, at - since_ms)
-    cost = call.cost
+        cost = call.cost
+    elif 0 < call.cost < cost:
+        cost = call.cost
     algorithm = call.algorithm
     refunded = False
     new_logs = list(stored_logs)

@@ -95,7 +95,8 @@ def _view(
     period = window.period_ms
     count = state.get(COUNT_FIELDS[index], 0)
     if algorithm == FIXED_WINDOW:
-        return (count if now - now % period == last - last % period else 0), 0
+        # the same window: now - now % P == last - last % P, one division each
+        return (count if now // period == last // period else 0), 0
     extra = state.get(EXTRA_FIELDS[index], 0)
     if algorithm == TOKEN_BUCKET:
         deficit = count * period + extra

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import ipaddress
+import logging
 import math
 import re
 from collections.abc import Callable
@@ -42,12 +43,14 @@ from django_quota.core.policy import (
     generated_policy_id,
 )
 from django_quota.core.rates import bounds_problem
-from django_quota.ledger import Lease, adecide, decide
+from django_quota.ledger import Lease, adecide, decide, ledger_of
 from django_quota.ratelimit import ALL, UNSAFE
 from django_quota.signals import quota_denied
 from django_quota.subjects import PLAIN, GivenSubject, Readable, Subject
 
 __all__ = ["aget_usage", "ais_ratelimited", "get_usage", "is_ratelimited"]
+
+logger = logging.getLogger("django_quota")
 
 #: The dimension that frames a key's value (with the group and the methods).
 KEY_DIMENSION = "ratelimit_key"
@@ -65,6 +68,13 @@ Rate = str | tuple[int, int]
 
 class _MissingAddress(ImproperlyConfigured):
     """The request carries no client address where the settings say to read one."""
+
+
+def _named(given: object) -> str:
+    """A project's callable as a log line names it: its dotted path."""
+    if isinstance(given, str):
+        return given
+    return f"{getattr(given, '__module__', '?')}.{getattr(given, '__qualname__', given)}"
 
 
 # -- rates ---------------------------------------------------------------------------------
@@ -135,10 +145,17 @@ def _get_ip(request: Any) -> str:
     meta_key = getattr(settings, "RATELIMIT_IP_META_KEY", None)
     if not meta_key:
         address: object = _client_address(request)
-    elif callable(meta_key):
-        address = meta_key(request)
-    elif isinstance(meta_key, str) and "." in meta_key:
-        address = import_string(meta_key)(request)
+    elif callable(meta_key) or (isinstance(meta_key, str) and "." in meta_key):
+        function = meta_key if callable(meta_key) else import_string(meta_key)
+        try:
+            address = function(request)
+        except Exception:
+            logger.exception(
+                "RATELIMIT_IP_META_KEY %s raised: the request's identity is invalid "
+                "(selector_identity_invalid)",
+                _named(meta_key),
+            )
+            raise ValueError("RATELIMIT_IP_META_KEY raised") from None
     elif meta_key in request.META:
         address = request.META[meta_key]
     else:
@@ -188,10 +205,24 @@ _ACCESSOR_KEYS: dict[str, Callable[[Any, str], str]] = {
 _INLINE_KEYS = frozenset({"ip", "get", "post", "header"})
 
 
-def _key_value(request: Any, group: str, key: Any) -> str:
+def _project_key(request: Any, group: str, key: Any, function: Callable[..., Any]) -> object:
+    """What the project's ``key`` callable gives; one that raises gives an invalid
+    identity, logged (docs/django-ratelimit.md): the request is limited, never a 500."""
+    try:
+        return function(group, request)
+    except Exception:
+        logger.exception(
+            "ratelimit key %s of group %r raised: the request's identity is invalid "
+            "(selector_identity_invalid)",
+            _named(key),
+            group,
+        )
+        return INVALID_VALUE
+
+
+def _key_value(request: Any, group: str, key: Any) -> object:
     if callable(key):
-        value: str = key(group, request)
-        return value
+        return _project_key(request, group, key, key)
     if key in _SIMPLE_KEYS:
         return _SIMPLE_KEYS[key](request)
     if ":" in key:
@@ -200,8 +231,7 @@ def _key_value(request: Any, group: str, key: Any) -> str:
             raise ImproperlyConfigured(f"Unknown ratelimit key: {key}")
         return _ACCESSOR_KEYS[accessor](request, name)
     if "." in key:
-        value = import_string(key)(group, request)
-        return value
+        return _project_key(request, group, key, import_string(key))
     raise ImproperlyConfigured(f"Could not understand ratelimit key: {key}")
 
 
@@ -267,7 +297,7 @@ def _policy(group: str, limit: int, period: int, per_request: bool = False) -> P
     ``per_request``: the rate is chosen per request (a callable or dotted ``rate``), so
     the limit is a plan's (``docs/plans.md``): the revision leaves it out, and every limit
     of one period shares the group's counter (``docs/django-ratelimit.md``)."""
-    fail_open = bool(getattr(settings, "RATELIMIT_FAIL_OPEN", False))
+    fail_open = _fail_open()
     policy_id = generated_policy_id(GENERATED_SOURCE, group)
 
     def build() -> Policy:
@@ -286,12 +316,42 @@ def _policy(group: str, limit: int, period: int, per_request: bool = False) -> P
 @dataclass(frozen=True, slots=True)
 class _Limit:
     """What one call decides: the policy (None for a rate of 0, refused without a
-    counter), how its subject is read, and the rate as django-ratelimit reports it."""
+    counter), how its subject is read, and the rate as django-ratelimit reports it;
+    ``failed``: the group whose rate callable raised (then nothing else is set)."""
 
     policy: Policy | None
     reading: Readable
     limit: int
     period: int
+    failed: str | None = None
+
+
+class _RateFailed(Exception):
+    """A project's rate callable raised (logged)."""
+
+
+def _fail_open() -> bool:
+    return bool(getattr(settings, "RATELIMIT_FAIL_OPEN", False))
+
+
+def _rate_of(request: Any, group: str, rate: Any) -> tuple[Any, bool]:
+    """``(rate, whether it was chosen for this request)``: a callable ``rate`` (or its
+    dotted path) called with ``(group, request)``; raises :class:`_RateFailed`, logged,
+    when it raises."""
+    if not callable(rate) and not (isinstance(rate, str) and "." in rate):
+        return rate, False
+    function = rate if callable(rate) else import_string(rate)
+    try:
+        return function(group, request), True
+    except Exception:
+        logger.exception(
+            "ratelimit rate %s of group %r raised: the group's failure mode (%s) applies "
+            "with reason policy_unknown",
+            _named(rate),
+            group,
+            "open" if _fail_open() else "closed",
+        )
+        raise _RateFailed from None
 
 
 def _check_cache_alias() -> None:
@@ -315,13 +375,10 @@ def _resolve(
         return None
     if group is None:
         group = _group_of(fn)
-    per_request = True
-    if callable(rate):
-        rate = rate(group, request)
-    elif isinstance(rate, str) and "." in rate:
-        rate = import_string(rate)(group, request)
-    else:
-        per_request = False
+    try:
+        rate, per_request = _rate_of(request, group, rate)
+    except _RateFailed:
+        return _Limit(None, PLAIN, 0, 0, failed=group)
     if rate is None:
         return None
     limit, period = _split_rate(rate)
@@ -392,8 +449,26 @@ def _read(policy: Policy, subject: Subject, load: bool = False) -> Outcome | Non
     return None
 
 
+def _rate_failure(request: Any, group: str, increment: bool) -> Outcome:
+    """The outcome of a call whose rate callable raised: the group's failure mode
+    (``RATELIMIT_FAIL_OPEN``) with reason ``policy_unknown``, as a DRF rate that cannot
+    be used (docs/failures.md); recorded on the request when it counts."""
+    policy_id = generated_policy_id(GENERATED_SOURCE, group)
+    mode = "open" if _fail_open() else "closed"
+    outcome = limiter.policy_unknown(policy_id, mode, cause="has a rate callable that raised")
+    if increment:
+        lease = Lease()
+        ledger_of(request).record([outcome], lease)
+        lease.end()
+    return outcome
+
+
 def _decide(request: Any, found: _Limit, increment: bool, sender: object) -> Outcome | None:
     policy = found.policy
+    if found.failed is not None:
+        outcome = _rate_failure(request, found.failed, increment)
+        _announce(request, sender, outcome, increment and outcome.decision == FAILED_CLOSED)
+        return outcome
     if policy is None:
         return None
     if not increment:
@@ -414,6 +489,8 @@ def _decide(request: Any, found: _Limit, increment: bool, sender: object) -> Out
 
 async def _adecide(request: Any, found: _Limit, increment: bool, sender: object) -> Outcome | None:
     policy = found.policy
+    if found.failed is not None:
+        return await sync_to_async(_decide)(request, found, increment, sender)
     if policy is None:
         return None
     if not increment:

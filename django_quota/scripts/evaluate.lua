@@ -24,7 +24,9 @@ KEYS (1 per policy i = 1..n, in call order, then the sliding logs):
   then, for each sliding_log policy in call order, one list per window w = 1..m: the
   window's log (the counter key with l<w> before its "{": same hash tag, same slot)
 ARGV:
-  1  the evaluation id's fingerprint (5 bytes; "" when peeking)
+  1  the head of the ledger entry a charge appends (core/evaluation_ids.py): the
+     evaluation id's fingerprint (5 bytes, its first bit 0), or, when the group's cost is
+     not 1, that fingerprint with its first bit set, then the cost (u48); "" when peeking
   2  every number, packed (core/protocol.py packs it): unsigned big-endian integers,
      "u8" one byte, "u16" two, "u64" eight (every value below 2^48, so the script
      reads only the low six bytes)
@@ -82,15 +84,19 @@ lease expires, plus the grace). A repeat (mode 1) finds its own lease. release.l
 a lease.
 
 Counter value (core/protocol.py decodes it; "u48" = 6 bytes big-endian):
-  u8 k, the ledger's entry count (0..8), then its k entries, oldest first, 9 bytes each:
-     the 5-byte fingerprint of a charged evaluation, then its charge time modulo 2^32 ms
-     (4 bytes);
+  u8 L, the ledger's length in bytes (0, or 9 to 72), then its entries, oldest first: the
+     5-byte fingerprint of a charged evaluation, its cost (u48) when that is not 1 (then
+     the fingerprint's first bit is set), then its charge time modulo 2^32 ms (4 bytes);
+     so 9 bytes, or 15 with a cost. A charge appends its entry and drops the oldest
+     while the ledger is over 72 bytes: it keeps the last 8 charges of cost 1, at least
+     the last 4 whatever their costs;
   u48 d + 1: d = charge time (ms) of the newest entry dropped while younger than
      DEDUP_TTL (0: none; see model.py);
   then, unless the numbers were reset: u48 t (the last accepted now, ms), and per window
      u48 c<w>, followed, for the sliding window counter and the token bucket, by u48 p<w>.
-  Another type at the key (a hash of an earlier version) reads as no counter, and the
-  first charge replaces it.
+  Another type at the key (a hash of an earlier version), or a string in the layout of
+  an earlier version (u8 k, the entry count, then k 9-byte entries without costs), reads
+  as no counter, and the first charge replaces it.
 
 Sliding log (algorithm 4, docs/arithmetic.md): c<i> counts every unit window i ever
 recorded, modulo LOG_MODULUS; its list holds, newest event first, two integers an event:
@@ -119,8 +125,8 @@ local byte, char, sub, format = string.byte, string.char, string.sub, string.for
 local floor = math.floor  --@ general or sliding_window or token_bucket or sliding_log
 local max = math.max  --@ sliding_log
 
-local LEDGER_SIZE = 8
-local ENTRY = 9  -- bytes of a ledger entry: 5 of fingerprint, 4 of charge time
+local LEDGER_BYTES = 72  -- the ledger's bound (8 entries of cost 1)
+local ENTRY = 9  -- bytes of a ledger entry of cost 1: 5 of fingerprint, 4 of charge time
 local STAMP = 4294967296
 local LOG_MODULUS = 1000000000000  -- sliding-log counts wrap here (model.LOG_MODULUS)  --@ sliding_log
 
@@ -142,7 +148,10 @@ local function split48(x)
 end
 --@ end
 
-local fingerprint, packed = ARGV[1], ARGV[2]
+local head, packed = ARGV[1], ARGV[2]
+-- The fingerprint alone (a concurrency lease's member): the head less any cost, made
+-- where a concurrency policy is read.
+local fingerprint = head  --@ general
 
 -- The header in one call (a C call costs more than the numbers it returns): mode, n, then
 -- the low six bytes of now + 1, max regression + 1, DEDUP_TTL and the grace (a variant
@@ -333,18 +342,18 @@ for i = 1, n do  --@ general
   local ledger_end, last, count, extra = 1, nil, 0, 0
 --@ if general
   if value ~= '' then
-    local entries = byte(value, 1)
-    ledger_end = 1 + ENTRY * entries
+    local length = byte(value, 1)
+    ledger_end = 1 + length
 --@ else
-  --+ local entries = byte(value, 1)  -- none without a counter
-  --+ if entries then ledger_end = 1 + ENTRY * entries end
+  --+ local length = byte(value, 1)  -- none without a counter
+  --+ if length then ledger_end = 1 + length end
   --+ -- d + 1 (kept for the charge), t and the window's numbers in one call: the bytes past
   --+ -- the value's end are nil.
   --+ local d1, d2, d3, d4, d5, d6, t1, t2, t3, t4, t5, t6, u1, u2, u3, u4, u5, u6 =  --@ fixed_window or sliding_log
     --+ byte(value, ledger_end + 1, ledger_end + 18)  --@ fixed_window or sliding_log
   --+ local d1, d2, d3, d4, d5, d6, t1, t2, t3, t4, t5, t6, u1, u2, u3, u4, u5, u6, x1, x2, x3, x4,  --@ sliding_window or token_bucket
     --+ x5, x6 = byte(value, ledger_end + 1, ledger_end + 24)  --@ sliding_window or token_bucket
-  --+ if entries then
+  --+ if length then
 --@ end
     local size = #value
     if size == ledger_end + 12 + 6 * stride * m then  --@ general
@@ -360,9 +369,17 @@ for i = 1, n do  --@ general
         extra = ((((x1 * 256 + x2) * 256 + x3) * 256 + x4) * 256 + x5) * 256 + x6
 --@ end
       end  --@ general
-    elseif entries > LEDGER_SIZE or size ~= ledger_end + 6 then
-      return redis.error_reply('django-quota: the value at ' .. KEYS[i] ..
-        ' is not a counter of this policy (docs/operations.md); reset it')
+    elseif size ~= ledger_end + 6 then
+      -- An earlier version's layout (u8 k, k 9-byte entries, d, ...) reads as no counter.
+      local old = 7 + ENTRY * length  -- its size up to d
+      if length <= 8 and (size == old or size == old + 6 + 6 * stride * m) then  --@ general
+      --+ if length <= 8 and (size == old or size == old + 12) then  --@ fixed_window or sliding_log
+      --+ if length <= 8 and (size == old or size == old + 18) then  --@ sliding_window or token_bucket
+        value, ledger_end = '', 1
+      else
+        return redis.error_reply('django-quota: the value at ' .. KEYS[i] ..
+          ' is not a counter of this policy (docs/operations.md); reset it')
+      end
     end
   end
   local policy_now = now
@@ -431,6 +448,7 @@ for i = 1, n do  --@ general
       -- is a fingerprint (5 bytes) and its units (2 bytes). Kept for the charge, after its
       -- one window's view: how many have expired (14), the latest held expiry (15),
       -- whether this evaluation holds one (16: a repeat).
+      if #head > 5 then fingerprint = char(byte(head, 1) - 128) .. sub(head, 2, 5) end
       local leases = redis.call('ZRANGE', KEYS[i], '0', '-1', 'WITHSCORES')
       local held, wait, expired, latest, mine = 0, 0, 0, 0, false
       for j = 1, #leases, 2 do
@@ -531,18 +549,28 @@ for i = 1, n do  --@ general
 end  --@ general
 
 -- Whether the ledger of value (entries up to byte ledger_end) holds the fingerprint in an
--- entry charged less than DEDUP_TTL before now.
+-- entry charged less than DEDUP_TTL before now, whatever the cost it records.
 local remembers
 local replay = false
 if mode == 1 then
+  local first_byte, rest = byte(head, 1), sub(head, 2, 5)  -- the fingerprint's
+  if first_byte >= 128 then first_byte = first_byte - 128 end
   remembers = function(value, ledger_end, at_now)
-    for i = 2, ledger_end - 1, ENTRY do
-      if sub(value, i, i + 4) == fingerprint then
-        local b1, b2, b3, b4 = byte(value, i + 5, i + 8)  -- its charge time modulo 2^32
+    local i = 2
+    while i < ledger_end do
+      local first = byte(value, i)
+      local stamp = i + 5  -- its charge time modulo 2^32, after the fingerprint
+      if first >= 128 then  -- and after a cost
+        first = first - 128
+        stamp = i + 11
+      end
+      if first == first_byte and sub(value, i + 1, i + 4) == rest then
+        local b1, b2, b3, b4 = byte(value, stamp, stamp + 3)
         if (at_now - (((b1 * 256 + b2) * 256 + b3) * 256 + b4)) % STAMP < dedup_ttl then
           return true
         end
       end
+      i = stamp + 4
     end
     return false
   end
@@ -698,9 +726,9 @@ for i = 1, n do  --@ general
   end
 --@ end
   if charged then
-    -- The ledger with this evaluation appended (the oldest entry dropped when full), d,
-    -- then the numbers.
-    local entries = ledger_end - 1
+    -- The ledger with this evaluation's entry (head, charge time) appended, the oldest
+    -- dropped while it is over LEDGER_BYTES; d, then the numbers.
+    local length = ledger_end - 1 + #head + 4  -- the ledger's bytes
     local kept = 2  -- byte of the oldest entry kept
 --@ if general
     local source = value  -- for d + 1 as stored: none (six zeros) without a counter
@@ -709,8 +737,15 @@ for i = 1, n do  --@ general
 --@ else
     --+ if value == '' then d1, d2, d3, d4, d5, d6 = 0, 0, 0, 0, 0, 0 end  -- d + 1: none (no counter)
 --@ end
-    if entries >= LEDGER_SIZE * ENTRY then
-      local b1, b2, b3, b4 = byte(value, 7, 10)  -- the oldest's charge time modulo 2^32
+    while length > LEDGER_BYTES do
+      -- The oldest's charge time modulo 2^32: after its fingerprint, or after its cost
+      -- too when its first bit is set.
+      local first, _, _, _, _, b1, b2, b3, b4 = byte(value, kept, kept + 8)
+      local size = ENTRY
+      if first >= 128 then
+        size = ENTRY + 6
+        b1, b2, b3, b4 = byte(value, kept + 11, kept + 14)
+      end
       local age = (policy_now - (((b1 * 256 + b2) * 256 + b3) * 256 + b4)) % STAMP
       if age < dedup_ttl then  -- d + 1 = its charge time + 1 (split48 written out)
         local x = policy_now - age + 1
@@ -725,8 +760,8 @@ for i = 1, n do  --@ general
         d2 = x % 256
         d1 = (x - d2) / 256
       end
-      kept = 2 + ENTRY
-      entries = entries - ENTRY
+      kept = kept + size
+      length = length - size
     end
     -- t's six bytes (split48 written out: a call costs more), the entry's stamp its low
     -- four (the charge time modulo 2^32).
@@ -740,11 +775,11 @@ for i = 1, n do  --@ general
     t = (t - t3) / 256
     local t2 = t % 256
     local t1 = (t - t2) / 256
-    local count_byte, entries_kept = char(entries / ENTRY + 1), sub(value, kept, ledger_end)
+    local ledger_byte, entries_kept = char(length), sub(value, kept, ledger_end)
     local stored
 --@ if general
     if m > 1 then
-      stored = count_byte .. entries_kept .. fingerprint
+      stored = ledger_byte .. entries_kept .. head
         .. char(t3, t4, t5, t6, d1, d2, d3, d4, d5, d6, t1, t2, t3, t4, t5, t6)
         .. table.concat(numbers)
     else
@@ -771,12 +806,12 @@ for i = 1, n do  --@ general
         b = (b - b3) / 256
         local b2 = b % 256
         local b1 = (b - b2) / 256
-        stored = count_byte .. entries_kept .. fingerprint .. char(t3, t4, t5, t6, d1, d2, d3,
+        stored = ledger_byte .. entries_kept .. head .. char(t3, t4, t5, t6, d1, d2, d3,
           d4, d5, d6, t1, t2, t3, t4, t5, t6, a1, a2, a3, a4, a5, a6, b1, b2, b3, b4, b5, b6)
 --@ end
       else  --@ general
 --@ if general or fixed_window or sliding_log
-        stored = count_byte .. entries_kept .. fingerprint .. char(t3, t4, t5, t6, d1, d2, d3,
+        stored = ledger_byte .. entries_kept .. head .. char(t3, t4, t5, t6, d1, d2, d3,
           d4, d5, d6, t1, t2, t3, t4, t5, t6, a1, a2, a3, a4, a5, a6)
 --@ end
       end  --@ general

@@ -10,21 +10,25 @@ entry gives the charge time; mode 1 mirrors django_quota/core/refunds.py
 (refund_counter), and the differential tests hold the two to the same replies and state.
 
 Integer arithmetic only; every division goes through floor_div. No key name is built here.
-The counter's value has evaluate.lua's layout (its header): the ledger, d, t, then the
-windows' numbers.
+The counter's value has evaluate.lua's layout (its header): the ledger's length, its
+entries (each with the cost it charged when that is not 1), d, t, then the windows'
+numbers; a value in another layout (an earlier version's) is left alone.
 
 KEYS (1 per policy i = 1..n, all in one hash slot, then the sliding logs):
   KEYS[i]  the counter evaluate.lua charged for policy i
   then, for each sliding_log policy in order, its windows' lists (as for evaluate.lua)
 ARGV:
   1  n, the number of policies
-  2  the evaluation's fingerprint (5 bytes), whose entries leave each counter's ledger,
-     so that a later repeat of the refunded evaluation is decided afresh
+  2  the evaluation's fingerprint (5 bytes, its first bit 0), whose entries leave each
+     counter's ledger (whatever cost they record), so that a later repeat of the
+     refunded evaluation is decided afresh
   3  mode: 0 best effort, 1 at most once
   4  mode 1: now + 1, integer ms since the epoch (0: Redis TIME, µs floored to ms); mode 0: 0
   then per policy: algorithm (1 fixed_window, 2 sliding_window, 3 token_bucket,
        4 sliding_log, 5 fixed_window with calendar windows),
-       cost (integer >= 1, the units charged),
+       cost: mode 0, the units charged (integer >= 1); mode 1, the most units to give
+             back (0: what the ledger entry says was charged; an edge's measured
+             refund, whose entry is gone, gives this many),
        charged now (ms; mode 0: the effective now evaluate.lua returned for the charge,
                     which it stored as t; mode 1: 0, or the ms since the charge + 1 as
                     an edge measured them, used only when the bounded ledger no longer
@@ -34,7 +38,7 @@ ARGV:
        (ms) of the window (mode 0: the one charged, of charged now; mode 1: the one of
        the client's now), for algorithm 3 its limit and 0, else 0 and 0
 Reply (integer): mode 0, how many windows were refunded; mode 1, the units refunded (per
-policy its cost when some window gave it back).
+policy the units given back when some window gave them back).
 
 The charge time: mode 0, charged now; mode 1, recovered from the ledger entry's stamp
 (charge time modulo 2^32 ms) and t: t - ((t - stamp) mod 2^32); when the ledger dropped
@@ -84,7 +88,6 @@ local function mod(a, b)
 end
 
 local LOG_MODULUS = 1000000000000  -- as evaluate.lua
-local ENTRY = 9  -- bytes of a ledger entry, as evaluate.lua
 local STAMP = 4294967296  -- a ledger entry's charge time is kept modulo 2^32 ms
 
 local function u48(s, i)
@@ -135,7 +138,8 @@ end
 
 local n = tonumber(ARGV[1])
 local log_position = n + 1  -- KEYS index of the next sliding log
-local fingerprint = ARGV[2]
+local fingerprint = ARGV[2] or ''
+local first_byte, rest = byte(fingerprint, 1), sub(fingerprint, 2, 5)
 local at_most_once = tonumber(ARGV[3]) == 1
 local now = -1
 if at_most_once then now = tonumber(ARGV[4]) - 1 end
@@ -154,26 +158,55 @@ for i = 1, n do
   local value = redis.pcall('GET', KEYS[i])
   if type(value) ~= 'string' then value = '' end  -- none, or not a counter of this version
   local exact = at_most_once  -- a sliding log's event at exactly the charge time
+  local stride = 1
+  if algorithm == 2 or algorithm == 3 then stride = 2 end
+  local ledger_end = 1
   if value ~= '' then
-    local ledger_end = 1 + ENTRY * byte(value, 1)
-    local kept = {}
-    local stamp = nil
-    for j = 2, ledger_end - 1, ENTRY do
-      if sub(value, j, j + 4) ~= fingerprint then
-        kept[#kept + 1] = sub(value, j, j + ENTRY - 1)
-      elseif stamp == nil then
-        local b1, b2, b3, b4 = byte(value, j + 5, j + 8)
-        stamp = ((b1 * 256 + b2) * 256 + b3) * 256 + b4
-      end
+    ledger_end = 1 + byte(value, 1)
+    local size = #value
+    if size ~= ledger_end + 6 and size ~= ledger_end + 12 + 6 * stride * m then
+      value = ''  -- not in evaluate.lua's layout (an earlier version's): left alone
     end
+  end
+  if value ~= '' then
+    -- The entries, each 9 bytes, or 15 when its first bit says a cost follows its
+    -- fingerprint; the evaluation's first entry gives its charge time and cost.
+    local kept = {}
+    local kept_length = 0
+    local stamp = nil
+    local charged_cost = cost
+    local j = 2
+    while j < ledger_end do
+      local first = byte(value, j)
+      local size, entry_cost = 9, 1
+      if first >= 128 then
+        first = first - 128
+        size = 15
+        entry_cost = u48(value, j + 5)
+      end
+      if first ~= first_byte or sub(value, j + 1, j + 4) ~= rest then
+        kept[#kept + 1] = sub(value, j, j + size - 1)
+        kept_length = kept_length + size
+      elseif stamp == nil then
+        local b1, b2, b3, b4 = byte(value, j + size - 4, j + size - 1)
+        stamp = ((b1 * 256 + b2) * 256 + b3) * 256 + b4
+        charged_cost = entry_cost
+      end
+      j = j + size
+    end
+    if at_most_once and stamp ~= nil and cost > 0 and cost < charged_cost then
+      charged_cost = cost  -- the caller gives back a part of the charge
+    end
+    if at_most_once then cost = charged_cost end
     local since = charged_now - 1  -- mode 1: ms since the charge, as the caller measured
     local measured = false
-    if at_most_once and stamp == nil and since >= 0 then
+    if at_most_once and stamp == nil and since >= 0 and cost > 0 then
       measured = true  -- an edge's refund whose entry the bounded ledger dropped
       exact = false
     end
     if stamp ~= nil or measured or not at_most_once then
-      local parts = {char(#kept), table.concat(kept), sub(value, ledger_end + 1, ledger_end + 6)}
+      local parts = {char(kept_length), table.concat(kept),
+        sub(value, ledger_end + 1, ledger_end + 6)}
       local numbers = ledger_end + 7
       local units = 0
       if #value > ledger_end + 6 then
@@ -189,8 +222,6 @@ for i = 1, n do
           end
         end
         parts[4] = sub(value, numbers, numbers + 5)
-        local stride = 1
-        if algorithm == 2 or algorithm == 3 then stride = 2 end
         local field = numbers + 6
         for w = 1, m do
           local at = position + 3 * (w - 1)

@@ -1,7 +1,7 @@
 --[[ release.lua: free the leases one evaluation acquired from a concurrency policy
 (django-quota; docs/concurrency.md).
 
-Mirrors django_quota/core/model.py (release_leases). A concurrency policy's key is a
+Mirrors django_quota/core/leases.py (release_leases). A concurrency policy's key is a
 sorted set, one member per held lease: the 5-byte fingerprint of the evaluation that
 acquired it, then its units (2 bytes, big-endian), scored by its expiry (ms); evaluate.lua
 adds them.
