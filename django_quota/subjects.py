@@ -206,8 +206,7 @@ class RequestSubject:
         route: object = None,
         kept: Kept | None = None,
     ) -> None:
-        self.request = request
-        self.kept = kept
+        self.request, self.kept = request, kept
         self.drf_auth = drf_auth
         self.default_proxy_count = default_proxy_count
         self.settings = conf.get_settings()
