@@ -2,7 +2,8 @@
 
 Every layer (the middleware, ``@quota``, the DRF throttles, the django-ratelimit drop-in)
 hands the request to :func:`decide` (or :func:`adecide`) with its policies and how it
-reads its subject (:class:`~django_quota.subjects.Reading`). The step reads the request
+reads its subject (a :class:`~django_quota.subjects.Reading`, or a drop-in's own
+identity, a :class:`~django_quota.subjects.GivenSubject`). The step reads the request
 once: its :class:`RequestLedger` (``request._quota``), whose outcomes are reused (one
 charge per policy per request); its subject, exemptions and plan; then it drives the
 engine with plain values (one backend call for the rest), records the new outcomes and
