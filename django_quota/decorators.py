@@ -18,7 +18,7 @@ from django_quota.core.errors import ConfigurationError
 from django_quota.core.outcome import Outcome
 from django_quota.core.policy import AUTO, SLIDING_WINDOW, Policy, generated_policy_id, parse_policy
 from django_quota.ledger import Lease, adecide, decide, outcomes
-from django_quota.subjects import RequestSubject
+from django_quota.subjects import PLAIN
 
 __all__ = ["quota"]
 
@@ -104,8 +104,7 @@ def _check(
     if found is None:
         return None, False, ()
     group, unknown = found
-    subject = RequestSubject(request)
-    decision = decide(request, group, subject, limit.cost, lease=lease, unknown=unknown)
+    decision = decide(request, group, PLAIN, limit.cost, lease=lease, unknown=unknown)
     return decision.refusing, True, decision.held
 
 
@@ -117,8 +116,7 @@ async def _acheck(
     if found is None:
         return None, False, ()
     group, unknown = found
-    subject = RequestSubject(request)
-    decision = await adecide(request, group, subject, limit.cost, lease=lease, unknown=unknown)
+    decision = await adecide(request, group, PLAIN, limit.cost, lease=lease, unknown=unknown)
     return decision.refusing, True, decision.held
 
 

@@ -249,7 +249,8 @@ class Limiter(Interpreter):
                     return found
             else:
                 value = None
-        counter = compiled.counter(self.prefix, self.identity(compiled.policy, subject))
+        identity = self.identity(compiled.policy, subject)
+        counter = compiled.counter(self.prefix, identity)
         if value is not None:
             if self._counters_cached >= COUNTER_CACHE_SIZE:
                 self._forget_counters()

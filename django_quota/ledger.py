@@ -1,26 +1,40 @@
-"""One request's ledger, and the step every layer takes against it.
+"""One request's ledger, and the one step every layer takes against it.
 
-Every layer (the middleware, ``@quota``, the DRF throttles) decides its policies with
-:func:`decide` (or :func:`adecide`): outcomes already decided for the request are reused
-(one charge per policy per request), the rest are evaluated as one layer, and the new
-outcomes are recorded in the request's :class:`RequestLedger`. The layer keeps only what
-is its own: the response or the exception of a refusal.
+Every layer (the middleware, ``@quota``, the DRF throttles, the django-ratelimit drop-in)
+hands the request to :func:`decide` (or :func:`adecide`) with its policies and how it
+reads its subject (a :class:`~django_quota.subjects.Reading`, or a drop-in's own
+identity, a :class:`~django_quota.subjects.GivenSubject`). The step reads the request
+once: its :class:`RequestLedger` (``request._quota``), whose outcomes are reused (one
+charge per policy per request); its subject, exemptions and plan; then it drives the
+engine with plain values (one backend call for the rest), records the new outcomes and
+returns a :class:`Decision`, with what the evaluation holds until the response is done
+(``releasing.Held``: counters and evaluation ids, never the request). The layer keeps
+only what is its own: the response or the exception of a refusal, and when its work is
+over.
 """
 
 from __future__ import annotations
 
 import logging
 import weakref
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
-from asgiref.sync import iscoroutinefunction
+from asgiref.sync import iscoroutinefunction, sync_to_async
 
-from django_quota import limiter, releasing
-from django_quota.core.outcome import DENIED_DECISION, FAILED_CLOSED, Outcome
+from django_quota import limiter, metrics, releasing
+from django_quota.core.outcome import (
+    DENIED_DECISION,
+    EXEMPT,
+    FAILED_CLOSED,
+    SKIPPED,
+    Outcome,
+    bare_outcome,
+)
 from django_quota.core.policy import Policy
-from django_quota.exemptions import aexempt_step, exempt_step
+from django_quota.prepared import Prepared
+from django_quota.subjects import PLAIN, Readable, Subject
 
 logger = logging.getLogger("django_quota")
 
@@ -30,19 +44,6 @@ LEDGER_ATTR = "_quota"
 #: A layer's cost: an ``int >= 0``, or ``callable(request)`` returning one.
 Cost = int | Callable[[Any], Any]
 Clock = Callable[[], float]
-
-
-class Subject(Protocol):
-    """The raw subject of a request (:class:`~django_quota.subjects.RequestSubject`)."""
-
-    def for_policy(self, policy: Policy) -> Mapping[str, object]:
-        """The subject the core needs for ``policy``'s selector."""
-
-    async def aload(self, group: Iterable[Policy]) -> None:
-        """Read, off the event loop, the sources ``group`` needs."""
-
-    def plan(self) -> str | None:
-        """The request's plan (``PLAN_RESOLVER``, ``docs/plans.md``), or None."""
 
 
 class Lease:
@@ -198,8 +199,9 @@ class Decision:
     """A layer's decision: its ``outcomes`` (its undefined policies', then its group's,
     reused or fresh, in group order), the ``refusing`` one if any, and whether this
     layer ``announces`` the refusal (sends ``quota_denied``: not when another throttle of
-    the same DRF dispatch already did); the concurrency leases it ``held`` for the
-    request, which the layer releases when the response is done (docs/concurrency.md)."""
+    the same DRF dispatch already did); the concurrency leases and ``count_when`` charges
+    it ``held`` for the request, which the layer releases when the response is done
+    (docs/concurrency.md, docs/refunds.md)."""
 
     outcomes: tuple[Outcome, ...]
     refusing: Outcome | None
@@ -207,28 +209,20 @@ class Decision:
     held: tuple[releasing.Held, ...] = ()
 
 
-def _holding(
-    decision: Decision,
-    group: Sequence[Policy],
-    fresh: Sequence[Outcome],
-    subject: Subject,
-    cost: int = 1,
-    plan: str | None = None,
-) -> Decision:
-    """``decision`` with the leases its fresh outcomes acquired and the ``count_when``
-    charges they made (none when refused)."""
-    if not fresh or decision.refusing is not None:
-        return decision
-    leases = releasing.held(group, fresh, subject.for_policy, cost, plan)
-    if not leases:
-        return decision
-    return Decision(decision.outcomes, None, decision.announces, leases)
-
-
 class _Step:
-    """The bookkeeping around one layer's evaluation: what is reused, what is pending."""
+    """One layer's step on one request: what is reused, what is pending, and the plan the
+    pending policies are evaluated with."""
 
-    __slots__ = ("decided", "dispatch", "lease", "ledger", "missing", "pending")
+    __slots__ = (
+        "decided",
+        "dispatch",
+        "group",
+        "lease",
+        "ledger",
+        "missing",
+        "pending",
+        "plan",
+    )
 
     def __init__(
         self,
@@ -240,6 +234,7 @@ class _Step:
         cause: str | None,
     ) -> None:
         ledger = self.ledger = ledger_of(request)
+        self.group = group
         self.dispatch: Dispatch | None = None
         if throttle is not None:
             self.dispatch, lease = ledger.throttle_lease(request, throttle)
@@ -247,6 +242,7 @@ class _Step:
         decided = self.decided = ledger.live()
         self.missing: list[Outcome] = []
         self.pending: Sequence[Policy] = group
+        self.plan: str | None = None
         if unknown:
             self.missing = [
                 decided.get(name) or limiter.policy_unknown(name, cause=cause) for name in unknown
@@ -257,7 +253,38 @@ class _Step:
         if decided:
             self.pending = [policy for policy in group if policy.id not in decided]
 
-    def finish(self, group: Sequence[Policy], fresh: Sequence[Outcome]) -> Decision:
+    def read(self, request: Any, reading: Readable, load: bool = False) -> Subject | None:
+        """Read ``request`` for the pending policies, as ``reading`` says: its subject;
+        the policies it is exempt from, whose ``skipped`` outcomes (counted in the
+        metrics) join the early ones; its plan when a policy left has plans (the resolver
+        is asked only then); with ``load``, the subject's sources that may query the
+        database too (an async layer runs this in a worker thread when
+        ``reading.blocks``). The subject, or None when nothing is left to evaluate."""
+        subject = reading.subject(request, self.ledger)
+        pending = self.pending
+        exempt = subject.exempt(pending)
+        if exempt:
+            skipped = {policy.id for policy in exempt}
+            self.pending = [policy for policy in pending if policy.id not in skipped]
+            mode = limiter.get_limiter().backend_mode
+            found = [bare_outcome(policy, SKIPPED, EXEMPT, backend_mode=mode) for policy in exempt]
+            metrics.record_outcomes(pending, found)
+            self.missing = [*self.missing, *found]
+        if not self.pending:
+            return None
+        for policy in self.pending:
+            if policy.plans:
+                self.plan = subject.plan()
+                break
+        if load:
+            subject.load(self.pending)
+        return subject
+
+    def finish(
+        self, fresh: Sequence[Outcome] = (), prepared: Prepared | None = None, cost: int = 1
+    ) -> Decision:
+        """Record the new outcomes; the layer's decision, with what ``prepared`` holds."""
+        group = self.group
         new = [*self.missing, *fresh]
         found = new
         if len(self.pending) < len(group):
@@ -276,16 +303,10 @@ class _Step:
         if announces and self.dispatch is not None:
             announces = not self.dispatch.denied_sent
             self.dispatch.denied_sent = True
-        return Decision(tuple(found), refusing, announces)
-
-
-def _plan(subject: Subject, group: Sequence[Policy]) -> str | None:
-    """The request's plan when a policy of ``group`` has plans (the resolver is called
-    only then), else None."""
-    for policy in group:
-        if policy.plans:
-            return subject.plan()
-    return None
+        held: tuple[releasing.Held, ...] = ()
+        if refusing is None and fresh and prepared is not None:
+            held = releasing.held(fresh, prepared, cost)
+        return Decision(tuple(found), refusing, announces, held)
 
 
 def _callable_name(function: object) -> str:
@@ -342,7 +363,7 @@ async def _acharge(request: Any, cost: Callable[[Any], Any], group: Sequence[Pol
 def decide(
     request: Any,
     group: Sequence[Policy],
-    subject: Subject | None = None,
+    reading: Readable = PLAIN,
     cost: Cost = 1,
     *,
     lease: Lease | None = None,
@@ -351,10 +372,10 @@ def decide(
     cause: str | None = None,
     clock: Clock | None = None,
 ) -> Decision:
-    """Decide ``group`` for ``request`` as one layer: reuse what is decided, evaluate the
-    rest together (one backend call), record the new outcomes.
+    """Decide ``group`` for ``request`` as one layer: reuse what is decided, read the
+    request for the rest (``reading``: how this layer reads its subject), evaluate them
+    together (one backend call), record the new outcomes.
 
-    ``subject`` gives each policy's subject (needed when ``group`` is not empty);
     ``cost`` is charged, a callable being called with ``request`` only when something is
     evaluated. The new outcomes are held by ``lease``, or, for a DRF ``throttle`` (then
     ``request`` is DRF's ``Request``), by a lease of that throttle in the current DRF
@@ -364,23 +385,20 @@ def decide(
     :func:`~django_quota.limiter.evaluate_policies`.
     """
     step = _Step(request, group, lease, throttle, unknown, cause)
-    exempt_step(request, step, subject)
-    fresh: list[Outcome] = []
-    if step.pending:
-        assert subject is not None
-        charge = _charge(request, cost, step.pending) if callable(cost) else cost
-        plan = _plan(subject, step.pending)
-        fresh = limiter.evaluate_policies(
-            step.pending, subject.for_policy, charge, clock=clock, plan=plan
-        )
-        return _holding(step.finish(group, fresh), step.pending, fresh, subject, charge, plan)
-    return step.finish(group, fresh)
+    subject = step.read(request, reading) if step.pending else None
+    if subject is None:  # nothing to evaluate: every policy reused, undefined or exempt
+        return step.finish()
+    charge = _charge(request, cost, step.pending) if callable(cost) else cost
+    current = limiter.get_limiter()
+    pending, plan = step.pending, step.plan
+    prepared = current.prepare(pending, subject.for_policy, charge, clock=clock, plan=plan)
+    return step.finish(current.run(prepared), prepared, charge)
 
 
 async def adecide(
     request: Any,
     group: Sequence[Policy],
-    subject: Subject | None = None,
+    reading: Readable = PLAIN,
     cost: Cost = 1,
     *,
     lease: Lease | None = None,
@@ -388,18 +406,20 @@ async def adecide(
     cause: str | None = None,
     clock: Clock | None = None,
 ) -> Decision:
-    """Async twin of :func:`decide`: the subject's database sources are read in a worker
-    thread first, and an async ``cost`` callable is awaited."""
+    """Async twin of :func:`decide`: the request is read in a worker thread when that may
+    block (``EXEMPT_WHEN``, the subject's database sources), and an async ``cost``
+    callable is awaited."""
     step = _Step(request, group, lease, None, unknown, cause)
-    await aexempt_step(request, step, subject)
-    fresh: list[Outcome] = []
+    subject = None
     if step.pending:
-        assert subject is not None
-        await subject.aload(step.pending)
-        charge = await _acharge(request, cost, step.pending) if callable(cost) else cost
-        plan = _plan(subject, step.pending)
-        fresh = await limiter.aevaluate_policies(
-            step.pending, subject.for_policy, charge, clock=clock, plan=plan
-        )
-        return _holding(step.finish(group, fresh), step.pending, fresh, subject, charge, plan)
-    return step.finish(group, fresh)
+        if reading.blocks(step.pending):
+            subject = await sync_to_async(step.read)(request, reading, True)
+        else:
+            subject = step.read(request, reading)
+    if subject is None:  # nothing to evaluate: every policy reused, undefined or exempt
+        return step.finish()
+    charge = await _acharge(request, cost, step.pending) if callable(cost) else cost
+    current = limiter.get_limiter()
+    pending, plan = step.pending, step.plan
+    prepared = current.prepare(pending, subject.for_policy, charge, clock=clock, plan=plan)
+    return step.finish(await current.arun(prepared), prepared, charge)

@@ -30,7 +30,7 @@ from django_quota.core.refunds import RefundCall, RefundRequest
 from django_quota.core.windows import calendar_place
 from django_quota.engine import Clock, Limiter, Subject, SubjectSource
 from django_quota.messages import Codes
-from django_quota.prepared import validate_cost
+from django_quota.prepared import Compiled, validate_cost
 
 logger = logging.getLogger("django_quota")
 
@@ -428,27 +428,55 @@ def refund_request(
     compiled = limiter.compiled(policy)
     if plan is not None and policy.plans:
         compiled = compiled.for_plan(plan)
-    if cost == 0:
-        return None
-    if cost is None or (cost > compiled.cost_bound and since_ms is None):
-        cost = 0  # all the charge: none was above the bound
+    counter = compiled.counter(conf.get_settings().key_prefix, identity)
+    return counter_undo(compiled, counter, evaluation_id, cost, since_ms)
+
+
+def counter_undo(
+    compiled: Compiled,
+    counter: str,
+    evaluation_id: str,
+    cost: int | None,
+    since_ms: int | None,
+) -> RefundRequest | ReleaseRequest | None:
+    """What undoes the charge of ``evaluation_id`` on the counter ``counter`` of
+    ``compiled``'s policy (its plan's limits, if any), as :func:`refund_request` says,
+    from the counter itself (the edges keep the counter their evaluation charged): a
+    refund of at most ``cost`` units (None: what the evaluation charged), or a
+    concurrency policy's release; None when nothing is to be given back (``cost`` 0)."""
+    limiter = get_limiter()
+    if compiled.policy.algorithm != CONCURRENCY:
+        if cost == 0:
+            return None
+        if cost is None or (cost > compiled.cost_bound and since_ms is None):
+            cost = 0  # all the charge: none was above the bound
+        now_ms = limiter.now(None)
+        call = _refund_call(compiled, cost, now_ms)
+        return RefundRequest((counter,), (call,), fingerprint(evaluation_id), now_ms, since_ms)
+    return ReleaseRequest(
+        counter, fingerprint(evaluation_id), limiter.now(None), limiter.cleanup_grace_ms
+    )
+
+
+def _refund_call(compiled: Compiled, cost: int, now_ms: int | None) -> RefundCall:
+    """A refund of ``cost`` units (0: all the charge) on ``compiled``'s windows: their
+    periods and limits, and the places of calendar windows around the client's now
+    (``now_ms``, or this machine's clock when the counters follow Redis ``TIME``)."""
     windows = compiled.policy.windows
-    now_ms = limiter.now(None)
     places: tuple[int, ...] = ()
     if compiled.calendar:
         client_now = round(time.time() * 1000) if now_ms is None else now_ms
-        bounds = compiled.calendar_call(compiled.call(cost or 1), client_now).bounds
+        call = compiled.call(cost or 1)
+        bounds = compiled.calendar_call(call, client_now).bounds
         for index, window in enumerate(windows):
             places += calendar_place(bounds, index, client_now, window.period_ms)
-    call = RefundCall(
-        policy.algorithm,
+    return RefundCall(
+        compiled.policy.algorithm,
         tuple(window.period_ms for window in windows),
         tuple(window.limit for window in windows),
         cost,
         places,
     )
-    counter = compiled.counter(conf.get_settings().key_prefix, identity)
-    return RefundRequest((counter,), (call,), fingerprint(evaluation_id), now_ms, since_ms)
 
 
 def refund(

@@ -16,7 +16,6 @@ from django_quota.core.outcome import Outcome
 from django_quota.core.policy import Policy
 from django_quota.ledger import adecide, decide, ledger_of, outcomes
 from django_quota.routes import path_matches, policy_applies
-from django_quota.subjects import RequestSubject
 from django_quota.usage import is_usage_request
 
 
@@ -51,7 +50,7 @@ class QuotaMiddleware:
             return self.__acall__(request)
         group = self._matching(request, policies.get_registry())
         if group:
-            decision = decide(request, group, RequestSubject(request))
+            decision = decide(request, group)
             if decision.refusing is not None:
                 return self._finish(request, self._refuse(request, decision.refusing))
             if decision.held:  # concurrency leases: released when the response is done
@@ -67,7 +66,7 @@ class QuotaMiddleware:
         group = self._matching(request, await policies.aget_registry())
         held: tuple[releasing.Held, ...] = ()
         if group:
-            decision = await adecide(request, group, RequestSubject(request))
+            decision = await adecide(request, group)
             refusing = decision.refusing
             if refusing is not None:
                 # quota_denied receivers and DENIED_VIEW are ordinary sync code (they may
@@ -94,13 +93,14 @@ class QuotaMiddleware:
         path = request.path_info
         if any(path_matches(prefix, path) for prefix in settings.exempt_paths):
             return []
-        decided = ledger_of(request).memo
+        ledger = ledger_of(request)
+        decided = ledger.memo
         found = [
             policy
             for policy in registry.middleware
-            if policy.id not in decided and policy_applies(policy, request)
+            if policy.id not in decided and policy_applies(policy, request, ledger)
         ]
-        if found and is_usage_request(request):
+        if found and is_usage_request(request, ledger):
             return []  # the usage view is never limited (docs/usage.md)
         return found
 

@@ -18,79 +18,92 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from django_quota import limiter
 from django_quota.core.outcome import ALLOWED, BACKEND_MODE_CACHE, Outcome
 from django_quota.core.policy import CONCURRENCY, Policy
 from django_quota.core.refunds import RefundRequest
+from django_quota.prepared import Compiled, Prepared
 
 logger = logging.getLogger("django_quota")
 
 
 #: The status a view that raised counts as (``count_when``).
 RAISED = 500
+#: The warning logged when ending a hold fails, by whether it was a lease's release.
+FAILED = {
+    True: "quota release failed, the lease frees itself after its period: policy=%s error=%s",
+    False: "quota refund failed, the charge stays: policy=%s error=%s",
+}
 
 
 class Held(NamedTuple):
     """A lease a layer acquired, or a charge of a ``count_when`` policy: its policy, the
-    subject, the evaluation's id (what :func:`~django_quota.limiter.release` and
-    :func:`~django_quota.limiter.refund` take), and the cost and plan it was charged at."""
+    counter the evaluation charged and the evaluation's id, the policy as compiled for
+    that evaluation (its plan's limits, if any) and the cost charged."""
 
     policy: Policy
-    subject: Mapping[str, object]
+    counter: str
     evaluation_id: str
+    compiled: Compiled
     cost: int = 1
-    plan: str | None = None
     #: ``time.monotonic()`` when it was charged.
     charged_at: float = 0.0
 
 
-def held(
-    group: Sequence[Policy],
-    fresh: Sequence[Outcome],
-    subject_for: Callable[[Policy], Mapping[str, object]],
-    cost: int = 1,
-    plan: str | None = None,
-) -> tuple[Held, ...]:
-    """What the evaluation of ``group`` (its ``fresh`` outcomes, the request let
+def held(fresh: Sequence[Outcome], prepared: Prepared, cost: int = 1) -> tuple[Held, ...]:
+    """What the evaluation ``prepared`` (its ``fresh`` outcomes, the request let
     through) holds until the response is done: the allowed outcomes of its concurrency
-    policies and of its ``count_when`` policies."""
-    if not any(
-        policy.algorithm == CONCURRENCY or policy.count_when is not None for policy in group
-    ):
+    policies and of its ``count_when`` policies, with the counters it charged."""
+    request = prepared.request
+    if request is None:
         return ()
-    by_id = {policy.id: policy for policy in group}
+    # ``needs_id`` is true of every policy that holds (and of login policies): one look
+    # at each, in a loop (any() over a generator costs more on every request).
+    for compiled in prepared.compiled:
+        if compiled.needs_id:
+            break
+    else:
+        return ()
+    sent: dict[str, tuple[Compiled, str]] = {}
+    for position, index in enumerate(prepared.sent):
+        compiled = prepared.compiled[index]
+        if _holds(compiled.policy):
+            sent[compiled.policy.id] = (compiled, request.counters[position])
     found = []
     now = time.monotonic()
     for outcome in fresh:
-        policy = by_id.get(outcome.policy)
         if (
-            policy is not None
-            and (policy.algorithm == CONCURRENCY or policy.count_when is not None)
+            outcome.policy in sent
             and outcome.decision == ALLOWED
             and outcome.backend_mode != BACKEND_MODE_CACHE
         ):
+            compiled, counter = sent[outcome.policy]
             found.append(
-                Held(policy, subject_for(policy), outcome.evaluation_id, cost, plan, now)
+                Held(compiled.policy, counter, outcome.evaluation_id, compiled, cost, now)
             )
     return tuple(found)
+
+
+def _holds(policy: Policy) -> bool:
+    """Whether an allowed evaluation of ``policy`` holds something until the response is
+    done: a concurrency lease, or a ``count_when`` charge."""
+    return policy.algorithm == CONCURRENCY or policy.count_when is not None
 
 
 def _settlement(lease: Held, status: int) -> Any:
     """What ends ``lease`` after a response of ``status``: a concurrency lease's release;
     a ``count_when`` charge's refund when the status does not count; else None."""
     policy = lease.policy
-    if policy.algorithm == CONCURRENCY:
-        return limiter.lease_request(policy, lease.subject, lease.evaluation_id)
-    if policy.counts(status):
+    if policy.algorithm != CONCURRENCY and policy.counts(status):
         return None
     # The charge's own time, should the bounded ledger have dropped its entry: the ms
     # since it, measured here (docs/refunds.md, "At the edges").
     since = max(0, round((time.monotonic() - lease.charged_at) * 1000))
-    return limiter.refund_request(
-        policy, lease.subject, lease.evaluation_id, lease.cost, lease.plan, since
+    return limiter.counter_undo(
+        lease.compiled, lease.counter, lease.evaluation_id, lease.cost, since
     )
 
 
@@ -105,7 +118,8 @@ def _settlements(leases: Sequence[Held], status: int) -> list[tuple[Held, Any]]:
         try:
             settlement = _settlement(lease, status)
         except Exception as exc:  # a release never fails a response
-            _failed(lease, exc)
+            policy = lease.policy
+            logger.warning(FAILED[policy.algorithm == CONCURRENCY], policy.id, type(exc).__name__)
             continue
         if settlement is None:
             continue
@@ -128,7 +142,8 @@ def release(leases: Sequence[Held], status: int = RAISED) -> None:
         try:
             limiter.refund_charge(settlement)
         except Exception as exc:  # a release never fails a response
-            _failed(lease, exc)
+            policy = lease.policy
+            logger.warning(FAILED[policy.algorithm == CONCURRENCY], policy.id, type(exc).__name__)
 
 
 async def arelease(leases: Sequence[Held], status: int = RAISED) -> None:
@@ -137,15 +152,8 @@ async def arelease(leases: Sequence[Held], status: int = RAISED) -> None:
         try:
             await limiter.arefund_charge(settlement)
         except Exception as exc:  # a release never fails a response
-            _failed(lease, exc)
-
-
-def _failed(lease: Held, exc: Exception) -> None:
-    if lease.policy.algorithm == CONCURRENCY:
-        what = "release failed, the lease frees itself after its period"
-    else:
-        what = "refund failed, the charge stays"
-    logger.warning("quota %s: policy=%s error=%s", what, lease.policy.id, type(exc).__name__)
+            policy = lease.policy
+            logger.warning(FAILED[policy.algorithm == CONCURRENCY], policy.id, type(exc).__name__)
 
 
 def on_close(response: Any, leases: Sequence[Held]) -> None:

@@ -1,27 +1,35 @@
-"""Who a request is: the raw subject of each policy's selector, read from the request
-(session user, API key, client IP behind trusted proxies, route, tenant) at most once
-(``docs/subjects.md``)."""
+"""What a request says, each source read at most once: who it is, as the raw subject of
+each policy's selector (session user, API key, client IP behind trusted proxies, route,
+tenant: ``docs/subjects.md``), its plan (``docs/plans.md``), and the policies it is
+exempt from (a policy's ``exempt`` networks, ``QUOTA["EXEMPT_WHEN"]``:
+``docs/policies.md#exemptions``). A layer says how it reads (:class:`Reading`); its step
+(:func:`django_quota.ledger.decide`) does the reading."""
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import uuid
-from collections.abc import Iterable, Mapping
-from typing import Any
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, NamedTuple
 
-from asgiref.sync import sync_to_async
 from django.http import HttpRequest
 from django.utils.module_loading import import_string
 
 from django_quota import conf
 from django_quota.core.identity import INVALID_VALUE, IdentityError, client_ip
 from django_quota.core.policy import AUTO, Policy
-from django_quota.routes import route_value
+from django_quota.routes import Kept, route_value
 
 logger = logging.getLogger("django_quota")
 
+Address = ipaddress.IPv4Address | ipaddress.IPv6Address
+
 #: A raw value the core always reports as ``selector_identity_invalid`` (a control char).
 _INVALID = "\x00invalid"
+#: ``EXEMPT_WHEN`` imported, by dotted path; forgotten when the settings change.
+_exempt_when: dict[str, Callable[[Any], Any]] = {}
+conf.on_change(_exempt_when.clear)
 
 
 def request_ip(request: HttpRequest, *, default_proxy_count: int | None = None) -> str:
@@ -69,6 +77,65 @@ def identity_value(value: object) -> object:
         except UnicodeDecodeError:
             return INVALID_VALUE
     return INVALID_VALUE
+
+
+def client_address(request: Any, *, default_proxy_count: int | None = None) -> Address | None:
+    """The client's whole address, as the ``ip`` dimension derives it (``REMOTE_ADDR``,
+    then ``X-Forwarded-For`` behind ``TRUSTED_PROXIES`` or ``PROXY_COUNT`` only), but
+    never grouped into its ``IPV6_PREFIX`` network; None when it is missing or invalid
+    (such a client is never exempt by network)."""
+    settings = conf.get_settings()
+    proxy_count = settings.proxy_count
+    if proxy_count is None and not settings.trusted_proxies:
+        proxy_count = default_proxy_count
+    try:
+        text = client_ip(
+            request.META.get("REMOTE_ADDR"),
+            request.META.get("HTTP_X_FORWARDED_FOR"),
+            trusted_proxies=settings.trusted_proxies,
+            proxy_count=proxy_count,
+            ipv6_prefix=128,
+        )
+    except IdentityError:
+        return None
+    return ipaddress.ip_address(text)
+
+
+def _asks(path: str, request: Any) -> bool:
+    """What ``EXEMPT_WHEN`` says of ``request``. A predicate that fails (it raises, or
+    cannot be imported) exempts nothing: the request is limited as if it were not set,
+    and the exception is logged on the ``django_quota`` logger with its traceback, each
+    time (docs/policies.md#exemptions). A broken predicate must neither answer 500 nor
+    lift the limits."""
+    try:
+        predicate = _exempt_when.get(path)
+        if predicate is None:
+            predicate = _exempt_when[path] = import_string(path)
+        return bool(predicate(request))
+    except Exception:
+        logger.exception("EXEMPT_WHEN %s raised: the request is not exempt", path)
+        return False
+
+
+def exempt_from(
+    request: Any,
+    group: Sequence[Policy],
+    settings: conf.QuotaSettings,
+    default_proxy_count: int | None = None,
+) -> list[Policy]:
+    """The policies of ``group`` that ``request`` skips (docs/policies.md#exemptions): all
+    of them when ``EXEMPT_WHEN(request)`` is true, else those whose ``exempt`` networks
+    hold the client address (:func:`client_address`). Empty, at the cost of one look at
+    each policy, when nothing is exempt."""
+    when = settings.exempt_when
+    if when is None and not any(policy.exempt for policy in group):
+        return []
+    if when is not None and _asks(when, request):
+        return list(group)
+    address = client_address(request, default_proxy_count=default_proxy_count)
+    if address is None:
+        return []
+    return [policy for policy in group if any(address in net for net in policy.exempt)]
 
 
 def _call(path: str | None, request: Any) -> object:
@@ -127,18 +194,19 @@ class RequestSubject:
     ``API_KEY_HEADER``. Invalid values are passed on so that the core reports
     ``selector_identity_invalid``; nothing absent or invalid is replaced by another source.
     ``default_proxy_count`` is passed to :func:`request_ip`; ``route``, when given (a DRF
-    view's ``throttle_scope``), is the ``route`` dimension instead of the URL's.
+    view's ``throttle_scope``), is the ``route`` dimension instead of the URL's, which is
+    resolved at most once and kept in ``kept`` (the request's ledger).
     """
 
     def __init__(
         self,
         request: Any,
-        *,
         drf_auth: object = None,
         default_proxy_count: int | None = None,
         route: object = None,
+        kept: Kept | None = None,
     ) -> None:
-        self.request = request
+        self.request, self.kept = request, kept
         self.drf_auth = drf_auth
         self.default_proxy_count = default_proxy_count
         self.settings = conf.get_settings()
@@ -171,7 +239,7 @@ class RequestSubject:
         if name == "ip":
             return ip_value(request, default_proxy_count=self.default_proxy_count)
         if name == "route":
-            return route_value(request)
+            return route_value(request, self.kept)
         if name == "tenant":
             return _resolved("TENANT_RESOLVER", self.settings.tenant_resolver, request, policy)
         raise KeyError(name)
@@ -201,23 +269,27 @@ class RequestSubject:
         except UnicodeError:
             return _INVALID
 
-    async def aload(self, group: Iterable[Policy]) -> None:
-        """Read, in a worker thread, the sources ``group`` needs that may query the
-        database (the session user, ``API_KEY_RESOLVER``, ``TENANT_RESOLVER``,
-        ``PLAN_RESOLVER`` when a policy of ``group`` has plans), so that
-        :meth:`for_policy` never blocks, or raises ``SynchronousOnlyOperation``, inside an
-        event loop."""
+    def exempt(self, group: Sequence[Policy]) -> list[Policy]:
+        """The policies of ``group`` the request skips: :func:`exempt_from`, counting
+        ``default_proxy_count`` hops as the ``ip`` dimension does."""
+        return exempt_from(self.request, group, self.settings, self.default_proxy_count)
+
+    def load(self, group: Iterable[Policy]) -> None:
+        """Read now the sources ``group`` needs that may query the database (the session
+        user, ``API_KEY_RESOLVER``, ``TENANT_RESOLVER``, ``PLAN_RESOLVER`` when a policy
+        of ``group`` has plans): an async layer calls this in a worker thread
+        (:meth:`Reading.blocks`), so that :meth:`for_policy` never blocks, or raises
+        ``SynchronousOnlyOperation``, inside an event loop."""
         group = tuple(group)
         selectors = {dimension for policy in group for dimension in policy.selector}
-        read = sync_to_async(self._value)
-        user = await read("user") if selectors & {"user", AUTO} else None
+        user = self._value("user") if selectors & {"user", AUTO} else None
         resolver = self.settings.api_key_resolver is not None
         if (AUTO in selectors and user is None) or ("api_key" in selectors and resolver):
-            await read("verified_api_key", _selecting(group, AUTO, "api_key"))
+            self._value("verified_api_key", _selecting(group, AUTO, "api_key"))
         if "tenant" in selectors:
-            await read("tenant", _selecting(group, "tenant"))
+            self._value("tenant", _selecting(group, "tenant"))
         if self.settings.plan_resolver is not None and any(policy.plans for policy in group):
-            await sync_to_async(self.plan)()
+            self.plan()
 
     def plan(self) -> str | None:
         """The request's plan (``PLAN_RESOLVER``), read at most once."""
@@ -251,21 +323,83 @@ def _selecting(group: Iterable[Policy], *dimensions: str) -> Policy | None:
 
 
 class GivenSubject:
-    """A subject already read (a drop-in throttle's own identity): the same values for
-    every policy, nothing to load."""
+    """A drop-in's own identity, read as its library reads it (``values``: the same for
+    every policy). It is the drop-in's reading, and the subject its step reads with it:
+    nothing to load, no plan; the request is still asked for exemptions."""
 
-    __slots__ = ("values",)
+    __slots__ = ("request", "values")
 
-    def __init__(self, values: Mapping[str, object]) -> None:
+    def __init__(self, values: dict[str, object]) -> None:
         self.values = values
+        self.request: Any = None
 
-    def for_policy(self, policy: Policy) -> Mapping[str, object]:
+    def subject(self, request: Any, kept: Kept | None = None) -> GivenSubject:
+        """Itself, for ``request``."""
+        self.request = request
+        return self
+
+    def blocks(self, group: Iterable[Policy]) -> bool:
+        """Whether reading the request may block: only ``EXEMPT_WHEN`` may."""
+        return conf.get_settings().exempt_when is not None
+
+    def for_policy(self, policy: Policy) -> dict[str, object]:
         """The given values."""
         return self.values
 
-    async def aload(self, group: Iterable[Policy]) -> None:
+    def exempt(self, group: Sequence[Policy]) -> list[Policy]:
+        """The policies of ``group`` the request skips (:func:`exempt_from`)."""
+        return exempt_from(self.request, group, conf.get_settings())
+
+    def load(self, group: Iterable[Policy]) -> None:
         """Nothing to read."""
 
     def plan(self) -> str | None:
-        """No plan: a drop-in throttle's policies have none."""
+        """No plan: a drop-in's policies have none."""
         return None
+
+
+#: The subject of a request as a layer's step reads it.
+Subject = RequestSubject | GivenSubject
+
+
+class Reading(NamedTuple):
+    """How a layer reads its subject from a request: DRF's ``request.auth`` as the
+    ``api_key`` dimension's fallback (``drf``), the hops a client IP counts when no proxy
+    setting says (``default_proxy_count``, DRF's ``NUM_PROXIES``), and a ``route`` of its
+    own (a DRF view's ``throttle_scope``). A drop-in that reads its identity itself hands
+    its step a :class:`GivenSubject` instead."""
+
+    drf: bool = False
+    default_proxy_count: int | None = None
+    route: object = None
+
+    def blocks(self, group: Iterable[Policy]) -> bool:
+        """Whether reading a request this way for ``group`` may block: ``EXEMPT_WHEN`` is
+        set (it may read ``request.user`` or query the database), or the subject has a
+        source to :meth:`~RequestSubject.load` for it. An async layer then reads the
+        request in a worker thread."""
+        settings = conf.get_settings()
+        if settings.exempt_when is not None:
+            return True
+        for policy in group:
+            selector = policy.selector
+            if AUTO in selector or "user" in selector:
+                return True
+            if "tenant" in selector and settings.tenant_resolver is not None:
+                return True
+            if "api_key" in selector and settings.api_key_resolver is not None:
+                return True
+            if policy.plans and settings.plan_resolver is not None:
+                return True
+        return False
+
+    def subject(self, request: Any, kept: Kept | None = None) -> RequestSubject:
+        """The subject of ``request`` read this way (``kept``: where its route is kept)."""
+        auth = getattr(request, "auth", None) if self.drf else None
+        return RequestSubject(request, auth, self.default_proxy_count, self.route, kept)
+
+
+#: The reading of the middleware and ``@quota``: every dimension from the request itself.
+PLAIN = Reading()
+#: What a layer hands its step: how to read the request, or a drop-in's own identity.
+Readable = Reading | GivenSubject

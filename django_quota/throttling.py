@@ -14,7 +14,7 @@ import functools
 import logging
 import re
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
@@ -36,7 +36,7 @@ from django_quota.core.rates import CALENDAR_ONLY, bounds_problem, parse_rate
 from django_quota.ledger import Cost, Decision, decide
 from django_quota.messages import Codes
 from django_quota.signals import quota_denied
-from django_quota.subjects import GivenSubject, RequestSubject
+from django_quota.subjects import PLAIN, GivenSubject, Readable, Reading
 
 __all__ = [
     "AnonRateThrottle",
@@ -61,7 +61,7 @@ logger = logging.getLogger("django_quota")
 #: ``Policy.source`` of the drop-ins' generated policies.
 GENERATED_SOURCE = "drf"
 
-Subject = Mapping[str, object]
+Subject = dict[str, object]
 
 
 def named_policy_ids(view: Any, default: Sequence[str] | str | None = None) -> list[str]:
@@ -277,8 +277,7 @@ class QuotaThrottle(BaseThrottle):
                 group, unknown = [], [exc.policy_id]
         if not group and not unknown:
             return True
-        subject = self._request_subject(request, view)
-        return self._decide(request, view, group, subject, unknown=unknown)
+        return self._decide(request, view, group, self._reading(view), unknown=unknown)
 
     def wait(self) -> float | None:
         """Seconds until a retry can succeed (at least 0.001) after a quota denial; None
@@ -322,10 +321,11 @@ class QuotaThrottle(BaseThrottle):
         # Named as the method, for the log line of a cost that fails (docs/settings.md).
         return functools.wraps(method)(lambda request: method(request, view))
 
-    def _request_subject(self, request: Any, view: Any) -> RequestSubject:
-        return RequestSubject(
-            request,
-            drf_auth=getattr(request, "auth", None),
+    def _reading(self, view: Any) -> Reading:
+        """How this throttle reads its subject: DRF's ``request.auth`` as the API key, the
+        view's ``throttle_scope`` as the route, DRF's ``NUM_PROXIES`` for a drop-in."""
+        return Reading(
+            drf=True,
             default_proxy_count=drf_num_proxies() if self._follows_num_proxies else None,
             route=getattr(view, "throttle_scope", None),
         )
@@ -335,7 +335,7 @@ class QuotaThrottle(BaseThrottle):
         request: Any,
         view: Any,
         group: Sequence[Policy],
-        subject: RequestSubject | GivenSubject | None,
+        reading: Readable,
         *,
         unknown: Sequence[str] = (),
         cause: str | None = None,
@@ -344,7 +344,7 @@ class QuotaThrottle(BaseThrottle):
         defined, ``cause`` completing their log line); True unless an outcome refuses."""
         cost, clock = self._cost(view), self._clock()
         decision = decide(
-            request, group, subject, cost, throttle=self, unknown=unknown, cause=cause, clock=clock
+            request, group, reading, cost, throttle=self, unknown=unknown, cause=cause, clock=clock
         )
         self._quota_decision = decision
         refusing = decision.refusing
@@ -457,11 +457,11 @@ class SimpleRateThrottle(QuotaThrottle):
         except ImproperlyConfigured as exc:
             return self._unusable_rate(request, view, exc)
         policy = _rate_policy(self._policy_id(), num_requests, duration, selector)
-        subject: RequestSubject | GivenSubject = GivenSubject(own)
+        reading: Readable = GivenSubject(own)
         if policy.source != GENERATED_SOURCE:
             # A policy configured under the same id replaces ours: it gets its own subject.
-            subject = self._request_subject(request, view)
-        return self._decide(request, view, [policy], subject)
+            reading = self._reading(view)
+        return self._decide(request, view, [policy], reading)
 
     # -- internals -------------------------------------------------------------------------
     def _unusable_rate(self, request: Any, view: Any, error: ImproperlyConfigured) -> bool:
@@ -472,12 +472,12 @@ class SimpleRateThrottle(QuotaThrottle):
         policy_id = self._policy_id()
         configured = policies.get_registry().policies.get(policy_id)
         if configured is not None:
-            return self._decide(request, view, [configured], self._request_subject(request, view))
+            return self._decide(request, view, [configured], self._reading(view))
         cause = (
             f"has no usable DRF throttle rate for scope {self.scope!r} "
             f"({error}; {Codes.E_DRF_RATE})"
         )
-        return self._decide(request, view, [], None, unknown=[policy_id], cause=cause)
+        return self._decide(request, view, [], PLAIN, unknown=[policy_id], cause=cause)
 
     def _policy_id(self) -> str:
         if self.scope:

@@ -18,10 +18,11 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.urls import URLPattern, URLResolver, get_resolver
 from django.views.decorators.http import require_safe
 
-from django_quota import conf, exemptions, limiter, policies
+from django_quota import conf, limiter, policies
 from django_quota.core.identity import IdentityError
 from django_quota.core.outcome import FAILED_CLOSED, FAILED_OPEN, Outcome
 from django_quota.core.policy import Policy
+from django_quota.routes import Kept, resolver_match
 from django_quota.subjects import RequestSubject
 
 
@@ -92,9 +93,9 @@ def peek_request(request: Any) -> list[Outcome]:
     group, subjects = _resolving(candidates, subject, request)
     if not group:
         return []
-    skipped = exemptions.exempted(request, group, subject, record=False)
-    if skipped:
-        group = [policy for policy in group if policy.id not in skipped]
+    exempt = {policy.id for policy in subject.exempt(group)}
+    if exempt:
+        group = [policy for policy in group if policy.id not in exempt]
     if not group:
         return []
     # The caller's plan sets the limits of the policies with plans (docs/plans.md).
@@ -167,19 +168,17 @@ def _mounts(patterns: Sequence[URLPattern | URLResolver]) -> bool:
     return False
 
 
-def is_usage_request(request: HttpRequest) -> bool:
-    """True when ``request`` is for the usage view. Costs one URL resolution (kept for
-    the request) only when the URLconf mounts the view somewhere; a URLconf is walked
-    once."""
+def is_usage_request(request: HttpRequest, kept: Kept | None = None) -> bool:
+    """True when ``request`` is for the usage view. Costs one URL resolution (kept in
+    ``kept``, the request's ledger) only when the URLconf mounts the view somewhere; a
+    URLconf is walked once."""
     resolver = get_resolver(getattr(request, "urlconf", None))
     mounted = _mounted.get(resolver)
     if mounted is None:
         mounted = _mounted[resolver] = _mounts(resolver.url_patterns)
     if not mounted:
         return False
-    from django_quota.routes import resolver_match
-
-    match = resolver_match(request)
+    match = resolver_match(request, kept)
     return match is not None and is_usage_view(match.func)
 
 

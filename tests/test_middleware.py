@@ -23,6 +23,7 @@ from django.http import HttpResponse
 from django.test import AsyncClient, Client
 
 import django_quota
+from django_quota import routes
 from django_quota.signals import quota_denied
 from tests.conftest import require_redis_server
 from tests.test_http import parse_sf_list
@@ -715,6 +716,30 @@ def test_route_selector_counts_each_view_apart(quota: Any) -> None:
     assert statuses(client, "/nowhere/", 1) == [404]
     assert statuses(client, "/elsewhere/", 1) == [429]  # every unresolved path is "-"
     assert django_quota.peek("per_view", {"route": "plain/<int:pk>/"}).remaining == 0
+
+
+def test_a_path_is_resolved_once_for_the_routes_and_the_route_dimension(
+    quota: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The middleware's matching resolves the path; the step reads the route dimension
+    # from the same resolution, kept in request._quota.
+    quota(
+        CLOCK=CLOCK,
+        POLICIES={
+            "per_view": {**API, "routes": ["api:items"], "selector": ["route"], "windows": "1/m"}
+        },
+    )
+    resolved: list[str] = []
+    resolve = routes.resolve
+
+    def counting(path: str, urlconf: Any = None) -> Any:
+        resolved.append(path)
+        return resolve(path, urlconf=urlconf)
+
+    monkeypatch.setattr(routes, "resolve", counting)
+    assert statuses(Client(), "/api/items/", 2) == [200, 429]
+    assert resolved == ["/api/items/", "/api/items/"]
+    assert django_quota.peek("per_view", {"route": "api:items"}).remaining == 0
 
 
 @pytest.mark.parametrize("selector", [["ip"], ["auto"]])

@@ -17,7 +17,7 @@ import ipaddress
 import logging
 import math
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,9 +27,16 @@ from django.core.cache import InvalidCacheBackendError
 from django.core.exceptions import ImproperlyConfigured
 from django.utils.module_loading import import_string
 
-from django_quota import conf, exemptions, limiter, policies, subjects
+from django_quota import conf, limiter, policies, subjects
 from django_quota.core.identity import INVALID_VALUE, IdentityError, client_ip
-from django_quota.core.outcome import FAILED_CLOSED, FAILED_OPEN, Outcome
+from django_quota.core.outcome import (
+    EXEMPT,
+    FAILED_CLOSED,
+    FAILED_OPEN,
+    SKIPPED,
+    Outcome,
+    bare_outcome,
+)
 from django_quota.core.policy import (
     FIXED_WINDOW,
     Policy,
@@ -39,7 +46,7 @@ from django_quota.core.rates import bounds_problem
 from django_quota.ledger import Lease, adecide, decide, ledger_of
 from django_quota.ratelimit import ALL, UNSAFE
 from django_quota.signals import quota_denied
-from django_quota.subjects import GivenSubject, RequestSubject
+from django_quota.subjects import PLAIN, GivenSubject, Readable, Subject
 
 __all__ = ["aget_usage", "ais_ratelimited", "get_usage", "is_ratelimited"]
 
@@ -309,11 +316,11 @@ def _policy(group: str, limit: int, period: int, per_request: bool = False) -> P
 @dataclass(frozen=True, slots=True)
 class _Limit:
     """What one call decides: the policy (None for a rate of 0, refused without a
-    counter), the subject, and the rate as django-ratelimit reports it; ``failed``: the
-    group whose rate callable raised (then nothing else is set)."""
+    counter), how its subject is read, and the rate as django-ratelimit reports it;
+    ``failed``: the group whose rate callable raised (then nothing else is set)."""
 
     policy: Policy | None
-    subject: RequestSubject | GivenSubject | None
+    reading: Readable
     limit: int
     period: int
     failed: str | None = None
@@ -371,7 +378,7 @@ def _resolve(
     try:
         rate, per_request = _rate_of(request, group, rate)
     except _RateFailed:
-        return _Limit(None, None, 0, 0, failed=group)
+        return _Limit(None, PLAIN, 0, 0, failed=group)
     if rate is None:
         return None
     limit, period = _split_rate(rate)
@@ -382,11 +389,11 @@ def _resolve(
     _check_cache_alias()
     value = _identity_value(request, group, key)
     if limit <= 0:
-        return _Limit(None, None, 0, period)
+        return _Limit(None, PLAIN, 0, period)
     policy = _policy(group, limit, period, per_request)
     if policy.source != GENERATED_SOURCE:
         # A policy configured under ratelimit:<group> replaces the rate, with its selector.
-        return _Limit(policy, RequestSubject(request), limit, period)
+        return _Limit(policy, PLAIN, limit, period)
     if isinstance(value, str):
         value = _frame(group, _methods_text(method), value)
     return _Limit(policy, GivenSubject({KEY_DIMENSION: value}), limit, period)
@@ -425,14 +432,21 @@ def _usage(found: _Limit, outcome: Outcome | None) -> Usage | None:
     }
 
 
-def _peek_subject(found: _Limit) -> Callable[[Policy], Mapping[str, object]]:
-    assert found.subject is not None
-    return found.subject.for_policy
-
-
 def _announce(request: Any, sender: object, refusing: Outcome | None, announces: bool) -> None:
     if refusing is not None and announces:
         quota_denied.send(sender=sender, request=request, outcome=refusing)
+
+
+def _read(policy: Policy, subject: Subject, load: bool = False) -> Outcome | None:
+    """Read the request for a peek of ``policy``: its ``skipped`` outcome when the
+    request is exempt (not counted in the metrics: a peek never is), else None, the
+    subject's database sources read first with ``load`` (an async call, in a thread)."""
+    if subject.exempt([policy]):
+        mode = limiter.get_limiter().backend_mode
+        return bare_outcome(policy, SKIPPED, EXEMPT, backend_mode=mode)
+    if load:
+        subject.load([policy])
+    return None
 
 
 def _rate_failure(request: Any, group: str, increment: bool) -> Outcome:
@@ -458,13 +472,14 @@ def _decide(request: Any, found: _Limit, increment: bool, sender: object) -> Out
     if policy is None:
         return None
     if not increment:
-        skipped = exemptions.exempted(request, [policy], found.subject, record=False)
-        if skipped:
-            return skipped[policy.id]
+        subject = found.reading.subject(request)
+        skipped = _read(policy, subject)
+        if skipped is not None:
+            return skipped
         current = limiter.get_limiter()
-        return current.run(current.prepare([policy], _peek_subject(found), 1, peek=True))[0]
+        return current.run(current.prepare([policy], subject.for_policy, 1, peek=True))[0]
     lease = Lease()
-    decision = decide(request, [policy], found.subject, 1, lease=lease)
+    decision = decide(request, [policy], found.reading, 1, lease=lease)
     # The outcome stays on request._quota (headers, ``outcomes()``), but a later call, even
     # for the same group on the same request, is charged on its own, as in django-ratelimit.
     lease.end()
@@ -479,16 +494,18 @@ async def _adecide(request: Any, found: _Limit, increment: bool, sender: object)
     if policy is None:
         return None
     if not increment:
-        assert found.subject is not None
-        skipped = await exemptions.aexempted(request, [policy], found.subject, record=False)
-        if skipped:
-            return skipped[policy.id]
-        await found.subject.aload([policy])
+        subject = found.reading.subject(request)
+        if found.reading.blocks([policy]):
+            skipped = await sync_to_async(_read)(policy, subject, True)
+        else:
+            skipped = _read(policy, subject)
+        if skipped is not None:
+            return skipped
         current = limiter.get_limiter()
-        prepared = current.prepare([policy], _peek_subject(found), 1, peek=True)
+        prepared = current.prepare([policy], subject.for_policy, 1, peek=True)
         return (await current.arun(prepared))[0]
     lease = Lease()
-    decision = await adecide(request, [policy], found.subject, 1, lease=lease)
+    decision = await adecide(request, [policy], found.reading, 1, lease=lease)
     lease.end()
     if decision.refusing is not None and decision.announces:
         await sync_to_async(_announce)(request, sender, decision.refusing, True)
