@@ -29,7 +29,14 @@ def on_redis(quota: Any, redis_url: str) -> Iterator[Any]:
     clock.set_to(START)
 
     def configure(**definitions: Any) -> None:
-        quota(REDIS_URL=redis_url, CLOCK="tests.clock.now", POLICIES=definitions)
+        # Bytes, not latency, are under test: timeouts no loaded CI machine reaches.
+        quota(
+            REDIS_URL=redis_url,
+            CLOCK="tests.clock.now",
+            TIMEOUT=2.0,
+            DEADLINE=5.0,
+            POLICIES=definitions,
+        )
 
     yield configure
     clock.set_to(START)

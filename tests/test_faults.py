@@ -154,6 +154,21 @@ def via_http() -> Seen:
 
 CALLS: dict[str, Callable[[], Seen]] = {"api": via_api, "http": via_http}
 
+#: A call outside the fault (a warm-up, the recovery after it) may still meet the loaded
+#: machine: a new connection through the proxy's threads can miss the 0.1 s ``TIMEOUT``.
+#: That is ``backend_timeout``, which charges nothing (docs/failures.md), so it is tried
+#: again; any other outcome is returned as it is.
+SETTLE_TRIES = 3
+
+
+def settled(call: Callable[[], Seen]) -> Outcome:
+    for _ in range(SETTLE_TRIES - 1):
+        outcome = call().outcome
+        if outcome.reason != "backend_timeout":
+            return outcome
+        time.sleep(0.05)
+    return call().outcome
+
 
 def expected(reason: str, failure_mode: str, fallback: bool) -> tuple[str, str | None, str, int]:
     """(decision, reason, backend_mode, HTTP status) docs/failures.md gives a failure."""
@@ -321,7 +336,7 @@ def test_fault_gives_the_documented_outcome_then_recovers_without_a_restart(
     visible_charges = faulted_runs = fallback_decisions = 0
     for via, call in CALLS.items():
         if fault.pooled:
-            warm = via_api().outcome
+            warm = settled(via_api)
             assert (warm.decision, warm.backend_mode) == ("allowed", "redis")
             visible_charges += 1
         else:
@@ -357,7 +372,7 @@ def test_fault_gives_the_documented_outcome_then_recovers_without_a_restart(
         )
 
     for call in CALLS.values():  # Redis is back: recovered in this process, at once
-        outcome = call().outcome
+        outcome = settled(call)
         assert (outcome.decision, outcome.backend_mode) == ("allowed", "redis")
         visible_charges += 1
 
