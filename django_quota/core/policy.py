@@ -10,31 +10,27 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from django_quota.core.algorithms import ALGORITHMS as ALGORITHMS
+from django_quota.core.algorithms import CONCURRENCY as CONCURRENCY
+from django_quota.core.algorithms import FIXED_WINDOW as FIXED_WINDOW
+from django_quota.core.algorithms import MAX_CONCURRENCY as MAX_CONCURRENCY
+from django_quota.core.algorithms import SLIDING_LOG as SLIDING_LOG
+from django_quota.core.algorithms import SLIDING_WINDOW as SLIDING_WINDOW
+from django_quota.core.algorithms import TOKEN_BUCKET as TOKEN_BUCKET
+from django_quota.core.algorithms import Window as Window
+from django_quota.core.algorithms import counted_calendar as counted_calendar
+from django_quota.core.algorithms import written_rate as written_rate
 from django_quota.core.errors import ConfigurationError
 from django_quota.core.rates import (
     CALENDAR_ONLY,
     MAX_PRODUCT,
-    UNIT_MS,
     Rate,
     check_rate_bounds,
     format_period,
-    format_rate,
     parse_rate,
 )
 from django_quota.core.statuses import parse_count_when
 from django_quota.core.zones import parse_timezone
-
-FIXED_WINDOW = "fixed_window"
-SLIDING_WINDOW = "sliding_window"
-SLIDING_LOG = "sliding_log"
-TOKEN_BUCKET = "token_bucket"
-#: At most N units in flight per identity, each lease released by the edge or after P
-#: (docs/concurrency.md).
-CONCURRENCY = "concurrency"
-ALGORITHMS = (FIXED_WINDOW, SLIDING_WINDOW, SLIDING_LOG, TOKEN_BUCKET, CONCURRENCY)
-#: A concurrency policy's largest N: a lease's units are two bytes of its member
-#: (docs/concurrency.md), and every call reads its held leases.
-MAX_CONCURRENCY = 65_535
 
 ENFORCE = "enforce"
 SHADOW = "shadow"
@@ -83,59 +79,6 @@ POLICY_KEYS = frozenset(
 DEFAULT_TIMEZONE = "UTC"
 
 
-@dataclass(frozen=True, slots=True)
-class Window:
-    """One window of a policy: ``limit`` units per ``period_ms`` milliseconds.
-
-    ``capacity`` is the token bucket's size (``limit`` unless configured); other
-    algorithms ignore it and keep it equal to ``limit``. ``calendar`` is ``"day"``,
-    ``"week"``, ``"month"`` or ``"year"`` for a calendar window (a fixed window of exactly
-    one of them, starting at local midnight in ``timezone``, an IANA name:
-    docs/policies.md), else ``""``. A one-day window in UTC is no calendar window: it is
-    exactly the epoch-aligned day.
-    """
-
-    name: str
-    limit: int
-    period_ms: int
-    capacity: int
-    calendar: str = ""
-    timezone: str = ""
-
-    @property
-    def period(self) -> float:
-        """The period in seconds."""
-        return self.period_ms / 1000
-
-    @property
-    def rate(self) -> str:
-        """The window's rate as the grammar writes it: ``"100/h"``, ``"10000/month"``."""
-        return format_rate(self.limit, self.period_ms, self.calendar)
-
-
-def counted_calendar(algorithm: str, window: Window) -> tuple[str, str]:
-    """The calendar unit and timezone that ``window`` counts in, ``("", "")`` for none.
-
-    A calendar window's own; ``("day", "UTC")`` for a fixed window of exactly one day
-    without one, since the epoch-aligned day is the day in UTC (``"5/d"`` in UTC,
-    ``"5/24h"`` in any timezone, a database policy's 86,400 seconds). What
-    ``quota policies`` and the status page show (docs/policies.md#calendar-windows).
-    """
-    if window.calendar:
-        return window.calendar, window.timezone
-    if algorithm == FIXED_WINDOW and window.period_ms == UNIT_MS["d"]:
-        return "day", "UTC"
-    return "", ""
-
-
-def written_rate(algorithm: str, window: Window) -> str:
-    """``window``'s rate as a person reads it: a window counted in a calendar unit in
-    words with its timezone (``"10000/month (Europe/Berlin)"``, ``"5/day (UTC)"``),
-    any other in its largest whole unit (``"100/30d"``, a rolling day ``"5/d"``)."""
-    calendar, timezone = counted_calendar(algorithm, window)
-    if calendar:
-        return f"{format_rate(window.limit, window.period_ms, calendar)} ({timezone})"
-    return window.rate
 
 
 @dataclass(frozen=True, slots=True)
