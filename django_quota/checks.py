@@ -13,7 +13,7 @@ from django.utils.module_loading import import_string
 
 from django_quota import conf
 from django_quota.conf import QuotaSettings, parse_settings
-from django_quota.core.policy import AUTO, Policy, generated_policy_id
+from django_quota.core.policy import Policy, Selector, generated_policy_id
 from django_quota.messages import Checks, Message
 
 MIDDLEWARE_PATH = "django_quota.middleware.QuotaMiddleware"
@@ -121,7 +121,7 @@ def _index(middleware: list[str], base_path: str) -> int | None:
 
 
 def _user_effect(policy: Policy) -> str:
-    if AUTO in policy.selector:
+    if Selector.AUTO in policy.selector:
         return Checks.USER_COUNTED_PER_IP
     if policy.on_missing == "skip":
         return Checks.USER_NEVER_LIMITED
@@ -148,7 +148,7 @@ def _middleware_order(parsed: QuotaSettings, effective: Iterable[Policy]) -> lis
         named = Checks.NAMED_POLICY.format(
             policy=_policy_key(policy), selector=", ".join(policy.selector)
         )
-        if {"user", AUTO} & set(policy.selector):
+        if {"user", Selector.AUTO} & set(policy.selector):
             found.append(
                 _error(
                     Checks.MIDDLEWARE_BEFORE_AUTHENTICATION,

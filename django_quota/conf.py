@@ -19,7 +19,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django_quota.backends import url_problem
 from django_quota.core.errors import ConfigurationError
 from django_quota.core.identity import IPNetwork, derive_hmac_key
-from django_quota.core.policy import ALGORITHMS, FAILURE_MODES, Policy, parse_policy
+from django_quota.core.policy import ALGORITHMS, Form, Policy, parse_policy
 from django_quota.core.zones import host_zone, parse_timezone
 from django_quota.fields import (
     Field,
@@ -321,7 +321,7 @@ FIELDS = (
     Field("DEADLINE", 0.25, number(0.001)),
     Field("MAX_INFLIGHT", 64, integer(1)),
     Field("REDIS_PUBLIC_PATH", False, boolean),
-    Field("FAILURE_MODE", "closed", choice(FAILURE_MODES)),
+    Field("FAILURE_MODE", "closed", choice(Form.FAILURE_MODES)),
     Field("FAILURE_RETRY_AFTER", 1, integer(1, MAX_FAILURE_RETRY_AFTER)),
     Field("LOCAL_FALLBACK", {"ENABLED": False, "MAX_ENTRIES": 10000}, _local_fallback),
     Field("DENIAL_CACHE", {"ENABLED": True, "MAX_ENTRIES": 4096, "MAX_TTL": 5.0}, _denial_cache),

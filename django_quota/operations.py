@@ -17,10 +17,10 @@ from django_quota.core.errors import BackendError
 from django_quota.core.outcome import CLOCK_UNSAFE
 from django_quota.core.policy import (
     ALGORITHMS,
-    DEFAULT_WINDOW,
     FIXED_WINDOW,
     SLIDING_LOG,
     TOKEN_BUCKET,
+    Form,
     Policy,
     Window,
     settings_revision,
@@ -88,7 +88,7 @@ def inspect(policy_id: str, subject: Subject, *, plan: str | None = None) -> Ins
 
 
 #: The probe policies' one window: 3 units a second, so that a probe never lingers.
-PROBE_WINDOW = Window(DEFAULT_WINDOW, 3, 1000, 3)
+PROBE_WINDOW = Window(Form.DEFAULT_WINDOW, 3, 1000, 3)
 #: The sliding log's charges, in ms after its peek: the third comes when the first has
 #: left the window and the second has not, so that the script trims the list (LTRIM).
 #: Each with the ``remaining`` it reports.

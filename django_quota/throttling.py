@@ -27,11 +27,7 @@ from django_quota import conf, policies, releasing, subjects
 from django_quota.core.errors import ConfigurationError
 from django_quota.core.identity import IdentityError
 from django_quota.core.outcome import DENIED_DECISION, FAILED_CLOSED, Outcome
-from django_quota.core.policy import (
-    AUTO,
-    Policy,
-    generated_policy_id,
-)
+from django_quota.core.policy import Policy, Selector, generated_policy_id
 from django_quota.core.rates import CALENDAR_ONLY, bounds_problem, parse_rate
 from django_quota.ledger import Cost, Decision, decide
 from django_quota.messages import Codes
@@ -216,7 +212,7 @@ def scope_policy(scope: str) -> Policy | None:
     if not isinstance(rate, str):
         return None
     num_requests, duration = parse_drf_rate(rate)
-    selector = ("ip",) if scope == AnonRateThrottle.scope else (AUTO,)
+    selector = ("ip",) if scope == AnonRateThrottle.scope else (Selector.AUTO,)
     return _rate_policy(generated_policy_id("drf", scope), num_requests, duration, selector)
 
 
@@ -500,8 +496,8 @@ def _user_or_ip(request: Any) -> tuple[tuple[str, ...], Subject]:
     user = _authenticated_user(request)
     if user is not None:
         # A pk of None is a missing identity, never one counter shared as "None".
-        return (AUTO,), {"user": None if user.pk is None else str(user.pk)}
-    return (AUTO,), {"ip": _ip_value(request)}
+        return (Selector.AUTO,), {"user": None if user.pk is None else str(user.pk)}
+    return (Selector.AUTO,), {"ip": _ip_value(request)}
 
 
 class AnonRateThrottle(SimpleRateThrottle):

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from django_quota.core.errors import QuotaError
 from django_quota.core.outcome import SELECTOR_IDENTITY_INVALID, SELECTOR_IDENTITY_MISSING
-from django_quota.core.policy import AUTO, FRAMING_ORDER
+from django_quota.core.policy import Selector
 
 MAX_API_KEY_BYTES = 256
 MAX_VALUE_BYTES = 1024
@@ -375,8 +375,8 @@ def build_identity(
     is never replaced by another) and ``TypeError`` for a value that is not ``str``,
     ``int`` or ``uuid.UUID`` (:func:`normalize_value`).
     """
-    dimensions = [resolve_auto(subject) if d == AUTO else d for d in selector]
-    dimensions.sort(key=FRAMING_ORDER.index)
+    dimensions = [resolve_auto(subject) if d == Selector.AUTO else d for d in selector]
+    dimensions.sort(key=Selector.FRAMING_ORDER.index)
     components = [(d, normalize_value(d, subject.get(d), ipv6_prefix)) for d in dimensions]
     route = next((value for name, value in components if name == "route"), None)
     private = [(name, value) for name, value in components if name != "route"]

@@ -9,6 +9,7 @@ import json
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Final
 
 from django_quota.core.algorithms import ALGORITHMS as ALGORITHMS
 from django_quota.core.algorithms import CONCURRENCY as CONCURRENCY
@@ -32,51 +33,62 @@ from django_quota.core.rates import (
 from django_quota.core.statuses import parse_count_when
 from django_quota.core.zones import parse_timezone
 
-ENFORCE = "enforce"
-SHADOW = "shadow"
-ENFORCEMENTS = (ENFORCE, SHADOW)
-FAILURE_MODES = ("open", "closed")
-ON_MISSING = ("deny", "skip")
-
-#: Dimensions in the stable order in which an identity frames them (``docs/subjects.md``).
-DIMENSIONS = ("route", "tenant", "user", "api_key", "ip")
-#: Dimensions only the library's own layers use (the DRF drop-ins' ``get_cache_key()``, the
-#: django-ratelimit drop-in's ``key``).
-INTERNAL_DIMENSIONS = ("drf_cache_key", "ratelimit_key")
-AUTO = "auto"
-SELECTOR_VALUES = (*DIMENSIONS, AUTO)
-FRAMING_ORDER = (*DIMENSIONS, *INTERNAL_DIMENSIONS)
-
-# \Z, not $: "$" also matches before a trailing newline, which would let "orders\n" pass.
-POLICY_ID_RE = re.compile(r"^[a-z0-9][a-z0-9_.:-]{0,63}\Z")
-WINDOW_NAME_RE = re.compile(r"^[a-z][a-z0-9_]{0,31}\Z")
-#: A plan's name (``docs/plans.md``): what ``PLAN_RESOLVER`` returns.
-PLAN_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}\Z")
-DEFAULT_WINDOW = "default"
-
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 
-POLICY_KEYS = frozenset(
-    {
-        "algorithm",
-        "windows",
-        "selector",
-        "routes",
-        "exempt",
-        "methods",
-        "enforcement",
-        "failure_mode",
-        "on_missing",
-        "max_cost",
-        "capacity",
-        "enabled",
-        "plans",
-        "timezone",
-        "count_when",
-    }
-)
-#: The timezone of a policy without ``timezone`` when no other default is given.
-DEFAULT_TIMEZONE = "UTC"
+
+class Enforcement:
+    """A policy's ``enforcement``: enforced, or evaluated and never refusing."""
+
+    ENFORCE: Final = "enforce"
+    SHADOW: Final = "shadow"
+    VALUES: Final = (ENFORCE, SHADOW)
+
+
+class Selector:
+    """A policy's ``selector``: the dimensions that frame its identity (``docs/subjects.md``)."""
+
+    #: Dimensions in the stable order in which an identity frames them.
+    DIMENSIONS: Final = ("route", "tenant", "user", "api_key", "ip")
+    #: Dimensions only the library's own layers use (the DRF drop-ins' ``get_cache_key()``,
+    #: the django-ratelimit drop-in's ``key``).
+    INTERNAL: Final = ("drf_cache_key", "ratelimit_key")
+    AUTO: Final = "auto"
+    VALUES: Final = (*DIMENSIONS, AUTO)
+    FRAMING_ORDER: Final = (*DIMENSIONS, *INTERNAL)
+
+
+class Form:
+    """The rest of the dict form's vocabulary: its keys, choices, names and defaults."""
+
+    KEYS: Final = frozenset(
+        {
+            "algorithm",
+            "windows",
+            "selector",
+            "routes",
+            "exempt",
+            "methods",
+            "enforcement",
+            "failure_mode",
+            "on_missing",
+            "max_cost",
+            "capacity",
+            "enabled",
+            "plans",
+            "timezone",
+            "count_when",
+        }
+    )
+    FAILURE_MODES: Final = ("open", "closed")
+    ON_MISSING: Final = ("deny", "skip")
+    # \Z, not $: "$" also matches before a trailing newline, which would let "orders\n" pass.
+    POLICY_ID_RE: Final = re.compile(r"^[a-z0-9][a-z0-9_.:-]{0,63}\Z")
+    WINDOW_NAME_RE: Final = re.compile(r"^[a-z][a-z0-9_]{0,31}\Z")
+    #: A plan's name (``docs/plans.md``): what ``PLAN_RESOLVER`` returns.
+    PLAN_NAME_RE: Final = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}\Z")
+    DEFAULT_WINDOW: Final = "default"
+    #: The timezone of a policy without ``timezone`` when no other default is given.
+    DEFAULT_TIMEZONE: Final = "UTC"
 
 
 
@@ -85,7 +97,7 @@ DEFAULT_TIMEZONE = "UTC"
 class Policy:
     """A validated policy. Build it with :func:`parse_policy`, or directly in library code.
 
-    ``selector`` is in framing order (:data:`FRAMING_ORDER`), so ``["ip", "user"]`` and
+    ``selector`` is in framing order (:attr:`Selector.FRAMING_ORDER`), so ``["ip", "user"]`` and
     ``["user", "ip"]`` are the same policy. ``revision`` isolates counters: it changes
     exactly when the algorithm, the selector or a window's name, limit, period or
     capacity changes.
@@ -94,10 +106,10 @@ class Policy:
     id: str
     algorithm: str
     windows: tuple[Window, ...]
-    selector: tuple[str, ...] = (AUTO,)
+    selector: tuple[str, ...] = (Selector.AUTO,)
     routes: tuple[str, ...] = ()
     methods: tuple[str, ...] = ()
-    enforcement: str = ENFORCE
+    enforcement: str = Enforcement.ENFORCE
     failure_mode: str | None = None
     on_missing: str = "deny"
     max_cost: int | None = None
@@ -107,7 +119,7 @@ class Policy:
     revision: str = ""
     source: str = "settings"
     extra: Mapping[str, object] = field(default_factory=dict, compare=False, hash=False)
-    timezone: str = DEFAULT_TIMEZONE
+    timezone: str = Form.DEFAULT_TIMEZONE
     #: ``(plan name, windows)`` pairs (``docs/plans.md``): each plan's windows have the
     #: names and periods of :attr:`windows`, in that order; only limits and capacities
     #: differ, so every plan shares the policy's counter.
@@ -145,7 +157,7 @@ class Policy:
     @property
     def shadow(self) -> bool:
         """True when the policy is evaluated but never refuses."""
-        return self.enforcement == SHADOW
+        return self.enforcement == Enforcement.SHADOW
 
     @property
     def certainty(self) -> str:
@@ -271,12 +283,12 @@ def _parse_plans(
     periods = {window.name: window for window in windows}
     plans = []
     for name, raw in raw_plans.items():
-        if not isinstance(name, str) or not PLAN_NAME_RE.match(name):
+        if not isinstance(name, str) or not Form.PLAN_NAME_RE.match(name):
             raise ConfigurationError(
                 key, f"plan name {name!r} must match [A-Za-z0-9][A-Za-z0-9_.:-]{{0,63}}"
             )
         plan_key = f"{key}[{name!r}]"
-        if isinstance(raw, str) and set(periods) != {DEFAULT_WINDOW}:
+        if isinstance(raw, str) and set(periods) != {Form.DEFAULT_WINDOW}:
             raise ConfigurationError(
                 plan_key, f"name the windows as the policy does: {', '.join(periods)}"
             )
@@ -335,25 +347,26 @@ def _string_list(value: object, key: str) -> tuple[str, ...]:
 def parse_selector(value: object, key: str, *, allow_internal: bool = False) -> tuple[str, ...]:
     """Validate a selector list and return it in framing order."""
     if value is None:
-        return (AUTO,)
+        return (Selector.AUTO,)
     if isinstance(value, str):
         value = [value]
     dimensions = _string_list(value, key)
-    allowed = (*SELECTOR_VALUES, *INTERNAL_DIMENSIONS) if allow_internal else SELECTOR_VALUES
+    allowed = (*Selector.VALUES, *Selector.INTERNAL) if allow_internal else Selector.VALUES
     if not dimensions:
         raise ConfigurationError(key, "a selector needs at least one dimension")
     for dimension in dimensions:
         if dimension not in allowed:
             raise ConfigurationError(
-                key, f"unknown dimension {dimension!r}; use one of {', '.join(SELECTOR_VALUES)}"
+                key, f"unknown dimension {dimension!r}; use one of {', '.join(Selector.VALUES)}"
             )
     if len(set(dimensions)) != len(dimensions):
         raise ConfigurationError(key, f"dimension repeated in {list(dimensions)!r}")
-    if AUTO in dimensions and {"user", "api_key", "ip"} & set(dimensions):
+    if Selector.AUTO in dimensions and {"user", "api_key", "ip"} & set(dimensions):
         raise ConfigurationError(
             key, "'auto' already chooses between user, api_key and ip; do not combine them"
         )
-    order = (*FRAMING_ORDER[: FRAMING_ORDER.index("ip") + 1], AUTO, *INTERNAL_DIMENSIONS)
+    framing = Selector.FRAMING_ORDER
+    order = (*framing[: framing.index("ip") + 1], Selector.AUTO, *Selector.INTERNAL)
     return tuple(sorted(dimensions, key=order.index))
 
 
@@ -362,19 +375,19 @@ def _parse_windows(
     algorithm: str,
     raw_windows: object,
     raw_capacity: object,
-    timezone: str = DEFAULT_TIMEZONE,
+    timezone: str = Form.DEFAULT_TIMEZONE,
     *,
     windows_key: str | None = None,
 ) -> tuple[Window, ...]:
     key = windows_key or f"{policy_key}['windows']"
     rates: list[tuple[str, Rate]] = []
     if isinstance(raw_windows, str):
-        rates.append((DEFAULT_WINDOW, parse_rate(raw_windows, key)))
+        rates.append((Form.DEFAULT_WINDOW, parse_rate(raw_windows, key)))
     elif isinstance(raw_windows, Mapping):
         if not raw_windows:
             raise ConfigurationError(key, "a policy needs at least one window")
         for name, text in raw_windows.items():
-            if not isinstance(name, str) or not WINDOW_NAME_RE.match(name):
+            if not isinstance(name, str) or not Form.WINDOW_NAME_RE.match(name):
                 raise ConfigurationError(
                     key, f"window name {name!r} must match [a-z][a-z0-9_]{{0,31}}"
                 )
@@ -471,7 +484,7 @@ def parse_policy(
     default_algorithm: str = FIXED_WINDOW,
     key: str | None = None,
     allow_internal_dimensions: bool = False,
-    default_timezone: str = DEFAULT_TIMEZONE,
+    default_timezone: str = Form.DEFAULT_TIMEZONE,
 ) -> Policy:
     """Validate one policy dict (``docs/policies.md``) and return the :class:`Policy`.
 
@@ -485,14 +498,14 @@ def parse_policy(
     """
     if key is None:
         key = f"QUOTA['POLICIES'][{policy_id!r}]"
-    if not isinstance(policy_id, str) or not POLICY_ID_RE.match(policy_id):
+    if not isinstance(policy_id, str) or not Form.POLICY_ID_RE.match(policy_id):
         raise ConfigurationError(key, "a policy id must match [a-z0-9][a-z0-9_.:-]{0,63}")
     if not isinstance(raw, Mapping):
         raise ConfigurationError(key, f"a policy must be a dict, not {type(raw).__name__}")
-    unknown = sorted(str(name) for name in set(raw) - POLICY_KEYS)
+    unknown = sorted(str(name) for name in set(raw) - Form.KEYS)
     if unknown:
         raise ConfigurationError(
-            key, f"unknown key(s) {', '.join(unknown)}; known: {', '.join(sorted(POLICY_KEYS))}"
+            key, f"unknown key(s) {', '.join(unknown)}; known: {', '.join(sorted(Form.KEYS))}"
         )
     algorithm = _choice(raw.get("algorithm", default_algorithm), ALGORITHMS, f"{key}['algorithm']")
     if "windows" not in raw:
@@ -502,15 +515,19 @@ def parse_policy(
     if algorithm == CONCURRENCY:
         check_concurrency_windows(f"{key}['windows']", windows)
     selector = parse_selector(
-        raw.get("selector", [AUTO]), f"{key}['selector']", allow_internal=allow_internal_dimensions
+        raw.get("selector", [Selector.AUTO]),
+        f"{key}['selector']",
+        allow_internal=allow_internal_dimensions,
     )
     routes = _string_list(raw.get("routes"), f"{key}['routes']")
     methods = _parse_methods(raw.get("methods", []), f"{key}['methods']")
-    enforcement = _choice(raw.get("enforcement", ENFORCE), ENFORCEMENTS, f"{key}['enforcement']")
+    enforcement = _choice(
+        raw.get("enforcement", Enforcement.ENFORCE), Enforcement.VALUES, f"{key}['enforcement']"
+    )
     failure_mode = raw.get("failure_mode")
     if failure_mode is not None:
-        failure_mode = _choice(failure_mode, FAILURE_MODES, f"{key}['failure_mode']")
-    on_missing = _choice(raw.get("on_missing", "deny"), ON_MISSING, f"{key}['on_missing']")
+        failure_mode = _choice(failure_mode, Form.FAILURE_MODES, f"{key}['failure_mode']")
+    on_missing = _choice(raw.get("on_missing", "deny"), Form.ON_MISSING, f"{key}['on_missing']")
     exempt = parse_exempt(raw.get("exempt"), f"{key}['exempt']")
     count_when = parse_count_when(raw.get("count_when"), f"{key}['count_when']")
     max_cost = raw.get("max_cost")

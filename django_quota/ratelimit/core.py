@@ -5,9 +5,10 @@ A call resolves what django-ratelimit resolves (the group, the rate, the key's v
 then asks the engine once: ``group`` is the generated policy ``ratelimit:<group>`` (a
 fixed window of the rate: django-ratelimit's period is a fixed window), and the key's
 value (:mod:`django_quota.ratelimit.keys`), framed with the group and the methods, is the
-identity, which the engine pseudonymises with its HMAC before it reaches Redis. ``increment=True`` charges the
-counter through :func:`django_quota.ledger.decide` (the outcome is recorded on
-``request._quota``, so headers and metrics follow); ``increment=False`` peeks.
+identity, which the engine pseudonymises with its HMAC before it reaches Redis.
+``increment=True`` charges the counter through :func:`django_quota.ledger.decide` (the
+outcome is recorded on ``request._quota``, so headers and metrics follow);
+``increment=False`` peeks.
 """
 
 from __future__ import annotations
