@@ -363,7 +363,7 @@ def check_drf_rates(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage
         return []
     from django.core.exceptions import ImproperlyConfigured
 
-    from django_quota.core.rates import GRAMMAR
+    from django_quota.core.rates import Grammar
 
     rates = api_settings.DEFAULT_THROTTLE_RATES
     if not isinstance(rates, Mapping):
@@ -376,6 +376,6 @@ def check_drf_rates(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage
             parse_drf_rate(rate)
         except ImproperlyConfigured as exc:
             reported.append(
-                _error(Checks.DRF_RATE_UNUSABLE, scope=scope, error=exc, grammar=GRAMMAR)
+                _error(Checks.DRF_RATE_UNUSABLE, scope=scope, error=exc, grammar=Grammar.SPELLED)
             )
     return reported

@@ -28,7 +28,7 @@ from django_quota.core.errors import ConfigurationError
 from django_quota.core.identity import IdentityError
 from django_quota.core.outcome import DENIED_DECISION, FAILED_CLOSED, Outcome
 from django_quota.core.policy import Policy, Selector, generated_policy_id
-from django_quota.core.rates import CALENDAR_ONLY, bounds_problem, parse_rate
+from django_quota.core.rates import Grammar, bounds_problem, parse_rate
 from django_quota.ledger import Cost, Decision, decide
 from django_quota.messages import Codes
 from django_quota.signals import quota_denied
@@ -131,7 +131,7 @@ def _parse_drf_rate(rate: object) -> tuple[int, int]:
         if problem is not None:
             raise ImproperlyConfigured(f"Invalid throttle rate {rate!r}: {problem}.") from exc
         return num_requests, duration
-    if parsed.calendar in CALENDAR_ONLY:
+    if parsed.calendar in Grammar.CALENDAR_ONLY:
         # DRF reads "N/month" as N per minute, django-quota as a calendar month: refused
         # rather than either meaning chosen silently (docs/drf.md).
         raise ImproperlyConfigured(

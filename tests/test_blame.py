@@ -26,14 +26,7 @@ from django_quota.backends import clients
 from django_quota.backends.cluster import classify_cluster
 from django_quota.backends.scripting import ConnectFailed, classify
 from django_quota.core.breaker import CLOSED, OPEN, CircuitBreaker
-from django_quota.core.errors import (
-    BLAME_NONE,
-    BLAME_UNLESS_ANSWERING,
-    CLUSTERDOWN,
-    MAXCLIENTS,
-    TRYAGAIN,
-    BackendError,
-)
+from django_quota.core.errors import BackendError, Blame, Label
 from tests.faults import RedisProcess, proxy_to, redis_process
 from tests.test_admin import STATUS, cells
 
@@ -100,14 +93,14 @@ def test_a_redis_at_maxclients_serving_the_pooled_connection_costs_no_failure(
                 ("failed_closed", "backend_unavailable")
             }
             assert limiter.get_breaker().state == CLOSED  # its connection answers
-            assert labels()[-1] == ("backend_unavailable", MAXCLIENTS)
+            assert labels()[-1] == ("backend_unavailable", Label.MAXCLIENTS)
             assert len(labels()) == 3 * engine.BREAKER_THRESHOLD
 
             after = django_quota.evaluate("p", SUBJECT)  # the pooled connection again
             assert (after.decision, after.remaining) == ("allowed", LIMIT - 52)
         assert limiter.get_breaker().state == CLOSED
         errors = cells(admin_client.get(STATUS), "quota-errors")
-        assert {(row[1], row[3]) for row in errors} == {("backend_unavailable", MAXCLIENTS)}
+        assert {(row[1], row[3]) for row in errors} == {("backend_unavailable", Label.MAXCLIENTS)}
         assert "max number of clients reached" in errors[0][2]
 
 
@@ -126,7 +119,7 @@ def test_maxclients_counts_when_no_connection_of_the_node_answered_lately(
                     "backend_unavailable",
                 )
             assert limiter.get_breaker().state == OPEN
-            assert set(labels()) == {("backend_unavailable", MAXCLIENTS)}
+            assert set(labels()) == {("backend_unavailable", Label.MAXCLIENTS)}
         assert "label=maxclients (counted by its circuit breaker)" in caplog.text
 
 
@@ -152,7 +145,8 @@ def test_an_async_decision_refused_at_maxclients_keeps_its_label(
 
             decided = asyncio.run(decide())
             assert decided == [("failed_closed", "backend_unavailable")] * len(decided)
-            assert labels() == [("backend_unavailable", MAXCLIENTS)] * engine.BREAKER_THRESHOLD
+            full = ("backend_unavailable", Label.MAXCLIENTS)
+            assert labels() == [full] * engine.BREAKER_THRESHOLD
             assert limiter.get_breaker().state == OPEN  # no connection of it ever answered
 
 
@@ -174,8 +168,8 @@ def test_maxclients_is_classified_with_its_label_before_and_after_the_write() ->
         error = classify(raised)
         assert (error.reason, error.label, error.blame) == (
             "backend_unavailable",
-            MAXCLIENTS,
-            BLAME_UNLESS_ANSWERING,
+            Label.MAXCLIENTS,
+            Blame.UNLESS_ANSWERING,
         )
     refused = classify(ConnectFailed(ConnectionRefusedError(111, "Connection refused")))
     assert (refused.reason, refused.label, refused.blame) == ("backend_unavailable", None, None)
@@ -184,13 +178,13 @@ def test_maxclients_is_classified_with_its_label_before_and_after_the_write() ->
 @pytest.mark.parametrize(
     ("exc", "label"),
     [
-        (redis.exceptions.ClusterDownError("The cluster is down"), CLUSTERDOWN),
-        (redis.exceptions.TryAgainError("Multiple keys request during rehashing"), TRYAGAIN),
+        (redis.exceptions.ClusterDownError("The cluster is down"), Label.CLUSTERDOWN),
+        (redis.exceptions.TryAgainError("Multiple keys request during rehashing"), Label.TRYAGAIN),
     ],
 )
 def test_cluster_refusals_are_labelled_and_blame_no_node(exc: Exception, label: str) -> None:
     error = classify_cluster(exc)
-    assert (error.reason, error.label, error.blame) == ("backend_unavailable", label, BLAME_NONE)
+    assert (error.reason, error.label, error.blame) == ("backend_unavailable", label, Blame.NONE)
 
 
 class Clock:
@@ -212,9 +206,11 @@ def test_the_breaker_excuses_a_refused_connection_only_while_the_node_answers(
         engine.BREAKER_THRESHOLD, 1.0, clock=clock, recent_errors=current.recent_errors
     )
     maxclients = BackendError(
-        "backend_unavailable", "full", label=MAXCLIENTS, blame=BLAME_UNLESS_ANSWERING
+        "backend_unavailable", "full", label=Label.MAXCLIENTS, blame=Blame.UNLESS_ANSWERING
     )
-    clusterdown = BackendError("backend_unavailable", "down", label=CLUSTERDOWN, blame=BLAME_NONE)
+    clusterdown = BackendError(
+        "backend_unavailable", "down", label=Label.CLUSTERDOWN, blame=Blame.NONE
+    )
     guard.account(None, clock.now)  # a call started now was answered
     clock.now += 0.9
     for _ in range(3 * engine.BREAKER_THRESHOLD):
@@ -232,7 +228,7 @@ def test_the_breaker_excuses_a_refused_connection_only_while_the_node_answers(
     assert guard.breaker.state == CLOSED
     guard.account(maxclients, clock.now)
     assert guard.breaker.state == OPEN
-    assert [e.label for e in current.recent_errors][-1] == MAXCLIENTS
+    assert [e.label for e in current.recent_errors][-1] == Label.MAXCLIENTS
 
 
 @pytest.mark.redis

@@ -85,7 +85,7 @@ from django_quota.core.calls import (
     PolicyCall,
     PolicyResult,
 )
-from django_quota.core.errors import BLAME_NONE, CLUSTERDOWN, TRYAGAIN, BackendError
+from django_quota.core.errors import BackendError, Blame, Label
 from django_quota.core.model import group_allows
 from django_quota.core.outcome import (
     BACKEND_ERROR,
@@ -129,9 +129,9 @@ def classify_cluster(exc: BaseException) -> BackendError:
     message = f"{type(exc).__name__}: {exc}"
     # The node answered: labelled, never counted by its breaker (docs/failures.md).
     if isinstance(exc, redis_exceptions.ClusterDownError):
-        return BackendError(BACKEND_UNAVAILABLE, message, label=CLUSTERDOWN, blame=BLAME_NONE)
+        return BackendError(BACKEND_UNAVAILABLE, message, label=Label.CLUSTERDOWN, blame=Blame.NONE)
     if isinstance(exc, redis_exceptions.TryAgainError):
-        return BackendError(BACKEND_UNAVAILABLE, message, label=TRYAGAIN, blame=BLAME_NONE)
+        return BackendError(BACKEND_UNAVAILABLE, message, label=Label.TRYAGAIN, blame=Blame.NONE)
     if isinstance(exc, _NOT_RUN):
         return BackendError(BACKEND_UNAVAILABLE, message)
     if isinstance(exc, redis_exceptions.RedisClusterException):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from django_quota.core.rates import UNIT_MS, format_rate
+from django_quota.core.rates import Grammar, format_rate
 
 FIXED_WINDOW = "fixed_window"
 SLIDING_WINDOW = "sliding_window"
@@ -60,7 +60,7 @@ def counted_calendar(algorithm: str, window: Window) -> tuple[str, str]:
     """
     if window.calendar:
         return window.calendar, window.timezone
-    if algorithm == FIXED_WINDOW and window.period_ms == UNIT_MS["d"]:
+    if algorithm == FIXED_WINDOW and window.period_ms == Grammar.UNIT_MS["d"]:
         return "day", "UTC"
     return "", ""
 

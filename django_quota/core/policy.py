@@ -23,8 +23,8 @@ from django_quota.core.algorithms import counted_calendar as counted_calendar
 from django_quota.core.algorithms import written_rate as written_rate
 from django_quota.core.errors import ConfigurationError
 from django_quota.core.rates import (
-    CALENDAR_ONLY,
-    MAX_PRODUCT,
+    Bounds,
+    Grammar,
     Rate,
     check_rate_bounds,
     format_period,
@@ -220,7 +220,7 @@ def _calendar_windows(
     result = []
     for window, rate in zip(windows, rates, strict=True):
         calendar = rate.calendar
-        if calendar in CALENDAR_ONLY and algorithm != FIXED_WINDOW:
+        if calendar in Grammar.CALENDAR_ONLY and algorithm != FIXED_WINDOW:
             raise ConfigurationError(
                 f"{policy_key}['windows']",
                 f"a {calendar} is a calendar window: fixed_window only, not {algorithm}",
@@ -415,7 +415,7 @@ def _parse_windows(
     windows = []
     for name, rate in rates:
         capacity = capacities.get(name, rate.limit)
-        if capacity * rate.period_ms > MAX_PRODUCT:
+        if capacity * rate.period_ms > Bounds.MAX_PRODUCT:
             raise ConfigurationError(
                 capacity_key, f"capacity x period in milliseconds exceeds 2**52 for {name!r}"
             )
@@ -581,6 +581,6 @@ def window_from_limit(
     """Build a window from separate numbers (the admin's form), with the same bounds."""
     check_rate_bounds(limit, period_ms, key)
     effective = capacity if capacity is not None else limit
-    if effective < 1 or effective * period_ms > MAX_PRODUCT:
+    if effective < 1 or effective * period_ms > Bounds.MAX_PRODUCT:
         raise ConfigurationError(key, "capacity must be positive and capacity x period_ms <= 2**52")
     return Window(name, limit, period_ms, effective)
