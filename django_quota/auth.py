@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextvars
 import inspect
-import logging
 import unicodedata
 import weakref
 from collections.abc import Mapping, Sequence
@@ -36,12 +35,11 @@ from django.views.decorators.debug import sensitive_variables
 
 from django_quota import conf, limiter, policies
 from django_quota.core.identity import IdentityError
+from django_quota.core.log import logger
 from django_quota.core.outcome import ALLOWED, DENIED_DECISION, FAILED_CLOSED, Outcome
 from django_quota.core.policy import Policy
 from django_quota.ledger import django_request
 from django_quota.subjects import ip_value
-
-logger = logging.getLogger("django_quota")
 
 BACKEND_PATH = "django_quota.auth.QuotaLoginBackend"
 #: The dimensions a login policy's selector may use (docs/login.md).

@@ -13,7 +13,6 @@ in-flight bound and circuit breaker (``docs/failures.md``).
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
 from collections import deque
@@ -61,8 +60,6 @@ from django_quota.prepared import (
     refusal,
     validate_cost,
 )
-
-logger = logging.getLogger("django_quota")
 
 Subject = Mapping[str, object]
 #: A subject, or a function giving each policy its subject (the HTTP layer's, so that

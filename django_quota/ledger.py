@@ -15,7 +15,6 @@ over.
 
 from __future__ import annotations
 
-import logging
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -24,6 +23,7 @@ from typing import Any
 from asgiref.sync import iscoroutinefunction, sync_to_async
 
 from django_quota import limiter, metrics, releasing
+from django_quota.core.log import logger
 from django_quota.core.outcome import (
     DENIED_DECISION,
     EXEMPT,
@@ -35,8 +35,6 @@ from django_quota.core.outcome import (
 from django_quota.core.policy import Policy
 from django_quota.prepared import Prepared
 from django_quota.subjects import PLAIN, Readable, Subject
-
-logger = logging.getLogger("django_quota")
 
 #: The one attribute django-quota sets on a request.
 LEDGER_ATTR = "_quota"

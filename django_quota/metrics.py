@@ -33,6 +33,7 @@ import time
 from collections.abc import Collection, Iterable, Iterator, Sequence
 from typing import Any, Protocol
 
+from django_quota.core.log import logger
 from django_quota.core.outcome import (
     ALLOWED,
     DENIED_DECISION,
@@ -42,8 +43,6 @@ from django_quota.core.outcome import (
     Outcome,
 )
 from django_quota.core.policy import Policy
-
-logger = logging.getLogger("django_quota")
 
 OK = "ok"
 #: The ``reason`` label of an allowed outcome whose group another policy refused.

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-import logging
 import threading
 import time
 from collections.abc import Callable, Hashable, Iterator, Mapping
@@ -23,10 +22,9 @@ from typing import Any
 
 from django_quota import conf
 from django_quota.core.errors import ConfigurationError, QuotaError
+from django_quota.core.log import logger
 from django_quota.core.policy import Form, Policy, Window, plans_revision, settings_revision
 from django_quota.messages import Checks
-
-logger = logging.getLogger("django_quota")
 
 #: True while the system checks read the registry (:func:`checking`).
 _checking: contextvars.ContextVar[bool] = contextvars.ContextVar(

@@ -8,7 +8,6 @@ exempt from (a policy's ``exempt`` networks, ``QUOTA["EXEMPT_WHEN"]``:
 from __future__ import annotations
 
 import ipaddress
-import logging
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, NamedTuple
@@ -18,10 +17,9 @@ from django.utils.module_loading import import_string
 
 from django_quota import conf
 from django_quota.core.identity import INVALID_VALUE, IdentityError, client_ip
+from django_quota.core.log import logger
 from django_quota.core.policy import Policy, Selector
 from django_quota.routes import Kept, route_value
-
-logger = logging.getLogger("django_quota")
 
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address
 

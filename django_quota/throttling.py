@@ -11,7 +11,6 @@ earlier layer already decided for the request.
 from __future__ import annotations
 
 import functools
-import logging
 import re
 import time
 from collections.abc import Callable, Sequence
@@ -53,7 +52,6 @@ _UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 # DRF reads the count with int() and only the first character of the period ("5/mon" is
 # 5 per minute); newer DRF lets a multiplier precede it, with a hyphen ("1/2-sec").
 _DRF_PERIOD_RE = re.compile(r"(?:(?P<multiplier>[0-9]+)-?)?(?P<unit>[smhd])")
-logger = logging.getLogger("django_quota")
 #: ``Policy.source`` of the drop-ins' generated policies.
 GENERATED_SOURCE = "drf"
 

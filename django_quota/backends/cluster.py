@@ -44,7 +44,6 @@ raises ``CLUSTERDOWN``.
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -86,6 +85,7 @@ from django_quota.core.calls import (
     PolicyResult,
 )
 from django_quota.core.errors import BackendError, Blame, Label
+from django_quota.core.log import logger
 from django_quota.core.model import group_allows
 from django_quota.core.outcome import (
     BACKEND_ERROR,
@@ -97,8 +97,6 @@ from django_quota.core.policy import CONCURRENCY, FIXED_WINDOW, SLIDING_LOG, TOK
 from django_quota.core.protocol import GroupReply, GroupRequest, ReleaseRequest, log_key
 from django_quota.core.refunds import REFUND_BEST_EFFORT, RefundRequest
 from django_quota.core.windows import calendar_place
-
-logger = logging.getLogger("django_quota")
 
 _TIMEOUTS = (redis_exceptions.TimeoutError, TimeoutError)
 

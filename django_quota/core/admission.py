@@ -6,16 +6,14 @@ Pure (stdlib only), clock-injected where it matters; the limiter owns one
 from __future__ import annotations
 
 import asyncio
-import logging
 import threading
 import time
 from collections import deque
 
 from django_quota.core.breaker import BreakerError, CircuitBreaker
 from django_quota.core.errors import BackendError, Blame
+from django_quota.core.log import logger
 from django_quota.core.outcome import BACKEND_TIMEOUT, BACKEND_UNAVAILABLE, INDETERMINATE
-
-logger = logging.getLogger("django_quota")
 
 #: Failures that count for the breaker: the node could not be reached or did not answer.
 BREAKER_REASONS = frozenset({BACKEND_TIMEOUT, BACKEND_UNAVAILABLE, INDETERMINATE})

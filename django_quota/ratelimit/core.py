@@ -14,7 +14,6 @@ outcome is recorded on ``request._quota``, so headers and metrics follow);
 from __future__ import annotations
 
 import functools
-import logging
 import math
 import re
 from dataclasses import dataclass
@@ -27,6 +26,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.utils.module_loading import import_string
 
 from django_quota import conf, limiter, policies
+from django_quota.core.log import logger
 from django_quota.core.outcome import (
     EXEMPT,
     FAILED_CLOSED,
@@ -49,7 +49,6 @@ from django_quota.subjects import PLAIN, GivenSubject, Readable, Subject
 
 __all__ = ["aget_usage", "ais_ratelimited", "get_usage", "is_ratelimited"]
 
-logger = logging.getLogger("django_quota")
 
 #: The dimension that frames a key's value (with the group and the methods).
 KEY_DIMENSION = "ratelimit_key"

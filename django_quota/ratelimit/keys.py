@@ -10,7 +10,6 @@ gives an invalid identity, logged, never a 500.
 from __future__ import annotations
 
 import ipaddress
-import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -20,8 +19,7 @@ from django.utils.module_loading import import_string
 
 from django_quota import conf, subjects
 from django_quota.core.identity import INVALID_VALUE, IdentityError, client_ip
-
-logger = logging.getLogger("django_quota")
+from django_quota.core.log import logger
 
 
 class _MissingAddress(ImproperlyConfigured):
