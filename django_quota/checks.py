@@ -18,7 +18,6 @@ from django_quota.messages import Checks, Message
 
 MIDDLEWARE_PATH = "django_quota.middleware.QuotaMiddleware"
 AUTHENTICATION_MIDDLEWARE_PATH = "django.contrib.auth.middleware.AuthenticationMiddleware"
-DJANGO_REDIS_BACKENDS = conf.DJANGO_REDIS_BACKENDS
 
 
 def _error(message: Message, **values: object) -> Error:
@@ -285,7 +284,7 @@ def _cache_alias_target(alias: str) -> list[CheckMessage]:
     if alias not in caches:
         return [_error(Checks.NO_SUCH_CACHE, alias=alias)]
     backend = caches[alias].get("BACKEND")
-    if backend not in DJANGO_REDIS_BACKENDS:
+    if backend not in conf.Choices.DJANGO_REDIS_BACKENDS:
         return [_error(Checks.CACHE_NOT_DJANGO_REDIS, alias=alias, backend=backend)]
     return []
 
