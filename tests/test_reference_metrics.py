@@ -129,7 +129,7 @@ def test_the_bucket_list_is_the_histogram_s() -> None:
     line = next(
         line for line in page(PAGE).splitlines() if line.startswith("Buckets (upper bounds")
     )
-    assert [float(bound) for bound in codes(line)] == list(metrics.LATENCY_BUCKETS)
+    assert [float(bound) for bound in codes(line)] == list(metrics.Families.LATENCY_BUCKETS)
 
 
 def test_an_open_breaker_moves_neither_health_nor_latency(quota: Any) -> None:
