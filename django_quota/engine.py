@@ -17,7 +17,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Generator, KeysView, Mapping, Sequence
-from typing import Any, cast
+from typing import Any, Final, cast
 
 from django.utils.module_loading import import_string
 
@@ -66,15 +66,21 @@ Subject = Mapping[str, object]
 #: ``auto`` and an explicit ``api_key`` read different sources).
 SubjectSource = Subject | Callable[[Policy], Subject]
 Clock = Callable[[], float]
-#: Consecutive failures that open a node's circuit breaker.
-BREAKER_THRESHOLD = 5
-#: Identities remembered per process (subject values -> pseudonym), per settings.
-IDENTITY_CACHE_SIZE = 4096
-#: Compiled policies remembered per process, per settings.
-COMPILED_CACHE_SIZE = 1024
-#: Counter keys remembered per process, per settings, over every policy
-#: (:meth:`Limiter.counter`): as many as identities.
-COUNTER_CACHE_SIZE = IDENTITY_CACHE_SIZE
+
+
+class Sizes:
+    """How much a limiter remembers per process, per settings, and its breakers' threshold."""
+
+    #: Consecutive failures that open a node's circuit breaker.
+    BREAKER_THRESHOLD: Final = 5
+    #: Identities remembered (subject values -> pseudonym).
+    IDENTITY_CACHE: Final = 4096
+    #: Compiled policies remembered.
+    COMPILED_CACHE: Final = 1024
+    #: Counter keys remembered over every policy (:meth:`Limiter.counter`): as many as
+    #: identities.
+    COUNTER_CACHE = IDENTITY_CACHE
+
 
 
 Steps = Generator[Any, Any, list[Outcome]]
@@ -131,7 +137,7 @@ class Limiter(Interpreter):
         #: Whether a policy with calendar windows was compiled: its calls need boundaries.
         self.calendar = False
         self.identities = IdentityCache(
-            IDENTITY_CACHE_SIZE,
+            Sizes.IDENTITY_CACHE,
             hmac_key=settings.hmac_key,
             hmac_key_version=settings.hmac_key_version,
             ipv6_prefix=settings.ipv6_prefix,
@@ -161,7 +167,7 @@ class Limiter(Interpreter):
                     guard = NodeGuard(
                         name,
                         max_inflight=self.settings.max_inflight,
-                        threshold=BREAKER_THRESHOLD,
+                        threshold=Sizes.BREAKER_THRESHOLD,
                         cool_down=self.settings.failure_retry_after,
                         recent_errors=self.recent_errors,
                     )
@@ -211,7 +217,7 @@ class Limiter(Interpreter):
         """``policy`` compiled for these settings (cached per policy object)."""
         found = self._compiled.get(id(policy))
         if found is None or found.policy is not policy:
-            if len(self._compiled) >= COMPILED_CACHE_SIZE:
+            if len(self._compiled) >= Sizes.COMPILED_CACHE:
                 self._compiled.clear()
             found = Compiled(policy, self.settings)
             self._compiled[id(policy)] = found
@@ -234,7 +240,7 @@ class Limiter(Interpreter):
     def counter(self, compiled: Compiled, subject: Subject) -> str:
         """The counter key of ``subject`` for ``compiled``'s policy (raises as
         :meth:`identity`), remembered per policy by the raw value of its one dimension
-        (:attr:`Compiled.counters`), at most :data:`COUNTER_CACHE_SIZE` in all."""
+        (:attr:`Compiled.counters`), at most :attr:`Sizes.COUNTER_CACHE` in all."""
         dimension = compiled.dimension
         value: object = None
         if dimension is not None and type(subject) is dict:
@@ -249,7 +255,7 @@ class Limiter(Interpreter):
         identity = self.identity(compiled.policy, subject)
         counter = compiled.counter(self.prefix, identity)
         if value is not None:
-            if self._counters_cached >= COUNTER_CACHE_SIZE:
+            if self._counters_cached >= Sizes.COUNTER_CACHE:
                 self._forget_counters()
             compiled.counters[value] = counter
             self._counters_cached += 1

@@ -84,9 +84,8 @@ def test_a_redis_at_maxclients_serving_the_pooled_connection_costs_no_failure(
             # A decision that needs a new connection: the pooled one is held here.
             held = pool.get_connection()
             try:
-                refused = [
-                    django_quota.evaluate("p", SUBJECT) for _ in range(3 * engine.BREAKER_THRESHOLD)
-                ]
+                calls = 3 * engine.Sizes.BREAKER_THRESHOLD
+                refused = [django_quota.evaluate("p", SUBJECT) for _ in range(calls)]
             finally:
                 pool.release(held)
             assert {(o.decision, o.reason) for o in refused} == {
@@ -94,7 +93,7 @@ def test_a_redis_at_maxclients_serving_the_pooled_connection_costs_no_failure(
             }
             assert limiter.get_breaker().state == CLOSED  # its connection answers
             assert labels()[-1] == ("backend_unavailable", Label.MAXCLIENTS)
-            assert len(labels()) == 3 * engine.BREAKER_THRESHOLD
+            assert len(labels()) == 3 * engine.Sizes.BREAKER_THRESHOLD
 
             after = django_quota.evaluate("p", SUBJECT)  # the pooled connection again
             assert (after.decision, after.remaining) == ("allowed", LIMIT - 52)
@@ -112,7 +111,7 @@ def test_maxclients_counts_when_no_connection_of_the_node_answered_lately(
         configure(quota, server.url)
         with at_maxclients(server), caplog.at_level(logging.WARNING, "django_quota"):
             # No connection of this process ever answered: backing off is right.
-            for _ in range(engine.BREAKER_THRESHOLD):
+            for _ in range(engine.Sizes.BREAKER_THRESHOLD):
                 outcome = django_quota.evaluate("p", SUBJECT)
                 assert (outcome.decision, outcome.reason) == (
                     "failed_closed",
@@ -138,7 +137,7 @@ def test_an_async_decision_refused_at_maxclients_keeps_its_label(
 
             async def decide() -> list[tuple[str, str | None]]:
                 decided = []
-                for _ in range(engine.BREAKER_THRESHOLD):
+                for _ in range(engine.Sizes.BREAKER_THRESHOLD):
                     outcome = await django_quota.aevaluate("p", SUBJECT)
                     decided.append((outcome.decision, outcome.reason))
                 return decided
@@ -146,7 +145,7 @@ def test_an_async_decision_refused_at_maxclients_keeps_its_label(
             decided = asyncio.run(decide())
             assert decided == [("failed_closed", "backend_unavailable")] * len(decided)
             full = ("backend_unavailable", Label.MAXCLIENTS)
-            assert labels() == [full] * engine.BREAKER_THRESHOLD
+            assert labels() == [full] * engine.Sizes.BREAKER_THRESHOLD
             assert limiter.get_breaker().state == OPEN  # no connection of it ever answered
 
 
@@ -156,7 +155,7 @@ def test_a_stopped_node_still_opens_its_breaker(quota: Any) -> None:
         configure(quota, server.url)
         assert django_quota.evaluate("p", SUBJECT).decision == "allowed"  # it answered
         server.stop()
-        for _ in range(engine.BREAKER_THRESHOLD):
+        for _ in range(engine.Sizes.BREAKER_THRESHOLD):
             assert django_quota.evaluate("p", SUBJECT).reason == "backend_unavailable"
         assert limiter.get_breaker().state == OPEN
         assert {label for _, label in labels()} == {""}
@@ -203,7 +202,7 @@ def test_the_breaker_excuses_a_refused_connection_only_while_the_node_answers(
     guard = current.guard("node")
     clock = Clock()
     guard.breaker = CircuitBreaker(
-        engine.BREAKER_THRESHOLD, 1.0, clock=clock, recent_errors=current.recent_errors
+        engine.Sizes.BREAKER_THRESHOLD, 1.0, clock=clock, recent_errors=current.recent_errors
     )
     maxclients = BackendError(
         "backend_unavailable", "full", label=Label.MAXCLIENTS, blame=Blame.UNLESS_ANSWERING
@@ -213,17 +212,17 @@ def test_the_breaker_excuses_a_refused_connection_only_while_the_node_answers(
     )
     guard.account(None, clock.now)  # a call started now was answered
     clock.now += 0.9
-    for _ in range(3 * engine.BREAKER_THRESHOLD):
+    for _ in range(3 * engine.Sizes.BREAKER_THRESHOLD):
         guard.account(maxclients, clock.now)
         guard.account(clusterdown, clock.now)
     assert guard.breaker.state == CLOSED
     clock.now += 1.1  # the last answer is now older than the cool-down: they count
-    for _ in range(engine.BREAKER_THRESHOLD - 1):
+    for _ in range(engine.Sizes.BREAKER_THRESHOLD - 1):
         guard.account(maxclients, clock.now)
     assert guard.breaker.state == CLOSED
     guard.account(clusterdown, clock.now)  # an answer: the count starts over
     clock.now += 1.1
-    for _ in range(engine.BREAKER_THRESHOLD - 1):
+    for _ in range(engine.Sizes.BREAKER_THRESHOLD - 1):
         guard.account(maxclients, clock.now)
     assert guard.breaker.state == CLOSED
     guard.account(maxclients, clock.now)
