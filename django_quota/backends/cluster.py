@@ -95,7 +95,7 @@ from django_quota.core.outcome import (
 )
 from django_quota.core.policy import CONCURRENCY, FIXED_WINDOW, SLIDING_LOG, TOKEN_BUCKET, Window
 from django_quota.core.protocol import GroupReply, GroupRequest, ReleaseRequest, log_key
-from django_quota.core.refunds import REFUND_BEST_EFFORT, RefundRequest
+from django_quota.core.refunds import RefundMode, RefundRequest
 from django_quota.core.windows import calendar_place
 
 _TIMEOUTS = (redis_exceptions.TimeoutError, TimeoutError)
@@ -199,7 +199,7 @@ def refund_call(request: GroupRequest, results: Sequence[PolicyResult]) -> Call 
     lists follow the counters in KEYS, as for ``evaluate.lua``."""
     keys: list[str] = []
     logs: list[str] = []
-    args: list[int | bytes] = [0, request.fingerprint, REFUND_BEST_EFFORT, 0]
+    args: list[int | bytes] = [0, request.fingerprint, RefundMode.BEST_EFFORT, 0]
     for counter, call, result in zip(request.counters, request.calls, results, strict=True):
         if result.status != CHARGED or call.algorithm == CONCURRENCY:  # release_calls
             continue
