@@ -18,8 +18,8 @@ from django.core.exceptions import ImproperlyConfigured
 
 from django_quota.backends import url_problem
 from django_quota.core.errors import ConfigurationError
-from django_quota.core.identity import IPNetwork, derive_hmac_key
-from django_quota.core.policy import ALGORITHMS, Form, Policy, parse_policy
+from django_quota.core.identity import derive_hmac_key
+from django_quota.core.policy import ALGORITHMS, Form, IPNetwork, Policy, parse_policy
 from django_quota.core.zones import host_zone, parse_timezone
 from django_quota.fields import (
     Field,
