@@ -28,12 +28,7 @@ from django_quota.backends.scripting import adrive, drive
 from django_quota.core.admission import BREAKER_REASONS as BREAKER_REASONS
 from django_quota.core.admission import NodeGuard, Refused
 from django_quota.core.breaker import BreakerError
-from django_quota.core.calls import (
-    GROUP_CLOCK_UNSAFE,
-    GROUP_INDETERMINATE,
-    PACKABLE,
-    PolicyCall,
-)
+from django_quota.core.calls import GROUP_CLOCK_UNSAFE, GROUP_INDETERMINATE, Packing, PolicyCall
 from django_quota.core.denials import DenialCache
 from django_quota.core.errors import BackendError
 from django_quota.core.identity import Identity, IdentityCache, IdentityError
@@ -291,7 +286,7 @@ class Limiter(Interpreter):
             now_ms = round(float(seconds) * 1000)
         except Exception as exc:
             raise ClockUnusable(f"the clock raised {type(exc).__name__}: {exc}") from exc
-        if not 0 <= now_ms < PACKABLE:
+        if not 0 <= now_ms < Packing.BOUND:
             raise ClockUnusable(f"the clock gave {seconds!r} s, outside 0..2**48 ms")
         return now_ms
 

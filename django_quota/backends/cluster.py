@@ -74,13 +74,13 @@ from django_quota.backends.scripting import (
 )
 from django_quota.core.calls import (
     ALGORITHM_CODES,
-    CALENDAR_CODE,
     CHARGED,
     GROUP_CLOCK_UNSAFE,
     GROUP_INDETERMINATE,
     GROUP_REPLAYED,
     REFUSED,
     UNCHARGED,
+    Packing,
     PolicyCall,
     PolicyResult,
 )
@@ -207,7 +207,7 @@ def refund_call(request: GroupRequest, results: Sequence[PolicyResult]) -> Call 
         if call.algorithm == SLIDING_LOG:
             logs += [log_key(counter, index) for index in range(1, len(call.windows) + 1)]
         if call.bounds:  # a calendar call: each window's start and end at the charge
-            args += [CALENDAR_CODE, call.cost, result.now_ms, len(call.windows)]
+            args += [Packing.CALENDAR_CODE, call.cost, result.now_ms, len(call.windows)]
             for index, window in enumerate(call.windows):
                 start, end = calendar_place(call.bounds, index, result.now_ms, window.period_ms)
                 args += [window.period_ms, start, end]

@@ -32,7 +32,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Final, NamedTuple
 
-from django_quota.core.calls import ALGORITHM_CODES, CALENDAR_CODE, check_packable
+from django_quota.core.calls import ALGORITHM_CODES, Packing, check_packable
 from django_quota.core.evaluation_ids import STAMP_MODULUS, entries
 from django_quota.core.policy import FIXED_WINDOW, SLIDING_LOG, SLIDING_WINDOW, TOKEN_BUCKET
 from django_quota.core.protocol import log_key
@@ -231,7 +231,7 @@ class RefundRequest(NamedTuple):
             len(self.calls), self.fingerprint, RefundMode.AT_MOST_ONCE, now
         ]
         for call in self.calls:
-            code = CALENDAR_CODE if call.places else ALGORITHM_CODES[call.algorithm]
+            code = Packing.CALENDAR_CODE if call.places else ALGORITHM_CODES[call.algorithm]
             args += [code, call.cost, since, len(call.periods)]
             for index, period in enumerate(call.periods):
                 if call.places:
