@@ -122,7 +122,7 @@ class _Counts:
         self.outcomes: dict[_SeriesKey, list[float]] = {}
         #: (backend_mode, reason) -> count
         self.health: dict[tuple[str, str], list[float]] = {}
-        #: backend_mode -> [count per bucket of LATENCY_BUCKETS, count above the last,
+        #: backend_mode -> [count per bucket of Families.LATENCY_BUCKETS, count above the last,
         #: sum (s), created]
         self.latency: dict[str, list[float]] = {}
         # Multiprocess mode only: prometheus_client's metrics, and their children by

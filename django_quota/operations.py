@@ -121,7 +121,7 @@ def algorithms_in_use() -> list[str]:
 def probe(algorithm: str = FIXED_WINDOW) -> Probe:
     """The probe of ``algorithm``: a peek and charges of :func:`probe_policy`, built as
     every evaluation is (this process's clock, prefix and lifetimes). The sliding log's
-    come at the times of :data:`LOG_CHARGES` after now, on this host's clock, so that
+    come at the times of ``Probing.LOG_CHARGES`` after now, on this host's clock, so that
     its list is trimmed as traffic trims it."""
     limiter = get_limiter()
     policy = probe_policy(algorithm)
