@@ -1,8 +1,8 @@
-"""Async commands pipelined on a few connections per event loop and node
+"""Async commands pipelined on one connection per event loop and node
 (``docs/failures.md``, "Async connections").
 
-A :class:`Pipeline` belongs to one event loop and one node. It keeps at most
-``Pacing.CONNECTIONS`` connections that take new commands (:class:`Pipe`), made and
+A :class:`Pipeline` belongs to one event loop and one node. It keeps
+``Pacing.CONNECTIONS`` connection that takes new commands (:class:`Pipe`), made and
 connected by redis-py (``pool.make_connection()``, then ``connect()``: the handshake, TLS,
 ``AUTH``, ``SELECT`` and a Sentinel's primary discovery stay redis-py's), and writes the
 commands of concurrent callers onto them as they come: a command sent to a connection with
@@ -61,10 +61,15 @@ class Pacing:
     """How many connections a pipeline keeps per event loop and node, and how many turns
     of the loop it gives a reply or a connection."""
 
-    #: Connections that take new commands.
-    CONNECTIONS: Final = 4
+    #: Connections that take new commands. Redis runs one command at a time, so a loop's
+    #: commands gain nothing from being spread over connections, and each connection
+    #: costs the server a read and a write a turn: with 4, 64 tasks of one loop cost the
+    #: server 0.12 reads (and writes) per decision, with 1, 0.03, and its CPU per decision
+    #: fell from about 8.2 to 6.9 µs (docs/benchmarks.md, "The engine"). Another
+    #: connection is opened only when this one has a command past ``TIMEOUT``.
+    CONNECTIONS: Final = 1
     #: Connections at most, those waiting for a late reply included.
-    MAX_CONNECTIONS: Final = 2 * CONNECTIONS
+    MAX_CONNECTIONS: Final = 8
     #: A new connection is opened (up to ``CONNECTIONS``) when every usable one has at
     #: least this many commands unanswered.
     SPREAD: Final = 1
@@ -74,7 +79,6 @@ class Pacing:
     #: command is written on an idle connection: enough for the loop to read an end of
     #: file the kernel holds and for the connection's reader to fail on it.
     SETTLE_TURNS: Final = 3
-
 
 #: Replies that are whole (the connection stays in step): an error reply, ``LOADING``.
 _WHOLE_ERRORS = (redis_exceptions.ResponseError, redis_exceptions.BusyLoadingError)
