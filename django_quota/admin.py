@@ -25,7 +25,7 @@ from django_quota import conf, limiter, metrics, operations, policies, reference
 from django_quota.backends import connection_url
 from django_quota.core.breaker import CLOSED, HALF_OPEN, OPEN
 from django_quota.core.errors import BackendError, ConfigurationError
-from django_quota.core.policy import ALGORITHMS, DIMENSIONS, Window, parse_policy, written_rate
+from django_quota.core.policy import ALGORITHMS, Selector, Window, parse_policy, written_rate
 from django_quota.models import (
     QuotaPlanLimit,
     QuotaPolicy,
@@ -361,7 +361,7 @@ class QuotaPolicyAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
             "queryset": queryset,
             "action_checkbox_name": ACTION_CHECKBOX_NAME,
             "opts": self.model._meta,
-            "dimensions": DIMENSIONS,
+            "dimensions": Selector.DIMENSIONS,
         }
         return TemplateResponse(request, "django_quota/admin/reset_counters.html", context)
 

@@ -21,9 +21,7 @@ from __future__ import annotations
 
 import contextvars
 import inspect
-import logging
 import unicodedata
-import weakref
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -36,27 +34,21 @@ from django.views.decorators.debug import sensitive_variables
 
 from django_quota import conf, limiter, policies
 from django_quota.core.identity import IdentityError
+from django_quota.core.log import logger
 from django_quota.core.outcome import ALLOWED, DENIED_DECISION, FAILED_CLOSED, Outcome
 from django_quota.core.policy import Policy
-from django_quota.ledger import django_request
+from django_quota.ledger import django_request, ledger_if_any, ledger_of
 from django_quota.subjects import ip_value
-
-logger = logging.getLogger("django_quota")
 
 BACKEND_PATH = "django_quota.auth.QuotaLoginBackend"
 #: The dimensions a login policy's selector may use (docs/login.md).
 LOGIN_DIMENSIONS = frozenset({"user", "ip"})
 
-#: The refusal of a request's login attempt, by Django's ``HttpRequest``.
-_refusals: weakref.WeakKeyDictionary[Any, Outcome] = weakref.WeakKeyDictionary()
-#: The refusal of an attempt made without a request (``authenticate(request=None)``).
-_refused_here: contextvars.ContextVar[Outcome | None] = contextvars.ContextVar(
-    "django_quota_login_refused", default=None
-)
-#: The requests whose failed attempt the backend charged already (the signal must not).
-_charged: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
-_charged_here: contextvars.ContextVar[bool] = contextvars.ContextVar(
-    "django_quota_login_charged", default=False
+#: An attempt made without a request (``authenticate(request=None)``): its refusal, and
+#: whether the backend charged it already, as a request's ledger holds them for its own
+#: (``RequestLedger.login_refusal``, ``RequestLedger.login_charged``).
+_unrequested: contextvars.ContextVar[tuple[Outcome | None, bool]] = contextvars.ContextVar(
+    "django_quota_login_attempt", default=(None, False)
 )
 
 
@@ -121,9 +113,8 @@ def _subjects(
 
 def refusal(request: Any) -> Outcome | None:
     """The outcome that refused ``request``'s login attempt, if the backend refused one."""
-    if request is None or not _refusals:
-        return None
-    return _refusals.get(django_request(request))
+    found = None if request is None else ledger_if_any(request)
+    return None if found is None else found.login_refusal
 
 
 class QuotaLoginBackend(BaseBackend):
@@ -151,18 +142,18 @@ class QuotaLoginBackend(BaseBackend):
         refusing = _refusing(found)
         if refusing is not None:
             if request is not None:
-                _refusals[django_request(request)] = refusing
+                ledger_of(request).login_refusal = refusing
             else:
-                _refused_here.set(refusing)
+                _unrequested.set((refusing, _unrequested.get()[1]))
             raise PermissionDenied("too many failed login attempts")
         user = _authenticate_after(request, credentials)
         if user is not None:
             _refund(group, subjects, found)
             return user
         if request is not None:
-            _charged[django_request(request)] = True
+            ledger_of(request).login_charged = True
         else:
-            _charged_here.set(True)
+            _unrequested.set((_unrequested.get()[0], True))
         raise PermissionDenied("invalid credentials")
 
     def get_user(self, user_id: Any) -> Any:
@@ -238,16 +229,21 @@ def charge_failed_login(
 ) -> None:
     """Charge each login policy once for a failed attempt; nothing for an attempt
     :class:`QuotaLoginBackend` refused (no password was checked)."""
-    if request is not None and (
-        django_request(request) in _refusals or _charged.pop(django_request(request), False)
-    ):
-        return
-    if request is None and _refused_here.get() is not None:
-        _refused_here.set(None)
-        return
-    if request is None and _charged_here.get():
-        _charged_here.set(False)
-        return
+    if request is not None:
+        found = ledger_if_any(request)
+        if found is not None and found.login_refusal is not None:
+            return
+        if found is not None and found.login_charged:
+            found.login_charged = False
+            return
+    else:
+        refused, charged = _unrequested.get()
+        if refused is not None:
+            _unrequested.set((None, charged))
+            return
+        if charged:
+            _unrequested.set((None, False))
+            return
     group = login_policies()
     if not group:
         return

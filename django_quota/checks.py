@@ -13,12 +13,11 @@ from django.utils.module_loading import import_string
 
 from django_quota import conf
 from django_quota.conf import QuotaSettings, parse_settings
-from django_quota.core.policy import AUTO, Policy, generated_policy_id
+from django_quota.core.policy import Policy, Selector, generated_policy_id
 from django_quota.messages import Checks, Message
 
 MIDDLEWARE_PATH = "django_quota.middleware.QuotaMiddleware"
 AUTHENTICATION_MIDDLEWARE_PATH = "django.contrib.auth.middleware.AuthenticationMiddleware"
-DJANGO_REDIS_BACKENDS = conf.DJANGO_REDIS_BACKENDS
 
 
 def _error(message: Message, **values: object) -> Error:
@@ -121,7 +120,7 @@ def _index(middleware: list[str], base_path: str) -> int | None:
 
 
 def _user_effect(policy: Policy) -> str:
-    if AUTO in policy.selector:
+    if Selector.AUTO in policy.selector:
         return Checks.USER_COUNTED_PER_IP
     if policy.on_missing == "skip":
         return Checks.USER_NEVER_LIMITED
@@ -148,7 +147,7 @@ def _middleware_order(parsed: QuotaSettings, effective: Iterable[Policy]) -> lis
         named = Checks.NAMED_POLICY.format(
             policy=_policy_key(policy), selector=", ".join(policy.selector)
         )
-        if {"user", AUTO} & set(policy.selector):
+        if {"user", Selector.AUTO} & set(policy.selector):
             found.append(
                 _error(
                     Checks.MIDDLEWARE_BEFORE_AUTHENTICATION,
@@ -285,7 +284,7 @@ def _cache_alias_target(alias: str) -> list[CheckMessage]:
     if alias not in caches:
         return [_error(Checks.NO_SUCH_CACHE, alias=alias)]
     backend = caches[alias].get("BACKEND")
-    if backend not in DJANGO_REDIS_BACKENDS:
+    if backend not in conf.Choices.DJANGO_REDIS_BACKENDS:
         return [_error(Checks.CACHE_NOT_DJANGO_REDIS, alias=alias, backend=backend)]
     return []
 
@@ -363,7 +362,7 @@ def check_drf_rates(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage
         return []
     from django.core.exceptions import ImproperlyConfigured
 
-    from django_quota.core.rates import GRAMMAR
+    from django_quota.core.rates import Grammar
 
     rates = api_settings.DEFAULT_THROTTLE_RATES
     if not isinstance(rates, Mapping):
@@ -376,6 +375,6 @@ def check_drf_rates(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage
             parse_drf_rate(rate)
         except ImproperlyConfigured as exc:
             reported.append(
-                _error(Checks.DRF_RATE_UNUSABLE, scope=scope, error=exc, grammar=GRAMMAR)
+                _error(Checks.DRF_RATE_UNUSABLE, scope=scope, error=exc, grammar=Grammar.SPELLED)
             )
     return reported

@@ -10,7 +10,7 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any
+from typing import Any, Final
 
 from django.apps import apps
 from django.conf import settings as django_settings
@@ -18,8 +18,8 @@ from django.core.exceptions import ImproperlyConfigured
 
 from django_quota.backends import url_problem
 from django_quota.core.errors import ConfigurationError
-from django_quota.core.identity import IPNetwork, derive_hmac_key
-from django_quota.core.policy import ALGORITHMS, FAILURE_MODES, Policy, parse_policy
+from django_quota.core.identity import derive_hmac_key
+from django_quota.core.policy import ALGORITHMS, Form, IPNetwork, Policy, parse_policy
 from django_quota.core.zones import host_zone, parse_timezone
 from django_quota.fields import (
     Field,
@@ -40,23 +40,34 @@ from django_quota.fields import (
 )
 from django_quota.messages import Codes, Problems
 
-HEADER_STYLES = ("ietf", "legacy", "both", "none")
-BACKENDS = ("redis", "memory")
-POLICY_SOURCE_NAMES = ("settings", "database")
-CLOCKS = ("redis", "client")
-#: The shortest ``DENIAL_CACHE["MAX_TTL"]``, one millisecond (the backend's resolution).
-MIN_DENIAL_CACHE_TTL = 0.001
-#: The largest FAILURE_RETRY_AFTER, one day: it is both the 503's Retry-After and the
-#: breaker's cool-down, during which no call reaches Redis, so a larger value is far more
-#: likely a mistake (milliseconds, say) than a wish.
-MAX_FAILURE_RETRY_AFTER = 86400
+
+class Choices:
+    """The values a key of ``QUOTA`` takes from a list (``docs/settings.md``)."""
+
+    HEADER_STYLES: Final = ("ietf", "legacy", "both", "none")
+    BACKENDS: Final = ("redis", "memory")
+    POLICY_SOURCES: Final = ("settings", "database")
+    CLOCKS: Final = ("redis", "client")
+    #: The cache backends ``CACHE_ALIAS`` accepts (check E006), hence those whose Redis a
+    #: project without ``QUOTA`` keeps its django-ratelimit counters in.
+    DJANGO_REDIS_BACKENDS: Final = ("django_redis.cache.RedisCache",)
+
+
+class Bounds:
+    """The bounds of numeric keys that no parser's own range states."""
+
+    #: The shortest ``DENIAL_CACHE["MAX_TTL"]``, one millisecond (the backend's resolution).
+    MIN_DENIAL_CACHE_TTL: Final = 0.001
+    #: The largest FAILURE_RETRY_AFTER, one day: it is both the 503's Retry-After and the
+    #: breaker's cool-down, during which no call reaches Redis, so a larger value is far
+    #: more likely a mistake (milliseconds, say) than a wish.
+    MAX_FAILURE_RETRY_AFTER: Final = 86400
+
+
 #: Settings whose change drops every cached configuration, connection and counter.
 WATCHED_SETTINGS = frozenset(
     {"QUOTA", "SECRET_KEY", "REST_FRAMEWORK", "CACHES", "DEBUG", "RATELIMIT_USE_CACHE"}
 )
-#: The cache backends ``CACHE_ALIAS`` accepts (check E006), hence those whose Redis a
-#: project without ``QUOTA`` keeps its django-ratelimit counters in.
-DJANGO_REDIS_BACKENDS = ("django_redis.cache.RedisCache",)
 _UNSET = object()
 
 
@@ -202,8 +213,8 @@ def _key_prefix(value: Any, reader: Reader) -> str:
 
 
 def _clock(value: Any, reader: Reader) -> str:
-    """One of :data:`CLOCKS`, or the dotted path of a callable; None is the default."""
-    if value in CLOCKS:
+    """One of :attr:`Choices.CLOCKS`, or the dotted path of a callable; None is the default."""
+    if value in Choices.CLOCKS:
         return str(value)
     return dotted_path(value, reader) or str(reader.default)
 
@@ -240,7 +251,7 @@ def _denial_cache(value: Any, reader: Reader) -> DenialCacheSettings:
         reader.report(Problems.EXPECTED_POSITIVE_INTEGER, f"{reader.key}['MAX_ENTRIES']")
         entries = default["MAX_ENTRIES"]
     try:
-        max_ttl = number(MIN_DENIAL_CACHE_TTL)(max_ttl, reader)
+        max_ttl = number(Bounds.MIN_DENIAL_CACHE_TTL)(max_ttl, reader)
     except Invalid as invalid:
         reader.report(invalid.message, f"{reader.key}['MAX_TTL']", **invalid.values)
         max_ttl = float(default["MAX_TTL"])
@@ -313,7 +324,7 @@ FIELDS = (
     Field("CLUSTER", False, boolean),
     Field("SENTINEL", None, optional(_sentinel)),
     # None: "redis" when a server is configured, else "memory" (see _backend)
-    Field("BACKEND", None, optional(choice(BACKENDS), Problems.NOT_A_CHOICE_OR_NONE)),
+    Field("BACKEND", None, optional(choice(Choices.BACKENDS), Problems.NOT_A_CHOICE_OR_NONE)),
     Field("KEY_PREFIX", "quota", _key_prefix),
     Field("CLOCK", "redis", _clock),
     Field("MAX_CLOCK_REGRESSION", 1.0, number(0, allow_zero=True)),
@@ -321,8 +332,8 @@ FIELDS = (
     Field("DEADLINE", 0.25, number(0.001)),
     Field("MAX_INFLIGHT", 64, integer(1)),
     Field("REDIS_PUBLIC_PATH", False, boolean),
-    Field("FAILURE_MODE", "closed", choice(FAILURE_MODES)),
-    Field("FAILURE_RETRY_AFTER", 1, integer(1, MAX_FAILURE_RETRY_AFTER)),
+    Field("FAILURE_MODE", "closed", choice(Form.FAILURE_MODES)),
+    Field("FAILURE_RETRY_AFTER", 1, integer(1, Bounds.MAX_FAILURE_RETRY_AFTER)),
     Field("LOCAL_FALLBACK", {"ENABLED": False, "MAX_ENTRIES": 10000}, _local_fallback),
     Field("DENIAL_CACHE", {"ENABLED": True, "MAX_ENTRIES": 4096, "MAX_TTL": 5.0}, _denial_cache),
     Field("MEMORY_MAX_ENTRIES", 4096, integer(1)),
@@ -337,12 +348,12 @@ FIELDS = (
     Field("API_KEY_RESOLVER", None, dotted_path),
     Field("TENANT_RESOLVER", None, dotted_path),
     Field("PLAN_RESOLVER", None, dotted_path),
-    Field("HEADERS", "ietf", choice(HEADER_STYLES)),
+    Field("HEADERS", "ietf", choice(Choices.HEADER_STYLES)),
     Field("DENIED_VIEW", None, dotted_path),
     Field("EXEMPT_PATHS", [], string_list(_path)),
     Field("TIMEZONE", "UTC", _timezone),
     Field("POLICIES", {}, _policies),
-    Field("POLICY_SOURCES", ["settings", "database"], string_list(one_of(POLICY_SOURCE_NAMES))),
+    Field("POLICY_SOURCES", ["settings", "database"], string_list(one_of(Choices.POLICY_SOURCES))),
     Field("POLICY_CACHE_TTL", 5.0, number(0, allow_zero=True)),
     # the drop-ins decide as DRF's history log does
     Field("DRF_ALGORITHM", "sliding_log", choice(ALGORITHMS)),
@@ -433,7 +444,7 @@ def quota_setting() -> object:
     alias = getattr(django_settings, "RATELIMIT_USE_CACHE", "default")
     caches = getattr(django_settings, "CACHES", None) or {}
     cache = caches.get(alias) if isinstance(alias, str) else None
-    if isinstance(cache, Mapping) and cache.get("BACKEND") in DJANGO_REDIS_BACKENDS:
+    if isinstance(cache, Mapping) and cache.get("BACKEND") in Choices.DJANGO_REDIS_BACKENDS:
         return {"CACHE_ALIAS": alias}
     return {}
 

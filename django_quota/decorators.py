@@ -16,7 +16,13 @@ from django.utils.module_loading import import_string
 from django_quota import conf, http, policies, releasing
 from django_quota.core.errors import ConfigurationError
 from django_quota.core.outcome import Outcome
-from django_quota.core.policy import AUTO, SLIDING_WINDOW, Policy, generated_policy_id, parse_policy
+from django_quota.core.policy import (
+    SLIDING_WINDOW,
+    Policy,
+    Selector,
+    generated_policy_id,
+    parse_policy,
+)
 from django_quota.ledger import Lease, adecide, decide, outcomes
 from django_quota.subjects import PLAIN
 
@@ -24,7 +30,7 @@ __all__ = ["quota"]
 
 #: ``Policy.source`` of the policies ``@quota(rate=...)`` generates.
 GENERATED_SOURCE = "decorator"
-_DEFAULT_SELECTOR: tuple[str, ...] = (AUTO,)
+_DEFAULT_SELECTOR: tuple[str, ...] = (Selector.AUTO,)
 _MIDDLEWARE = "django_quota.middleware.QuotaMiddleware"
 
 Cost = int | Callable[[Any], Any]

@@ -13,12 +13,11 @@ in-flight bound and circuit breaker (``docs/failures.md``).
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
 from collections import deque
 from collections.abc import Callable, Generator, KeysView, Mapping, Sequence
-from typing import Any, cast
+from typing import Any, Final, cast
 
 from django.utils.module_loading import import_string
 
@@ -29,12 +28,7 @@ from django_quota.backends.scripting import adrive, drive
 from django_quota.core.admission import BREAKER_REASONS as BREAKER_REASONS
 from django_quota.core.admission import NodeGuard, Refused
 from django_quota.core.breaker import BreakerError
-from django_quota.core.calls import (
-    GROUP_CLOCK_UNSAFE,
-    GROUP_INDETERMINATE,
-    PACKABLE,
-    PolicyCall,
-)
+from django_quota.core.calls import GROUP_CLOCK_UNSAFE, GROUP_INDETERMINATE, Packing, PolicyCall
 from django_quota.core.denials import DenialCache
 from django_quota.core.errors import BackendError
 from django_quota.core.identity import Identity, IdentityCache, IdentityError
@@ -62,22 +56,26 @@ from django_quota.prepared import (
     validate_cost,
 )
 
-logger = logging.getLogger("django_quota")
-
 Subject = Mapping[str, object]
 #: A subject, or a function giving each policy its subject (the HTTP layer's, so that
 #: ``auto`` and an explicit ``api_key`` read different sources).
 SubjectSource = Subject | Callable[[Policy], Subject]
 Clock = Callable[[], float]
-#: Consecutive failures that open a node's circuit breaker.
-BREAKER_THRESHOLD = 5
-#: Identities remembered per process (subject values -> pseudonym), per settings.
-IDENTITY_CACHE_SIZE = 4096
-#: Compiled policies remembered per process, per settings.
-COMPILED_CACHE_SIZE = 1024
-#: Counter keys remembered per process, per settings, over every policy
-#: (:meth:`Limiter.counter`): as many as identities.
-COUNTER_CACHE_SIZE = IDENTITY_CACHE_SIZE
+
+
+class Sizes:
+    """How much a limiter remembers per process, per settings, and its breakers' threshold."""
+
+    #: Consecutive failures that open a node's circuit breaker.
+    BREAKER_THRESHOLD: Final = 5
+    #: Identities remembered (subject values -> pseudonym).
+    IDENTITY_CACHE: Final = 4096
+    #: Compiled policies remembered.
+    COMPILED_CACHE: Final = 1024
+    #: Counter keys remembered over every policy (:meth:`Limiter.counter`): as many as
+    #: identities.
+    COUNTER_CACHE = IDENTITY_CACHE
+
 
 
 Steps = Generator[Any, Any, list[Outcome]]
@@ -134,7 +132,7 @@ class Limiter(Interpreter):
         #: Whether a policy with calendar windows was compiled: its calls need boundaries.
         self.calendar = False
         self.identities = IdentityCache(
-            IDENTITY_CACHE_SIZE,
+            Sizes.IDENTITY_CACHE,
             hmac_key=settings.hmac_key,
             hmac_key_version=settings.hmac_key_version,
             ipv6_prefix=settings.ipv6_prefix,
@@ -164,7 +162,7 @@ class Limiter(Interpreter):
                     guard = NodeGuard(
                         name,
                         max_inflight=self.settings.max_inflight,
-                        threshold=BREAKER_THRESHOLD,
+                        threshold=Sizes.BREAKER_THRESHOLD,
                         cool_down=self.settings.failure_retry_after,
                         recent_errors=self.recent_errors,
                     )
@@ -214,7 +212,7 @@ class Limiter(Interpreter):
         """``policy`` compiled for these settings (cached per policy object)."""
         found = self._compiled.get(id(policy))
         if found is None or found.policy is not policy:
-            if len(self._compiled) >= COMPILED_CACHE_SIZE:
+            if len(self._compiled) >= Sizes.COMPILED_CACHE:
                 self._compiled.clear()
             found = Compiled(policy, self.settings)
             self._compiled[id(policy)] = found
@@ -237,7 +235,7 @@ class Limiter(Interpreter):
     def counter(self, compiled: Compiled, subject: Subject) -> str:
         """The counter key of ``subject`` for ``compiled``'s policy (raises as
         :meth:`identity`), remembered per policy by the raw value of its one dimension
-        (:attr:`Compiled.counters`), at most :data:`COUNTER_CACHE_SIZE` in all."""
+        (:attr:`Compiled.counters`), at most :attr:`Sizes.COUNTER_CACHE` in all."""
         dimension = compiled.dimension
         value: object = None
         if dimension is not None and type(subject) is dict:
@@ -252,7 +250,7 @@ class Limiter(Interpreter):
         identity = self.identity(compiled.policy, subject)
         counter = compiled.counter(self.prefix, identity)
         if value is not None:
-            if self._counters_cached >= COUNTER_CACHE_SIZE:
+            if self._counters_cached >= Sizes.COUNTER_CACHE:
                 self._forget_counters()
             compiled.counters[value] = counter
             self._counters_cached += 1
@@ -288,7 +286,7 @@ class Limiter(Interpreter):
             now_ms = round(float(seconds) * 1000)
         except Exception as exc:
             raise ClockUnusable(f"the clock raised {type(exc).__name__}: {exc}") from exc
-        if not 0 <= now_ms < PACKABLE:
+        if not 0 <= now_ms < Packing.BOUND:
             raise ClockUnusable(f"the clock gave {seconds!r} s, outside 0..2**48 ms")
         return now_ms
 

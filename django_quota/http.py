@@ -5,7 +5,6 @@ throttles (``docs/http.md``)."""
 from __future__ import annotations
 
 import json
-import logging
 import math
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -15,18 +14,17 @@ from django.http import HttpResponse
 from django.utils.module_loading import import_string
 
 from django_quota import conf, policies
+from django_quota.core.log import logger
 from django_quota.core.outcome import DENIED_DECISION, FAILED_CLOSED, Outcome
-from django_quota.core.policy import CONCURRENCY, DEFAULT_WINDOW
+from django_quota.core.policy import CONCURRENCY, Form
 from django_quota.signals import quota_denied
-
-logger = logging.getLogger("django_quota")
 
 QUOTA_EXCEEDED_TYPE = "https://iana.org/assignments/http-problem-types#quota-exceeded"
 
 
 def item_name(policy: str, window: str, window_count: int) -> str:
     """The structured-field item name of a window: ``policy.window`` or ``policy``."""
-    if window_count == 1 and window == DEFAULT_WINDOW:
+    if window_count == 1 and window == Form.DEFAULT_WINDOW:
         return policy
     return f"{policy}.{window}"
 

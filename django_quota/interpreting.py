@@ -9,7 +9,6 @@ the denial cache (refusals Redis gave, answered again without a call). The
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Iterable
 from typing import cast
@@ -26,6 +25,7 @@ from django_quota.core.calls import (
 )
 from django_quota.core.denials import DenialCache, rememberable
 from django_quota.core.errors import BackendError
+from django_quota.core.log import logger
 from django_quota.core.outcome import (
     BACKEND_MODE_CACHE,
     BACKEND_MODE_FALLBACK,
@@ -42,8 +42,6 @@ from django_quota.core.outcome import (
 )
 from django_quota.core.protocol import GroupReply, GroupRequest
 from django_quota.prepared import Prepared
-
-logger = logging.getLogger("django_quota")
 
 FALLBACK_REASONS = frozenset({BACKEND_TIMEOUT, BACKEND_UNAVAILABLE})
 

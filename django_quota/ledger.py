@@ -15,7 +15,6 @@ over.
 
 from __future__ import annotations
 
-import logging
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -24,6 +23,7 @@ from typing import Any
 from asgiref.sync import iscoroutinefunction, sync_to_async
 
 from django_quota import limiter, metrics, releasing
+from django_quota.core.log import logger
 from django_quota.core.outcome import (
     DENIED_DECISION,
     EXEMPT,
@@ -35,8 +35,6 @@ from django_quota.core.outcome import (
 from django_quota.core.policy import Policy
 from django_quota.prepared import Prepared
 from django_quota.subjects import PLAIN, Readable, Subject
-
-logger = logging.getLogger("django_quota")
 
 #: The one attribute django-quota sets on a request.
 LEDGER_ATTR = "_quota"
@@ -102,10 +100,21 @@ class RequestLedger:
 
     ``outcomes`` in evaluation order, ``memo`` by policy id, the :class:`Lease` of each
     leased outcome, the resolved ``route`` (a ``ResolverMatch``, a marker for a path that
-    does not resolve, or None before the first look) and the current DRF ``dispatch``.
+    does not resolve, or None before the first look) and the current DRF ``dispatch``;
+    ``login_refusal``, the outcome that refused the request's login attempt
+    (:mod:`django_quota.auth`), and ``login_charged``, whether the login backend charged
+    its failed attempt already (the ``user_login_failed`` receiver must not).
     """
 
-    __slots__ = ("dispatch", "leases", "memo", "outcomes", "route")
+    __slots__ = (
+        "dispatch",
+        "leases",
+        "login_charged",
+        "login_refusal",
+        "memo",
+        "outcomes",
+        "route",
+    )
 
     def __init__(self) -> None:
         self.outcomes: list[Outcome] = []
@@ -113,6 +122,8 @@ class RequestLedger:
         self.leases: dict[str, Lease] = {}
         self.route: object = None
         self.dispatch: Dispatch | None = None
+        self.login_refusal: Outcome | None = None
+        self.login_charged = False
 
     def live(self) -> dict[str, Outcome]:
         """The memo without outcomes whose :class:`Lease` has ended."""
@@ -173,6 +184,13 @@ def ledger_of(request: Any) -> RequestLedger:
     if found is None:
         found = RequestLedger()
         setattr(request, LEDGER_ATTR, found)
+    return found
+
+
+def ledger_if_any(request: Any) -> RequestLedger | None:
+    """The ledger of ``request`` (or of the ``HttpRequest`` DRF's ``Request`` wraps), None
+    when no layer made one."""
+    found: RequestLedger | None = getattr(django_request(request), LEDGER_ATTR, None)
     return found
 
 

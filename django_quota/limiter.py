@@ -9,7 +9,6 @@ is the outcome of a policy named but not defined.
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
 from collections.abc import Sequence
@@ -18,6 +17,7 @@ from django_quota import conf, metrics, policies
 from django_quota.backends import Backend, backend_from_settings
 from django_quota.backends.memory import MemoryBackend
 from django_quota.core.breaker import BreakerError, CircuitBreaker
+from django_quota.core.log import logger
 from django_quota.core.outcome import FAILED_CLOSED, FAILED_OPEN, POLICY_UNKNOWN, Outcome
 from django_quota.core.policy import CONCURRENCY, Policy
 from django_quota.core.protocol import (
@@ -31,8 +31,6 @@ from django_quota.core.windows import calendar_place
 from django_quota.engine import Clock, Limiter, Subject, SubjectSource
 from django_quota.messages import Codes
 from django_quota.prepared import Compiled, validate_cost
-
-logger = logging.getLogger("django_quota")
 
 
 # -- the current limiter -------------------------------------------------------------------

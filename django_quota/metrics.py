@@ -31,8 +31,9 @@ import logging
 import threading
 import time
 from collections.abc import Collection, Iterable, Iterator, Sequence
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
+from django_quota.core.log import logger
 from django_quota.core.outcome import (
     ALLOWED,
     DENIED_DECISION,
@@ -43,12 +44,33 @@ from django_quota.core.outcome import (
 )
 from django_quota.core.policy import Policy
 
-logger = logging.getLogger("django_quota")
-
 OK = "ok"
 #: The ``reason`` label of an allowed outcome whose group another policy refused.
 GROUP_DENIED = "group_denied"
-LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
+
+
+class Families:
+    """The metric families: their names, help texts and labels (``docs/metrics.md``)."""
+
+    #: The counter families' names (prometheus_client's Counter adds ``_total``).
+    COUNTERS: Final = {"outcomes": "django_quota_outcomes", "health": "django_quota_backend_health"}
+    HELP: Final = {
+        "outcomes": "Rate-limit decisions by policy, decision, reason, selector and backend mode.",
+        "health": "Backend calls by backend mode and result (ok or a failure reason).",
+        "latency": "Time of one backend call (one EVALSHA on Redis), in seconds.",
+        "evicted": "Keys the Redis primary has evicted since it started (INFO stats), as last "
+        "read by this process: any increase may have reset limits.",
+    }
+    #: The eviction gauge's name (read when the metrics view is scraped).
+    EVICTED: Final = "django_quota_backend_evicted_keys"
+    LABELS: Final = {
+        "outcomes": ["policy", "decision", "reason", "selector_dimensions", "backend_mode"],
+        "health": ["backend_mode", "reason"],
+        "latency": ["backend_mode"],
+        "evicted": ["node"],
+    }
+    LATENCY_BUCKETS: Final = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
+
 
 prometheus_client: Any
 try:  # the optional extra
@@ -100,7 +122,7 @@ class _Counts:
         self.outcomes: dict[_SeriesKey, list[float]] = {}
         #: (backend_mode, reason) -> count
         self.health: dict[tuple[str, str], list[float]] = {}
-        #: backend_mode -> [count per bucket of LATENCY_BUCKETS, count above the last,
+        #: backend_mode -> [count per bucket of Families.LATENCY_BUCKETS, count above the last,
         #: sum (s), created]
         self.latency: dict[str, list[float]] = {}
         # Multiprocess mode only: prometheus_client's metrics, and their children by
@@ -146,11 +168,11 @@ class _Counts:
             if seconds is None:
                 return
             # The bucket prometheus_client's Histogram counts it in: the first bound >= seconds.
-            bucket = bisect.bisect_left(LATENCY_BUCKETS, seconds)
+            bucket = bisect.bisect_left(Families.LATENCY_BUCKETS, seconds)
             latency = self.latency.get(key[0])
             if latency is None:
                 latency = self.latency[key[0]] = (
-                    [0.0] * (len(LATENCY_BUCKETS) + 2) + [time.time()]
+                    [0.0] * (len(Families.LATENCY_BUCKETS) + 2) + [time.time()]
                 )
             latency[bucket] += 1
             latency[-2] += seconds
@@ -209,16 +231,18 @@ def _create(name: str) -> Any:
     if name == "evicted":
         # Every worker reads the same server: the largest reading is the latest.
         return prometheus_client.Gauge(
-            EVICTED, _HELP[name], _LABELS[name], multiprocess_mode="max"
+            Families.EVICTED, Families.HELP[name], Families.LABELS[name], multiprocess_mode="max"
         )
     if name == "latency":
         return prometheus_client.Histogram(
             "django_quota_backend_latency_seconds",
-            _HELP[name],
-            _LABELS[name],
-            buckets=LATENCY_BUCKETS,
+            Families.HELP[name],
+            Families.LABELS[name],
+            buckets=Families.LATENCY_BUCKETS,
         )
-    return prometheus_client.Counter(f"{_FAMILIES[name]}_total", _HELP[name], _LABELS[name])
+    return prometheus_client.Counter(
+        f"{Families.COUNTERS[name]}_total", Families.HELP[name], Families.LABELS[name]
+    )
 
 
 def record_outcomes(
@@ -353,17 +377,20 @@ class Collector:
         counters, latency = _counts.snapshot()
         with _counts.lock:
             evicted = sorted(_counts.evicted.items())
-        gauge = GaugeMetricFamily(EVICTED, _HELP["evicted"], labels=_LABELS["evicted"])
+        helps, labelled = Families.HELP, Families.LABELS
+        gauge = GaugeMetricFamily(Families.EVICTED, helps["evicted"], labels=labelled["evicted"])
         for node, value in evicted:
             gauge.add_metric([node], value)
         yield gauge
         for name, samples in counters:
-            family = CounterMetricFamily(_FAMILIES[name], _HELP[name], labels=_LABELS[name])
+            family = CounterMetricFamily(
+                Families.COUNTERS[name], helps[name], labels=labelled[name]
+            )
             for labels, count, since in samples:
                 family.add_metric(labels, count, created=since if created else None)
             yield family
         histogram = HistogramMetricFamily(
-            "django_quota_backend_latency_seconds", _HELP["latency"], labels=_LABELS["latency"]
+            "django_quota_backend_latency_seconds", helps["latency"], labels=labelled["latency"]
         )
         for mode, values in latency:
             total, buckets = 0.0, []
@@ -381,26 +408,8 @@ class Collector:
 
 def _bounds(to_text: Any) -> tuple[str, ...]:
     """The histogram's ``le`` label values, as prometheus_client writes them."""
-    return tuple(to_text(bound) for bound in (*LATENCY_BUCKETS, float("inf")))
+    return tuple(to_text(bound) for bound in (*Families.LATENCY_BUCKETS, float("inf")))
 
-
-#: The counter families' names (prometheus_client's Counter adds ``_total``).
-_FAMILIES = {"outcomes": "django_quota_outcomes", "health": "django_quota_backend_health"}
-_HELP = {
-    "outcomes": "Rate-limit decisions by policy, decision, reason, selector and backend mode.",
-    "health": "Backend calls by backend mode and result (ok or a failure reason).",
-    "latency": "Time of one backend call (one EVALSHA on Redis), in seconds.",
-    "evicted": "Keys the Redis primary has evicted since it started (INFO stats), as last "
-    "read by this process: any increase may have reset limits.",
-}
-#: The eviction gauge's name (read when the metrics view is scraped).
-EVICTED = "django_quota_backend_evicted_keys"
-_LABELS = {
-    "outcomes": ["policy", "decision", "reason", "selector_dimensions", "backend_mode"],
-    "health": ["backend_mode", "reason"],
-    "latency": ["backend_mode"],
-    "evicted": ["node"],
-}
 
 if prometheus_client is not None and not MULTIPROCESS:
     try:

@@ -29,12 +29,8 @@ from django.db.models import F, Max
 from django_quota.core.errors import ConfigurationError
 from django_quota.core.policy import (
     ALGORITHMS,
-    ENFORCEMENTS,
-    FAILURE_MODES,
-    ON_MISSING,
-    PLAN_NAME_RE,
-    POLICY_ID_RE,
-    WINDOW_NAME_RE,
+    Enforcement,
+    Form,
     Policy,
     canonical_definition,
     canonical_plans_definition,
@@ -124,7 +120,7 @@ class QuotaPolicy(models.Model):
     name = models.CharField(
         max_length=64,
         unique=True,
-        validators=[RegexValidator(POLICY_ID_RE.pattern)],
+        validators=[RegexValidator(Form.POLICY_ID_RE.pattern)],
         help_text="The policy id: [a-z0-9][a-z0-9_.:-]{0,63}.",
     )
     position = models.IntegerField(default=0, help_text="Database policies apply in this order.")
@@ -155,15 +151,17 @@ class QuotaPolicy(models.Model):
             "refunded. Empty: every request counts."
         ),
     )
-    enforcement = models.CharField(max_length=8, choices=_choices(ENFORCEMENTS), default="enforce")
+    enforcement = models.CharField(
+        max_length=8, choices=_choices(Enforcement.VALUES), default="enforce"
+    )
     failure_mode = models.CharField(
         max_length=8,
-        choices=_choices(FAILURE_MODES),
+        choices=_choices(Form.FAILURE_MODES),
         null=True,
         blank=True,
         help_text='Empty: QUOTA["FAILURE_MODE"].',
     )
-    on_missing = models.CharField(max_length=8, choices=_choices(ON_MISSING), default="deny")
+    on_missing = models.CharField(max_length=8, choices=_choices(Form.ON_MISSING), default="deny")
     max_cost = models.PositiveIntegerField(null=True, blank=True)
     enabled = models.BooleanField(default=True)
     revision = models.PositiveIntegerField(default=1, editable=False)
@@ -325,7 +323,7 @@ class QuotaWindow(models.Model):
     policy = models.ForeignKey(QuotaPolicy, related_name="windows", on_delete=models.CASCADE)
     name = models.CharField(
         max_length=32,
-        validators=[RegexValidator(WINDOW_NAME_RE.pattern)],
+        validators=[RegexValidator(Form.WINDOW_NAME_RE.pattern)],
         help_text="[a-z][a-z0-9_]{0,31}, e.g. burst, sustained.",
     )
     limit = models.PositiveIntegerField()
@@ -353,12 +351,12 @@ class QuotaPlanLimit(models.Model):
     policy = models.ForeignKey(QuotaPolicy, related_name="plan_limits", on_delete=models.CASCADE)
     plan = models.CharField(
         max_length=64,
-        validators=[RegexValidator(PLAN_NAME_RE.pattern)],
+        validators=[RegexValidator(Form.PLAN_NAME_RE.pattern)],
         help_text="What PLAN_RESOLVER returns: [A-Za-z0-9][A-Za-z0-9_.:-]{0,63}, e.g. pro.",
     )
     window = models.CharField(
         max_length=32,
-        validators=[RegexValidator(WINDOW_NAME_RE.pattern)],
+        validators=[RegexValidator(Form.WINDOW_NAME_RE.pattern)],
         help_text="The name of one of the policy's windows; the plan keeps its period.",
     )
     limit = models.PositiveIntegerField(

@@ -8,7 +8,7 @@ import dataclasses
 import re
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 from django.apps import apps as django_apps
 
@@ -17,10 +17,10 @@ from django_quota.core.errors import BackendError
 from django_quota.core.outcome import CLOCK_UNSAFE
 from django_quota.core.policy import (
     ALGORITHMS,
-    DEFAULT_WINDOW,
     FIXED_WINDOW,
     SLIDING_LOG,
     TOKEN_BUCKET,
+    Form,
     Policy,
     Window,
     settings_revision,
@@ -87,12 +87,15 @@ def inspect(policy_id: str, subject: Subject, *, plan: str | None = None) -> Ins
     return Inspection(policy, identity.label, tuple(windows))
 
 
-#: The probe policies' one window: 3 units a second, so that a probe never lingers.
-PROBE_WINDOW = Window(DEFAULT_WINDOW, 3, 1000, 3)
-#: The sliding log's charges, in ms after its peek: the third comes when the first has
-#: left the window and the second has not, so that the script trims the list (LTRIM).
-#: Each with the ``remaining`` it reports.
-LOG_CHARGES = ((0, 2), (600, 1), (1100, 1))
+class Probing:
+    """What ``quota check`` probes each algorithm with."""
+
+    #: The probe policies' one window: 3 units a second, so that a probe never lingers.
+    WINDOW: Final = Window(Form.DEFAULT_WINDOW, 3, 1000, 3)
+    #: The sliding log's charges, in ms after its peek: the third comes when the first has
+    #: left the window and the second has not, so that the script trims the list (LTRIM).
+    #: Each with the ``remaining`` it reports.
+    LOG_CHARGES: Final = ((0, 2), (600, 1), (1100, 1))
 
 
 def probe_policy(algorithm: str) -> Policy:
@@ -100,8 +103,8 @@ def probe_policy(algorithm: str) -> Policy:
     its key stays readable (``<KEY_PREFIX>:{quota-check}:…``)."""
     selector = ("route",)
     name = "quota-check" if algorithm == FIXED_WINDOW else f"quota-check.{algorithm}"
-    revision = settings_revision(algorithm, selector, (PROBE_WINDOW,))
-    return Policy(name, algorithm, (PROBE_WINDOW,), selector, revision=revision, source="check")
+    revision = settings_revision(algorithm, selector, (Probing.WINDOW,))
+    return Policy(name, algorithm, (Probing.WINDOW,), selector, revision=revision, source="check")
 
 
 def algorithms_in_use() -> list[str]:
@@ -118,7 +121,7 @@ def algorithms_in_use() -> list[str]:
 def probe(algorithm: str = FIXED_WINDOW) -> Probe:
     """The probe of ``algorithm``: a peek and charges of :func:`probe_policy`, built as
     every evaluation is (this process's clock, prefix and lifetimes). The sliding log's
-    come at the times of :data:`LOG_CHARGES` after now, on this host's clock, so that
+    come at the times of ``Probing.LOG_CHARGES`` after now, on this host's clock, so that
     its list is trimmed as traffic trims it."""
     limiter = get_limiter()
     policy = probe_policy(algorithm)
@@ -126,9 +129,9 @@ def probe(algorithm: str = FIXED_WINDOW) -> Probe:
     timed: list[tuple[float | None, int]]
     if algorithm == SLIDING_LOG:
         start = time.time()
-        timed = [(start + after / 1000, remaining) for after, remaining in LOG_CHARGES]
+        timed = [(start + after / 1000, remaining) for after, remaining in Probing.LOG_CHARGES]
     else:
-        timed = [(None, PROBE_WINDOW.limit - 1)]
+        timed = [(None, Probing.WINDOW.limit - 1)]
 
     def clock_at(moment: float | None) -> Any:
         return None if moment is None else (lambda: moment)
@@ -143,7 +146,7 @@ def probe(algorithm: str = FIXED_WINDOW) -> Probe:
         charges.append((charge.request, remaining))
     assert peek.request is not None
     counter = peek.request.counters[0]
-    return Probe(counter, PROBE_WINDOW.limit, algorithm, peek.request, tuple(charges))
+    return Probe(counter, Probing.WINDOW.limit, algorithm, peek.request, tuple(charges))
 
 
 def diagnose() -> list[tuple[str, str, str]]:
@@ -207,14 +210,18 @@ def eviction() -> list[Eviction]:
 
 
 # -- the ACL the scripts need --------------------------------------------------------------
-#: What the client itself sends for an evaluation: the scripts by SHA1, and their load
-#: after a ``NOSCRIPT``.
-EVALUATION_COMMANDS = ("evalsha", "script|load")
-#: What ``quota inspect``, ``quota check``, the eviction check, the status page and the
-#: metrics view send besides (``CONFIG GET``, for the
-#: ``maxmemory-policy`` row, is left out: it would show the server's whole configuration).
-OPERATOR_COMMANDS = ("pttl", "ping", "info")
-_SCRIPT_CALL_RE = re.compile(r"redis\.p?call\(\s*'([A-Za-z]+)'")
+class Acl:
+    """The commands a Redis user needs (:func:`acl_setuser`)."""
+
+    #: What the client itself sends for an evaluation: the scripts by SHA1, and their
+    #: load after a ``NOSCRIPT``.
+    EVALUATION_COMMANDS: Final = ("evalsha", "script|load")
+    #: What ``quota inspect``, ``quota check``, the eviction check, the status page and
+    #: the metrics view send besides (``CONFIG GET``, for the ``maxmemory-policy`` row, is
+    #: left out: it would show the server's whole configuration).
+    OPERATOR_COMMANDS: Final = ("pttl", "ping", "info")
+    #: A script's ``redis.call``/``redis.pcall`` and the command it names.
+    SCRIPT_CALL_RE: Final = re.compile(r"redis\.p?call\(\s*'([A-Za-z]+)'")
 
 
 def script_commands() -> list[str]:
@@ -222,7 +229,7 @@ def script_commands() -> list[str]:
     sorted: read from the scripts themselves."""
     found: set[str] = set()
     for source in all_scripts():
-        found |= {name.lower() for name in _SCRIPT_CALL_RE.findall(source.source)}
+        found |= {name.lower() for name in Acl.SCRIPT_CALL_RE.findall(source.source)}
     return sorted(found)
 
 
@@ -230,6 +237,6 @@ def acl_setuser(user: str, password: str, key_prefix: str) -> str:
     """The ``ACL SETUSER`` line of a user that can run every evaluation, reset,
     ``quota inspect`` and ``quota check`` on keys under ``key_prefix`` and nothing else
     (``docs/operations.md``)."""
-    commands = [*EVALUATION_COMMANDS, *script_commands(), *OPERATOR_COMMANDS]
+    commands = [*Acl.EVALUATION_COMMANDS, *script_commands(), *Acl.OPERATOR_COMMANDS]
     rules = ["on", f">{password}", f"~{key_prefix}:*", *(f"+{name}" for name in commands)]
     return f"ACL SETUSER {user} {' '.join(rules)}"

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-import logging
 import threading
 import time
 from collections.abc import Callable, Hashable, Iterator, Mapping
@@ -23,16 +22,9 @@ from typing import Any
 
 from django_quota import conf
 from django_quota.core.errors import ConfigurationError, QuotaError
-from django_quota.core.policy import (
-    DEFAULT_WINDOW,
-    Policy,
-    Window,
-    plans_revision,
-    settings_revision,
-)
+from django_quota.core.log import logger
+from django_quota.core.policy import Form, Policy, Window, plans_revision, settings_revision
 from django_quota.messages import Checks
-
-logger = logging.getLogger("django_quota")
 
 #: True while the system checks read the registry (:func:`checking`).
 _checking: contextvars.ContextVar[bool] = contextvars.ContextVar(
@@ -361,7 +353,7 @@ def one_window(
     library's rate (django-ratelimit's, DRF's): what ``build`` of :func:`generated`
     makes. ``per_request``: the limit is a plan's, left out of the revision
     (``docs/plans.md``)."""
-    windows = (Window(DEFAULT_WINDOW, limit, seconds * 1000, limit),)
+    windows = (Window(Form.DEFAULT_WINDOW, limit, seconds * 1000, limit),)
     revision = (plans_revision if per_request else settings_revision)(algorithm, selector, windows)
     return Policy(
         policy_id, algorithm, windows, selector,

@@ -21,7 +21,7 @@ from django_quota.core.outcome import (
     Outcome,
     bare_outcome,
 )
-from django_quota.core.policy import AUTO, CONCURRENCY, TOKEN_BUCKET, Policy
+from django_quota.core.policy import CONCURRENCY, TOKEN_BUCKET, Policy, Selector
 from django_quota.core.protocol import GroupRequest, counter_key, counter_tail
 
 #: Standard base64's two last symbols to base64url's (RFC 4648, section 5).
@@ -91,7 +91,7 @@ class Compiled:
         #: dimension's value alone (not ``auto``, which reads several), else None.
         self.dimension = (
             policy.selector[0]
-            if len(policy.selector) == 1 and policy.selector[0] != AUTO
+            if len(policy.selector) == 1 and policy.selector[0] != Selector.AUTO
             else None
         )
         #: Counter keys already derived, by the raw value of :attr:`dimension` (a ``str``

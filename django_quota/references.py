@@ -10,13 +10,17 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 from django_quota.core.policy import generated_policy_id
 
-DECORATOR = "decorator"
-THROTTLE_LIST = "quota_policies"
-THROTTLE_SCOPE = "throttle_scope"
+
+class Kind:
+    """How a place names a policy (:attr:`Reference.kind`)."""
+
+    DECORATOR: Final = "decorator"
+    THROTTLE_LIST: Final = "quota_policies"
+    THROTTLE_SCOPE: Final = "throttle_scope"
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,9 +36,9 @@ class Reference:
     def describe(self) -> str:
         """``"api/items/ (app.views.items): @quota('api')"`` and the like."""
         how = {
-            DECORATOR: f"@quota({self.policy!r})",
-            THROTTLE_LIST: "QuotaThrottle, quota_policies",
-            THROTTLE_SCOPE: "QuotaThrottle, throttle_scope",
+            Kind.DECORATOR: f"@quota({self.policy!r})",
+            Kind.THROTTLE_LIST: "QuotaThrottle, quota_policies",
+            Kind.THROTTLE_SCOPE: "QuotaThrottle, throttle_scope",
         }[self.kind]
         return f"{self.route} ({self.view}): {how}"
 
@@ -112,9 +116,9 @@ def _throttle_references(route: str, callback: Any) -> list[Reference]:
             continue
         if issubclass(throttle, SimpleRateThrottle):
             continue
-        kind = THROTTLE_LIST
+        kind = Kind.THROTTLE_LIST
         if getattr(drf_view, "quota_policies", None) is None and throttle.quota_policies is None:
-            kind = THROTTLE_SCOPE
+            kind = Kind.THROTTLE_SCOPE
         for name in named_policy_ids(drf_view, throttle.quota_policies):
             found.append(Reference(route, _dotted(drf_view), kind, name))
     return found
@@ -126,7 +130,7 @@ def policy_references() -> list[Reference]:
     for route, callback in url_patterns():
         decorated = _decorated(callback)
         if decorated is not None and decorated[1] is not None:
-            found.append(Reference(route, _dotted(decorated[0]), DECORATOR, decorated[1]))
+            found.append(Reference(route, _dotted(decorated[0]), Kind.DECORATOR, decorated[1]))
         found.extend(_throttle_references(route, callback))
     return _unique(found)
 

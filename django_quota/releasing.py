@@ -16,19 +16,16 @@ fails is logged, never raised: the lease then frees itself after its period.
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from django_quota import limiter
+from django_quota.core.log import logger
 from django_quota.core.outcome import ALLOWED, BACKEND_MODE_CACHE, Outcome
 from django_quota.core.policy import CONCURRENCY, Policy
 from django_quota.core.refunds import RefundRequest
 from django_quota.prepared import Compiled, Prepared
-
-logger = logging.getLogger("django_quota")
-
 
 #: The status a view that raised counts as (``count_when``).
 RAISED = 500

@@ -8,7 +8,6 @@ exempt from (a policy's ``exempt`` networks, ``QUOTA["EXEMPT_WHEN"]``:
 from __future__ import annotations
 
 import ipaddress
-import logging
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, NamedTuple
@@ -18,10 +17,9 @@ from django.utils.module_loading import import_string
 
 from django_quota import conf
 from django_quota.core.identity import INVALID_VALUE, IdentityError, client_ip
-from django_quota.core.policy import AUTO, Policy
+from django_quota.core.log import logger
+from django_quota.core.policy import Policy, Selector
 from django_quota.routes import Kept, route_value
-
-logger = logging.getLogger("django_quota")
 
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address
 
@@ -282,10 +280,10 @@ class RequestSubject:
         ``SynchronousOnlyOperation``, inside an event loop."""
         group = tuple(group)
         selectors = {dimension for policy in group for dimension in policy.selector}
-        user = self._value("user") if selectors & {"user", AUTO} else None
+        user = self._value("user") if selectors & {"user", Selector.AUTO} else None
         resolver = self.settings.api_key_resolver is not None
-        if (AUTO in selectors and user is None) or ("api_key" in selectors and resolver):
-            self._value("verified_api_key", _selecting(group, AUTO, "api_key"))
+        if (Selector.AUTO in selectors and user is None) or ("api_key" in selectors and resolver):
+            self._value("verified_api_key", _selecting(group, Selector.AUTO, "api_key"))
         if "tenant" in selectors:
             self._value("tenant", _selecting(group, "tenant"))
         if self.settings.plan_resolver is not None and any(policy.plans for policy in group):
@@ -302,7 +300,7 @@ class RequestSubject:
         """The subject dict the core needs for ``policy``'s selector."""
         subject: dict[str, object] = {}
         for dimension in policy.selector:
-            if dimension == AUTO:
+            if dimension == Selector.AUTO:
                 user = self._value("user")
                 if user is not None:
                     subject["user"] = user
@@ -383,7 +381,7 @@ class Reading(NamedTuple):
             return True
         for policy in group:
             selector = policy.selector
-            if AUTO in selector or "user" in selector:
+            if Selector.AUTO in selector or "user" in selector:
                 return True
             if "tenant" in selector and settings.tenant_resolver is not None:
                 return True

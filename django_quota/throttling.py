@@ -11,7 +11,6 @@ earlier layer already decided for the request.
 from __future__ import annotations
 
 import functools
-import logging
 import re
 import time
 from collections.abc import Callable, Sequence
@@ -27,12 +26,8 @@ from django_quota import conf, policies, releasing, subjects
 from django_quota.core.errors import ConfigurationError
 from django_quota.core.identity import IdentityError
 from django_quota.core.outcome import DENIED_DECISION, FAILED_CLOSED, Outcome
-from django_quota.core.policy import (
-    AUTO,
-    Policy,
-    generated_policy_id,
-)
-from django_quota.core.rates import CALENDAR_ONLY, bounds_problem, parse_rate
+from django_quota.core.policy import Policy, Selector, generated_policy_id
+from django_quota.core.rates import Grammar, bounds_problem, parse_rate
 from django_quota.ledger import Cost, Decision, decide
 from django_quota.messages import Codes
 from django_quota.signals import quota_denied
@@ -57,7 +52,6 @@ _UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 # DRF reads the count with int() and only the first character of the period ("5/mon" is
 # 5 per minute); newer DRF lets a multiplier precede it, with a hyphen ("1/2-sec").
 _DRF_PERIOD_RE = re.compile(r"(?:(?P<multiplier>[0-9]+)-?)?(?P<unit>[smhd])")
-logger = logging.getLogger("django_quota")
 #: ``Policy.source`` of the drop-ins' generated policies.
 GENERATED_SOURCE = "drf"
 
@@ -135,7 +129,7 @@ def _parse_drf_rate(rate: object) -> tuple[int, int]:
         if problem is not None:
             raise ImproperlyConfigured(f"Invalid throttle rate {rate!r}: {problem}.") from exc
         return num_requests, duration
-    if parsed.calendar in CALENDAR_ONLY:
+    if parsed.calendar in Grammar.CALENDAR_ONLY:
         # DRF reads "N/month" as N per minute, django-quota as a calendar month: refused
         # rather than either meaning chosen silently (docs/drf.md).
         raise ImproperlyConfigured(
@@ -216,7 +210,7 @@ def scope_policy(scope: str) -> Policy | None:
     if not isinstance(rate, str):
         return None
     num_requests, duration = parse_drf_rate(rate)
-    selector = ("ip",) if scope == AnonRateThrottle.scope else (AUTO,)
+    selector = ("ip",) if scope == AnonRateThrottle.scope else (Selector.AUTO,)
     return _rate_policy(generated_policy_id("drf", scope), num_requests, duration, selector)
 
 
@@ -500,8 +494,8 @@ def _user_or_ip(request: Any) -> tuple[tuple[str, ...], Subject]:
     user = _authenticated_user(request)
     if user is not None:
         # A pk of None is a missing identity, never one counter shared as "None".
-        return (AUTO,), {"user": None if user.pk is None else str(user.pk)}
-    return (AUTO,), {"ip": _ip_value(request)}
+        return (Selector.AUTO,), {"user": None if user.pk is None else str(user.pk)}
+    return (Selector.AUTO,), {"ip": _ip_value(request)}
 
 
 class AnonRateThrottle(SimpleRateThrottle):

@@ -439,7 +439,7 @@ def test_status_page_lists_each_nodes_breaker_and_shows_the_worst(
 ) -> None:
     quota(POLICIES={"p": {"windows": "5/m"}})
     current = limiter.get_limiter()
-    for _ in range(engine.BREAKER_THRESHOLD):  # one cluster primary failing, one healthy
+    for _ in range(engine.Sizes.BREAKER_THRESHOLD):  # one cluster primary failing, one healthy
         current.guard("127.0.0.1:7001").breaker.failure("backend_unavailable", "refused")
     current.guard("127.0.0.1:7002").breaker.success()
     page = admin_client.get(STATUS).content.decode()
@@ -456,7 +456,7 @@ def test_status_page_shows_recent_backend_errors_and_the_open_breaker(
         REDIS_URL=f"redis://:s3cret@127.0.0.1:{port}/0",
         POLICIES={"dead-redis": {"windows": "5/m", "selector": ["ip"]}},
     )
-    for _ in range(engine.BREAKER_THRESHOLD):
+    for _ in range(engine.Sizes.BREAKER_THRESHOLD):
         outcome = django_quota.evaluate("dead-redis", {"ip": IP})
         assert (outcome.decision, outcome.reason) == ("failed_closed", "backend_unavailable")
     response = admin_client.get(STATUS)
@@ -468,7 +468,7 @@ def test_status_page_shows_recent_backend_errors_and_the_open_breaker(
     assert '<td id="quota-nodes">default: open</td>' in page
     assert '<td id="quota-degraded">yes</td>' in page
     errors = cells(response, "quota-errors")
-    assert len(errors) == engine.BREAKER_THRESHOLD
+    assert len(errors) == engine.Sizes.BREAKER_THRESHOLD
     # When, as a reader reads it (UTC with milliseconds), not as epoch seconds.
     newest = limiter.get_limiter().recent_errors[-1].at
     assert errors[0][0] == f"{datetime.fromtimestamp(newest, UTC):%Y-%m-%d %H:%M:%S.%f}"[
@@ -479,7 +479,7 @@ def test_status_page_shows_recent_backend_errors_and_the_open_breaker(
     assert IP not in page
     counts = cells(response, "quota-counts")
     assert ["dead-redis", "failed_closed", "backend_unavailable",
-            str(engine.BREAKER_THRESHOLD)] in counts
+            str(engine.Sizes.BREAKER_THRESHOLD)] in counts
 
 
 def redis_row(response: Any) -> str | None:

@@ -26,14 +26,7 @@ from django_quota.backends import clients
 from django_quota.backends.cluster import classify_cluster
 from django_quota.backends.scripting import ConnectFailed, classify
 from django_quota.core.breaker import CLOSED, OPEN, CircuitBreaker
-from django_quota.core.errors import (
-    BLAME_NONE,
-    BLAME_UNLESS_ANSWERING,
-    CLUSTERDOWN,
-    MAXCLIENTS,
-    TRYAGAIN,
-    BackendError,
-)
+from django_quota.core.errors import BackendError, Blame, Label
 from tests.faults import RedisProcess, proxy_to, redis_process
 from tests.test_admin import STATUS, cells
 
@@ -91,23 +84,22 @@ def test_a_redis_at_maxclients_serving_the_pooled_connection_costs_no_failure(
             # A decision that needs a new connection: the pooled one is held here.
             held = pool.get_connection()
             try:
-                refused = [
-                    django_quota.evaluate("p", SUBJECT) for _ in range(3 * engine.BREAKER_THRESHOLD)
-                ]
+                calls = 3 * engine.Sizes.BREAKER_THRESHOLD
+                refused = [django_quota.evaluate("p", SUBJECT) for _ in range(calls)]
             finally:
                 pool.release(held)
             assert {(o.decision, o.reason) for o in refused} == {
                 ("failed_closed", "backend_unavailable")
             }
             assert limiter.get_breaker().state == CLOSED  # its connection answers
-            assert labels()[-1] == ("backend_unavailable", MAXCLIENTS)
-            assert len(labels()) == 3 * engine.BREAKER_THRESHOLD
+            assert labels()[-1] == ("backend_unavailable", Label.MAXCLIENTS)
+            assert len(labels()) == 3 * engine.Sizes.BREAKER_THRESHOLD
 
             after = django_quota.evaluate("p", SUBJECT)  # the pooled connection again
             assert (after.decision, after.remaining) == ("allowed", LIMIT - 52)
         assert limiter.get_breaker().state == CLOSED
         errors = cells(admin_client.get(STATUS), "quota-errors")
-        assert {(row[1], row[3]) for row in errors} == {("backend_unavailable", MAXCLIENTS)}
+        assert {(row[1], row[3]) for row in errors} == {("backend_unavailable", Label.MAXCLIENTS)}
         assert "max number of clients reached" in errors[0][2]
 
 
@@ -119,14 +111,14 @@ def test_maxclients_counts_when_no_connection_of_the_node_answered_lately(
         configure(quota, server.url)
         with at_maxclients(server), caplog.at_level(logging.WARNING, "django_quota"):
             # No connection of this process ever answered: backing off is right.
-            for _ in range(engine.BREAKER_THRESHOLD):
+            for _ in range(engine.Sizes.BREAKER_THRESHOLD):
                 outcome = django_quota.evaluate("p", SUBJECT)
                 assert (outcome.decision, outcome.reason) == (
                     "failed_closed",
                     "backend_unavailable",
                 )
             assert limiter.get_breaker().state == OPEN
-            assert set(labels()) == {("backend_unavailable", MAXCLIENTS)}
+            assert set(labels()) == {("backend_unavailable", Label.MAXCLIENTS)}
         assert "label=maxclients (counted by its circuit breaker)" in caplog.text
 
 
@@ -145,14 +137,15 @@ def test_an_async_decision_refused_at_maxclients_keeps_its_label(
 
             async def decide() -> list[tuple[str, str | None]]:
                 decided = []
-                for _ in range(engine.BREAKER_THRESHOLD):
+                for _ in range(engine.Sizes.BREAKER_THRESHOLD):
                     outcome = await django_quota.aevaluate("p", SUBJECT)
                     decided.append((outcome.decision, outcome.reason))
                 return decided
 
             decided = asyncio.run(decide())
             assert decided == [("failed_closed", "backend_unavailable")] * len(decided)
-            assert labels() == [("backend_unavailable", MAXCLIENTS)] * engine.BREAKER_THRESHOLD
+            full = ("backend_unavailable", Label.MAXCLIENTS)
+            assert labels() == [full] * engine.Sizes.BREAKER_THRESHOLD
             assert limiter.get_breaker().state == OPEN  # no connection of it ever answered
 
 
@@ -162,7 +155,7 @@ def test_a_stopped_node_still_opens_its_breaker(quota: Any) -> None:
         configure(quota, server.url)
         assert django_quota.evaluate("p", SUBJECT).decision == "allowed"  # it answered
         server.stop()
-        for _ in range(engine.BREAKER_THRESHOLD):
+        for _ in range(engine.Sizes.BREAKER_THRESHOLD):
             assert django_quota.evaluate("p", SUBJECT).reason == "backend_unavailable"
         assert limiter.get_breaker().state == OPEN
         assert {label for _, label in labels()} == {""}
@@ -174,8 +167,8 @@ def test_maxclients_is_classified_with_its_label_before_and_after_the_write() ->
         error = classify(raised)
         assert (error.reason, error.label, error.blame) == (
             "backend_unavailable",
-            MAXCLIENTS,
-            BLAME_UNLESS_ANSWERING,
+            Label.MAXCLIENTS,
+            Blame.UNLESS_ANSWERING,
         )
     refused = classify(ConnectFailed(ConnectionRefusedError(111, "Connection refused")))
     assert (refused.reason, refused.label, refused.blame) == ("backend_unavailable", None, None)
@@ -184,13 +177,13 @@ def test_maxclients_is_classified_with_its_label_before_and_after_the_write() ->
 @pytest.mark.parametrize(
     ("exc", "label"),
     [
-        (redis.exceptions.ClusterDownError("The cluster is down"), CLUSTERDOWN),
-        (redis.exceptions.TryAgainError("Multiple keys request during rehashing"), TRYAGAIN),
+        (redis.exceptions.ClusterDownError("The cluster is down"), Label.CLUSTERDOWN),
+        (redis.exceptions.TryAgainError("Multiple keys request during rehashing"), Label.TRYAGAIN),
     ],
 )
 def test_cluster_refusals_are_labelled_and_blame_no_node(exc: Exception, label: str) -> None:
     error = classify_cluster(exc)
-    assert (error.reason, error.label, error.blame) == ("backend_unavailable", label, BLAME_NONE)
+    assert (error.reason, error.label, error.blame) == ("backend_unavailable", label, Blame.NONE)
 
 
 class Clock:
@@ -209,30 +202,32 @@ def test_the_breaker_excuses_a_refused_connection_only_while_the_node_answers(
     guard = current.guard("node")
     clock = Clock()
     guard.breaker = CircuitBreaker(
-        engine.BREAKER_THRESHOLD, 1.0, clock=clock, recent_errors=current.recent_errors
+        engine.Sizes.BREAKER_THRESHOLD, 1.0, clock=clock, recent_errors=current.recent_errors
     )
     maxclients = BackendError(
-        "backend_unavailable", "full", label=MAXCLIENTS, blame=BLAME_UNLESS_ANSWERING
+        "backend_unavailable", "full", label=Label.MAXCLIENTS, blame=Blame.UNLESS_ANSWERING
     )
-    clusterdown = BackendError("backend_unavailable", "down", label=CLUSTERDOWN, blame=BLAME_NONE)
+    clusterdown = BackendError(
+        "backend_unavailable", "down", label=Label.CLUSTERDOWN, blame=Blame.NONE
+    )
     guard.account(None, clock.now)  # a call started now was answered
     clock.now += 0.9
-    for _ in range(3 * engine.BREAKER_THRESHOLD):
+    for _ in range(3 * engine.Sizes.BREAKER_THRESHOLD):
         guard.account(maxclients, clock.now)
         guard.account(clusterdown, clock.now)
     assert guard.breaker.state == CLOSED
     clock.now += 1.1  # the last answer is now older than the cool-down: they count
-    for _ in range(engine.BREAKER_THRESHOLD - 1):
+    for _ in range(engine.Sizes.BREAKER_THRESHOLD - 1):
         guard.account(maxclients, clock.now)
     assert guard.breaker.state == CLOSED
     guard.account(clusterdown, clock.now)  # an answer: the count starts over
     clock.now += 1.1
-    for _ in range(engine.BREAKER_THRESHOLD - 1):
+    for _ in range(engine.Sizes.BREAKER_THRESHOLD - 1):
         guard.account(maxclients, clock.now)
     assert guard.breaker.state == CLOSED
     guard.account(maxclients, clock.now)
     assert guard.breaker.state == OPEN
-    assert [e.label for e in current.recent_errors][-1] == MAXCLIENTS
+    assert [e.label for e in current.recent_errors][-1] == Label.MAXCLIENTS
 
 
 @pytest.mark.redis

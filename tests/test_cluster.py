@@ -740,7 +740,7 @@ def test_clusterdown_during_a_failover_leaves_the_healthy_primaries_breakers_clo
         with caplog.at_level("WARNING", "django_quota"), pytest.MonkeyPatch.context() as patch:
             patch.setattr(time, "sleep", counting_sleep)  # redis-py's is time.sleep
             for node in healthy:
-                for _ in range(3 * engine.BREAKER_THRESHOLD):
+                for _ in range(3 * engine.Sizes.BREAKER_THRESHOLD):
                     outcome = django_quota.evaluate("p", by_port[node.port])
                     assert (outcome.decision, outcome.reason) == (
                         "failed_closed",
@@ -748,13 +748,13 @@ def test_clusterdown_during_a_failover_leaves_the_healthy_primaries_breakers_clo
                     )
                 breaker = limiter.get_breaker(f"127.0.0.1:{node.port}")
                 assert breaker.state == "closed", node.port
-            for _ in range(engine.BREAKER_THRESHOLD):
+            for _ in range(engine.Sizes.BREAKER_THRESHOLD):
                 lost = django_quota.evaluate("p", by_port[victim.port])
                 assert lost.reason == "backend_unavailable"
         assert sleeps == 0, "redis-py's CLUSTERDOWN sleep was waited out"
         assert limiter.get_breaker(f"127.0.0.1:{victim.port}").state == "open"
         labels = [error.label for error in limiter.recent_errors()]
-        assert labels.count("clusterdown") >= len(labels) - engine.BREAKER_THRESHOLD - 1
+        assert labels.count("clusterdown") >= len(labels) - engine.Sizes.BREAKER_THRESHOLD - 1
         assert "label=clusterdown (not counted: it answers)" in caplog.text
 
 

@@ -38,10 +38,10 @@ from django_quota.core.policy import (
     ALGORITHMS,
     CONCURRENCY,
     FIXED_WINDOW,
-    SHADOW,
     SLIDING_LOG,
     SLIDING_WINDOW,
     TOKEN_BUCKET,
+    Enforcement,
     Policy,
     Window,
     settings_revision,
@@ -70,7 +70,7 @@ def policy(
         algorithm=algorithm,
         windows=windows,
         selector=selector,
-        enforcement=SHADOW if shadow else "enforce",
+        enforcement=Enforcement.SHADOW if shadow else "enforce",
         revision=settings_revision(algorithm, selector, windows),
     )
 

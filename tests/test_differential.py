@@ -16,13 +16,13 @@ from hypothesis import strategies as st
 from django_quota.core.calls import PolicyCall
 from django_quota.core.policy import ALGORITHMS, CONCURRENCY, MAX_CONCURRENCY, Window
 from django_quota.core.protocol import GroupReply, GroupRequest, fingerprint
-from django_quota.core.rates import MAX_PERIOD_MS, MAX_PRODUCT
+from django_quota.core.rates import Bounds
 from tests import differential
 from tests.differential import SEQUENCES, expected_script
 
 EXAMPLES = int(os.environ.get("QUOTA_DIFFERENTIAL_EXAMPLES", "150"))
 START_MS = 1_764_000_000_000
-PERIODS_MS = [1_000, 2_000, 3_000, 60_000, 3_600_000, 86_400_000, MAX_PERIOD_MS]
+PERIODS_MS = [1_000, 2_000, 3_000, 60_000, 3_600_000, 86_400_000, Bounds.MAX_PERIOD_MS]
 HUGE_GRACE_MS = 10 * 365 * 86_400_000  # nothing expires by wall clock during a sequence
 #: Evaluation-id ledger drops younger than these make a possible repeat indeterminate.
 DEDUP_TTLS_MS = [HUGE_GRACE_MS, 2_000, 0]
@@ -40,13 +40,13 @@ def windows(draw: Any, algorithm: str, counts: tuple[int, int] = (1, 3)) -> tupl
         if kind == "bound" and algorithm == CONCURRENCY:
             limit = MAX_CONCURRENCY
         elif kind == "bound":
-            limit = min(10**9, MAX_PRODUCT // period)
+            limit = min(10**9, Bounds.MAX_PRODUCT // period)
         else:
             limit = draw(st.integers(1, 12))
         capacity = limit
         if algorithm == "token_bucket" and draw(st.booleans()):
             capacity = draw(st.integers(1, 15))
-            if capacity * period > MAX_PRODUCT:
+            if capacity * period > Bounds.MAX_PRODUCT:
                 capacity = limit
         out.append(Window(f"w{index}", limit, period, capacity))
     return tuple(out)
@@ -81,7 +81,7 @@ def steps(draw: Any, max_limit: int) -> list[tuple[Any, int, int, bool, bool]]:
                 st.integers(0, 1_500),
                 st.integers(0, 10),
                 st.sampled_from([999, 1_000, 1_001, 59_999, 60_000, 3_600_000]),
-                st.integers(0, 2 * MAX_PERIOD_MS),  # long idle gaps
+                st.integers(0, 2 * Bounds.MAX_PERIOD_MS),  # long idle gaps
                 st.integers(-1_500, -1),  # client clock running backwards
             )
         )

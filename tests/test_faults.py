@@ -732,7 +732,7 @@ def test_breaker_stops_calling_the_network_until_the_cool_down_then_probes_once(
     # import of the middleware's modules and the URLconf (70 ms on a slow first request).
     assert via_http().status == 200
     env.proxy.blackhole()
-    for _ in range(engine.BREAKER_THRESHOLD):
+    for _ in range(engine.Sizes.BREAKER_THRESHOLD):
         limiter.get_backend().close()
         assert via_api().outcome.reason in (None, "backend_timeout")
     assert limiter.get_breaker().state == OPEN
@@ -789,7 +789,7 @@ def test_cancelled_async_probe_does_not_need_a_restart(
 ) -> None:
     configure(quota, env.proxy.url)
     env.proxy.blackhole()
-    for _ in range(engine.BREAKER_THRESHOLD):
+    for _ in range(engine.Sizes.BREAKER_THRESHOLD):
         via_api()
     assert limiter.get_breaker().state == OPEN
     time.sleep(1.0)
@@ -977,7 +977,7 @@ def test_round_trips_past_deadline_end_at_it_and_never_count_against_the_node(
     last wait ends when ``DEADLINE`` does, on every path (docs/settings.md, "Time
     budgets"), and the outcome is ``indeterminate``, the command having been written. No
     reply was ``TIMEOUT`` late, so the node's breaker counts none of them: it stays closed
-    after ``BREAKER_THRESHOLD`` such calls.
+    after ``Sizes.BREAKER_THRESHOLD`` such calls.
 
     The budgets leave 0.2 s of scheduling either side on a loaded machine: two round
     trips (0.8 s) end before ``DEADLINE`` (1.0 s), three (1.2 s) would not, and each
@@ -1006,14 +1006,14 @@ def test_round_trips_past_deadline_end_at_it_and_never_count_against_the_node(
     seen: list[tuple[Outcome, float]] = []
     if path == "sync":
         assert via_api().outcome.backend_mode == "redis"  # a warm pooled connection
-        for _ in range(engine.BREAKER_THRESHOLD):
+        for _ in range(engine.Sizes.BREAKER_THRESHOLD):
             seen.append(faulted(lambda: (lambda s: (s.outcome, s.seconds))(via_api())))
     else:
 
         async def scenario() -> None:
             (warm, _), = await in_loop(1)
             assert warm.backend_mode == "redis"
-            for _ in range(engine.BREAKER_THRESHOLD):
+            for _ in range(engine.Sizes.BREAKER_THRESHOLD):
                 env.admin.script_flush()
                 env.proxy.latency(late)
                 try:

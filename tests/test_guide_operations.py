@@ -102,10 +102,10 @@ def test_while_the_breaker_is_open_only_outcomes_keep_counting(quota: Any) -> No
     )
     health_before, refused_before = sample(*health), sample(*refused)
     states = []
-    for _ in range(engine.BREAKER_THRESHOLD + 3):
+    for _ in range(engine.Sizes.BREAKER_THRESHOLD + 3):
         outcome = django_quota.evaluate("orders", {"user": "ada"})
         assert (outcome.decision, outcome.reason) == ("failed_open", "backend_unavailable")
         states.append(limiter.get_breaker().state)
     assert states[-3:] == ["open"] * 3
-    assert sample(*health) - health_before == engine.BREAKER_THRESHOLD
-    assert sample(*refused) - refused_before == engine.BREAKER_THRESHOLD + 3
+    assert sample(*health) - health_before == engine.Sizes.BREAKER_THRESHOLD
+    assert sample(*refused) - refused_before == engine.Sizes.BREAKER_THRESHOLD + 3

@@ -35,7 +35,7 @@ from django_quota.backends.redis import (
     PublicMarkingConnectionPool,
 )
 from django_quota.backends.redispy import AsyncMarkingClusterConnection
-from django_quota.core.errors import MAXCLIENTS
+from django_quota.core.errors import Label
 from tests.faults import redis_process
 from tests.test_blame import at_maxclients
 
@@ -237,7 +237,7 @@ def test_every_pool_of_the_backends_makes_one_write_connections() -> None:
 def assert_refused_at_maxclients(exc: BaseException | None) -> None:
     assert exc is not None, "a connection was made at maxclients"
     error = classify(exc if isinstance(exc, ConnectFailed) else ConnectFailed(exc))
-    assert (error.reason, error.label) == ("backend_unavailable", MAXCLIENTS), str(exc)
+    assert (error.reason, error.label) == ("backend_unavailable", Label.MAXCLIENTS), str(exc)
 
 
 @pytest.mark.redis

@@ -14,7 +14,7 @@ import pytest
 
 from django_quota.backends import redis as redis_backend
 from django_quota.core import protocol
-from django_quota.core.calls import PACKED_HEADER, PolicyCall
+from django_quota.core.calls import Packing, PolicyCall
 from django_quota.core.outcome import Outcome, WindowState
 from django_quota.core.policy import Window
 from django_quota.core.protocol import GroupRequest
@@ -62,7 +62,7 @@ def test_an_outcome_built_by_position_or_keyword_has_every_field_and_stays_froze
 
 
 def packed_afresh(request: GroupRequest) -> bytes:
-    return PACKED_HEADER.pack(
+    return Packing.HEADER.pack(
         request.mode + (0 if request.now_ms is None else 4),  # 4: the client's clock
         len(request.calls),
         0 if request.now_ms is None else request.now_ms + 1,

@@ -699,11 +699,11 @@ def test_normalised_client_entries_are_remembered_within_a_bound() -> None:
     from django_quota.core import identity as identity_module
 
     identity_module._normalized_entry.cache_clear()
-    for host in range(identity_module.MAX_NORMALIZED + 10):
+    for host in range(identity_module.Bounds.MAX_NORMALIZED + 10):
         address = f"10.{host // 65536}.{host // 256 % 256}.{host % 256}"
         assert client_ip(address, None) == address
     remembered = identity_module._normalized_entry.cache_info().currsize
-    assert 0 < remembered <= identity_module.MAX_NORMALIZED
+    assert 0 < remembered <= identity_module.Bounds.MAX_NORMALIZED
     # the same entry under another IPv6 prefix is its own entry
     assert client_ip("2001:db8::1", None, ipv6_prefix=64) == "2001:db8::/64"
     assert client_ip("2001:db8::1", None, ipv6_prefix=128) == "2001:db8::1"

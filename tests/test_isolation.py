@@ -514,7 +514,7 @@ def test_a_killed_primary_opens_only_its_own_breaker(quota: Any, driver: str, vi
             FAILURE_RETRY_AFTER=60,  # the breaker's cool-down: longer than the test
             POLICIES={"p": fixed(1000)},
         )
-        subjects = subjects_by_node(cluster, "p", per_node=engine.BREAKER_THRESHOLD + 3)
+        subjects = subjects_by_node(cluster, "p", per_node=engine.Sizes.BREAKER_THRESHOLD + 3)
         for port in subjects:  # every primary answers, and the clients learn the slots
             assert decide(subjects[port][0]).remaining == 999
         dead = cluster.nodes[victim]

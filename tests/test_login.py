@@ -104,6 +104,18 @@ def test_six_failures_then_the_right_password_is_still_429(protected: Any, url: 
     assert django_quota.peek("login-ip", {"ip": IP}).remaining == 3
 
 
+def test_attempts_without_a_request_are_charged_once_each(protected: Any) -> None:
+    """``authenticate(request=None)``: the backend charges each failed attempt and the
+    ``user_login_failed`` receiver charges it no second time; a refused attempt charges
+    nothing and checks no password."""
+    for remaining in (4, 3, 2, 1, 0):
+        assert authenticate(None, username="fiona", password="wrong") is None
+        assert django_quota.peek("login-user", {"user": "fiona"}).remaining == remaining
+    assert authenticate(None, username="fiona", password=PASSWORD) is None  # refused
+    assert CountingBackend.calls == 5
+    assert django_quota.peek("login-user", {"user": "fiona"}).remaining == 0
+
+
 def test_force_login_with_the_backend_first_signs_the_user_in(protected: Any) -> None:
     """The test client's ``force_login`` (and ``login()`` without a backend) records the
     first backend, ``QuotaLoginBackend``, in the session: its ``get_user`` must still

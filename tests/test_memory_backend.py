@@ -87,7 +87,7 @@ def test_a_subject_s_counter_key_is_derived_once_and_bounded(
     assert found == counter_key(current.prefix, policy, original(policy, SUBJECT))
     assert SUBJECT["ip"] not in found
     # the bound: every policy's remembered keys are forgotten when it is reached
-    monkeypatch.setattr(engine, "COUNTER_CACHE_SIZE", 3)
+    monkeypatch.setattr(engine.Sizes, "COUNTER_CACHE", 3)
     other = {"ip": "198.51.100.24"}
     django_quota.evaluate("p", other)
     assert current.compiled(policy).counters == {"198.51.100.24": _counter("p", other)}

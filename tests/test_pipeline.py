@@ -215,7 +215,7 @@ def test_a_cancelled_caller_reply_is_read_and_dropped(
 ) -> None:
     """A caller cancelled after its write: its reply is still read (and dropped), so the
     next command on the connection reads its own."""
-    monkeypatch.setattr(pipeline_module, "CONNECTIONS", 1)
+    monkeypatch.setattr(pipeline_module.Pacing, "CONNECTIONS", 1)
     slow = (
         "local s = redis.call('TIME') local n repeat n = redis.call('TIME') until "
         "(n[1] - s[1]) * 1000000 + (n[2] - s[2]) > 200000 return 'first'"
@@ -255,7 +255,7 @@ def test_concurrent_commands_share_a_few_connections_and_error_replies_stay_thei
             assert reply == str(i).encode()
         else:
             assert isinstance(reply, redis.exceptions.NoScriptError)
-    assert 1 <= opened <= pipeline_module.CONNECTIONS
+    assert 1 <= opened <= pipeline_module.Pacing.CONNECTIONS
 
 
 def test_a_loops_concurrent_commands_share_one_connection(server: RedisProcess) -> None:

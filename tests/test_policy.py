@@ -10,9 +10,9 @@ import pytest
 
 from django_quota.core.errors import ConfigurationError
 from django_quota.core.policy import (
-    AUTO,
-    DEFAULT_WINDOW,
+    Form,
     Policy,
+    Selector,
     Window,
     canonical_definition,
     generated_policy_id,
@@ -174,7 +174,7 @@ def test_window_name_outside_the_grammar_is_rejected(name: object) -> None:
 
 def test_single_rate_string_is_one_window_named_default() -> None:
     policy = parse_policy("orders", {"windows": "100/5m"})
-    assert DEFAULT_WINDOW == "default"
+    assert Form.DEFAULT_WINDOW == "default"
     assert policy.windows == (Window("default", 100, 300_000, 100),)
 
 
@@ -374,7 +374,7 @@ def test_selector_order_does_not_change_the_policy() -> None:
 
 
 def test_selector_defaults_to_auto() -> None:
-    assert parse_selector(None, "k") == (AUTO,)
+    assert parse_selector(None, "k") == (Selector.AUTO,)
     assert parse_policy("orders", {"windows": "1/s"}).selector == ("auto",)
 
 

@@ -6,10 +6,7 @@ import pytest
 
 from django_quota.core.errors import ConfigurationError
 from django_quota.core.rates import (
-    MAX_LIMIT,
-    MAX_PERIOD_MS,
-    MAX_PRODUCT,
-    MIN_PERIOD_MS,
+    Bounds,
     Rate,
     check_rate_bounds,
     format_period,
@@ -21,10 +18,10 @@ DAY_MS = 86_400_000
 
 
 def test_bounds_are_the_documented_numbers() -> None:
-    assert MAX_LIMIT == 1_000_000_000
-    assert MIN_PERIOD_MS == 1_000
-    assert MAX_PERIOD_MS == 366 * DAY_MS == 31_622_400_000
-    assert MAX_PRODUCT == 4_503_599_627_370_496
+    assert Bounds.MAX_LIMIT == 1_000_000_000
+    assert Bounds.MIN_PERIOD_MS == 1_000
+    assert Bounds.MAX_PERIOD_MS == 366 * DAY_MS == 31_622_400_000
+    assert Bounds.MAX_PRODUCT == 4_503_599_627_370_496
 
 
 @pytest.mark.parametrize(

@@ -129,7 +129,7 @@ def test_the_bucket_list_is_the_histogram_s() -> None:
     line = next(
         line for line in page(PAGE).splitlines() if line.startswith("Buckets (upper bounds")
     )
-    assert [float(bound) for bound in codes(line)] == list(metrics.LATENCY_BUCKETS)
+    assert [float(bound) for bound in codes(line)] == list(metrics.Families.LATENCY_BUCKETS)
 
 
 def test_an_open_breaker_moves_neither_health_nor_latency(quota: Any) -> None:
@@ -154,18 +154,18 @@ def test_an_open_breaker_moves_neither_health_nor_latency(quota: Any) -> None:
         return REGISTRY.get_sample_value("django_quota_outcomes_total", labels) or 0.0
 
     health_before, latency_before, refused_before = health(), latency(), refused()
-    for _ in range(engine.BREAKER_THRESHOLD):
+    for _ in range(engine.Sizes.BREAKER_THRESHOLD):
         django_quota.evaluate("ref-breaker", {"ip": "203.0.113.9"})
     assert limiter.get_breaker().state == "open"
-    assert health() - health_before == engine.BREAKER_THRESHOLD
-    assert latency() - latency_before == engine.BREAKER_THRESHOLD
+    assert health() - health_before == engine.Sizes.BREAKER_THRESHOLD
+    assert latency() - latency_before == engine.Sizes.BREAKER_THRESHOLD
 
     for _ in range(3):
         found = django_quota.evaluate("ref-breaker", {"ip": "203.0.113.9"})
         assert (found.decision, found.reason) == ("failed_closed", "backend_unavailable")
-    assert health() - health_before == engine.BREAKER_THRESHOLD
-    assert latency() - latency_before == engine.BREAKER_THRESHOLD
-    assert refused() - refused_before == engine.BREAKER_THRESHOLD + 3
+    assert health() - health_before == engine.Sizes.BREAKER_THRESHOLD
+    assert latency() - latency_before == engine.Sizes.BREAKER_THRESHOLD
+    assert refused() - refused_before == engine.Sizes.BREAKER_THRESHOLD + 3
     # The status page's recent errors still show the limiter's refusals.
     details = [error.detail for error in limiter.recent_errors()]
     assert details[-3:] == ["circuit breaker open for default"] * 3

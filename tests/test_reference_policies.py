@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from django_quota.core.policy import AUTO, ENFORCE, POLICY_KEYS, parse_policy
+from django_quota.core.policy import Enforcement, Form, Selector, parse_policy
 
 PAGE = Path(__file__).resolve().parent.parent / "docs" / "policies.md"
 
@@ -22,15 +22,16 @@ def key_rows() -> dict[str, str]:
 
 
 def test_the_page_lists_exactly_the_policy_keys() -> None:
-    assert set(key_rows()) == POLICY_KEYS
+    assert set(key_rows()) == Form.KEYS
 
 
 def test_the_documented_defaults_are_the_parsed_ones() -> None:
     rows = key_rows()
     policy = parse_policy("p", {"windows": "5/m"})
     assert rows["algorithm"] == f'`"{policy.algorithm}"`'
-    assert rows["selector"] == f'`["{AUTO}"]`' and policy.selector == (AUTO,)
-    assert rows["enforcement"] == f'`"{ENFORCE}"`' and policy.enforcement == ENFORCE
+    assert rows["selector"] == f'`["{Selector.AUTO}"]`' and policy.selector == (Selector.AUTO,)
+    assert rows["enforcement"] == f'`"{Enforcement.ENFORCE}"`'
+    assert policy.enforcement == Enforcement.ENFORCE
     assert rows["on_missing"] == f'`"{policy.on_missing}"`'
     assert rows["max_cost"] == "`None`" and policy.max_cost is None
     assert rows["enabled"] == "`True`" and policy.enabled is True

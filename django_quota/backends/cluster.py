@@ -44,7 +44,6 @@ raises ``CLUSTERDOWN``.
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -75,17 +74,18 @@ from django_quota.backends.scripting import (
 )
 from django_quota.core.calls import (
     ALGORITHM_CODES,
-    CALENDAR_CODE,
     CHARGED,
     GROUP_CLOCK_UNSAFE,
     GROUP_INDETERMINATE,
     GROUP_REPLAYED,
     REFUSED,
     UNCHARGED,
+    Packing,
     PolicyCall,
     PolicyResult,
 )
-from django_quota.core.errors import BLAME_NONE, CLUSTERDOWN, TRYAGAIN, BackendError
+from django_quota.core.errors import BackendError, Blame, Label
+from django_quota.core.log import logger
 from django_quota.core.model import group_allows
 from django_quota.core.outcome import (
     BACKEND_ERROR,
@@ -95,10 +95,8 @@ from django_quota.core.outcome import (
 )
 from django_quota.core.policy import CONCURRENCY, FIXED_WINDOW, SLIDING_LOG, TOKEN_BUCKET, Window
 from django_quota.core.protocol import GroupReply, GroupRequest, ReleaseRequest, log_key
-from django_quota.core.refunds import REFUND_BEST_EFFORT, RefundRequest
+from django_quota.core.refunds import RefundMode, RefundRequest
 from django_quota.core.windows import calendar_place
-
-logger = logging.getLogger("django_quota")
 
 _TIMEOUTS = (redis_exceptions.TimeoutError, TimeoutError)
 
@@ -129,9 +127,9 @@ def classify_cluster(exc: BaseException) -> BackendError:
     message = f"{type(exc).__name__}: {exc}"
     # The node answered: labelled, never counted by its breaker (docs/failures.md).
     if isinstance(exc, redis_exceptions.ClusterDownError):
-        return BackendError(BACKEND_UNAVAILABLE, message, label=CLUSTERDOWN, blame=BLAME_NONE)
+        return BackendError(BACKEND_UNAVAILABLE, message, label=Label.CLUSTERDOWN, blame=Blame.NONE)
     if isinstance(exc, redis_exceptions.TryAgainError):
-        return BackendError(BACKEND_UNAVAILABLE, message, label=TRYAGAIN, blame=BLAME_NONE)
+        return BackendError(BACKEND_UNAVAILABLE, message, label=Label.TRYAGAIN, blame=Blame.NONE)
     if isinstance(exc, _NOT_RUN):
         return BackendError(BACKEND_UNAVAILABLE, message)
     if isinstance(exc, redis_exceptions.RedisClusterException):
@@ -201,7 +199,7 @@ def refund_call(request: GroupRequest, results: Sequence[PolicyResult]) -> Call 
     lists follow the counters in KEYS, as for ``evaluate.lua``."""
     keys: list[str] = []
     logs: list[str] = []
-    args: list[int | bytes] = [0, request.fingerprint, REFUND_BEST_EFFORT, 0]
+    args: list[int | bytes] = [0, request.fingerprint, RefundMode.BEST_EFFORT, 0]
     for counter, call, result in zip(request.counters, request.calls, results, strict=True):
         if result.status != CHARGED or call.algorithm == CONCURRENCY:  # release_calls
             continue
@@ -209,7 +207,7 @@ def refund_call(request: GroupRequest, results: Sequence[PolicyResult]) -> Call 
         if call.algorithm == SLIDING_LOG:
             logs += [log_key(counter, index) for index in range(1, len(call.windows) + 1)]
         if call.bounds:  # a calendar call: each window's start and end at the charge
-            args += [CALENDAR_CODE, call.cost, result.now_ms, len(call.windows)]
+            args += [Packing.CALENDAR_CODE, call.cost, result.now_ms, len(call.windows)]
             for index, window in enumerate(call.windows):
                 start, end = calendar_place(call.bounds, index, result.now_ms, window.period_ms)
                 args += [window.period_ms, start, end]

@@ -9,12 +9,7 @@ from typing import Any
 
 from redis import exceptions as redis_exceptions
 
-from django_quota.core.errors import (
-    BLAME_SELF,
-    BLAME_UNLESS_ANSWERING,
-    MAXCLIENTS,
-    BackendError,
-)
+from django_quota.core.errors import BackendError, Blame, Label
 from django_quota.core.outcome import (
     BACKEND_ERROR,
     BACKEND_TIMEOUT,
@@ -84,7 +79,7 @@ def classify(exc: BaseException) -> BackendError:
     fallback never takes over from a misconfigured one.
 
     A server at ``maxclients`` refusing a new connection is ``backend_unavailable``
-    labelled :data:`~django_quota.core.errors.MAXCLIENTS`: it refused before reading
+    labelled :attr:`~django_quota.core.errors.Label.MAXCLIENTS`: it refused before reading
     anything, so nothing ran, and it counts toward the node's breaker only when none of
     the node's connections answered lately (``docs/failures.md``, "The circuit breaker").
     """
@@ -94,8 +89,8 @@ def classify(exc: BaseException) -> BackendError:
         return BackendError(
             BACKEND_UNAVAILABLE,
             f"{type(exc).__name__}: {exc}",
-            label=MAXCLIENTS,
-            blame=BLAME_UNLESS_ANSWERING,
+            label=Label.MAXCLIENTS,
+            blame=Blame.UNLESS_ANSWERING,
         )
     if isinstance(exc, ConnectFailed):
         reason = BACKEND_TIMEOUT if exc.timed_out else BACKEND_UNAVAILABLE
@@ -117,7 +112,7 @@ def cut_short(command: Sequence[Any]) -> BackendError:
     return BackendError(
         INDETERMINATE,
         f"DEADLINE ended the wait for the reply to {command[0]}, before TIMEOUT",
-        blame=BLAME_SELF,
+        blame=Blame.SELF,
     )
 
 
@@ -125,5 +120,5 @@ def deadline_spent(command: Sequence[Any]) -> BackendError:
     """``DEADLINE`` ran out before ``command`` could be written: ``backend_timeout``
     (nothing ran), never counted by the node's breaker (docs/failures.md)."""
     return BackendError(
-        BACKEND_TIMEOUT, f"DEADLINE spent before {command[0]} was written", blame=BLAME_SELF
+        BACKEND_TIMEOUT, f"DEADLINE spent before {command[0]} was written", blame=Blame.SELF
     )

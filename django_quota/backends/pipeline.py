@@ -2,7 +2,7 @@
 (``docs/failures.md``, "Async connections").
 
 A :class:`Pipeline` belongs to one event loop and one node. It keeps
-:data:`CONNECTIONS` connection that takes new commands (:class:`Pipe`), made and
+``Pacing.CONNECTIONS`` connection that takes new commands (:class:`Pipe`), made and
 connected by redis-py (``pool.make_connection()``, then ``connect()``: the handshake, TLS,
 ``AUTH``, ``SELECT`` and a Sentinel's primary discovery stay redis-py's), and writes the
 commands of concurrent callers onto them as they come: a command sent to a connection with
@@ -33,7 +33,7 @@ import contextlib
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Final
 
 from redis import exceptions as redis_exceptions
 
@@ -54,29 +54,34 @@ except ImportError:  # pragma: no cover - the oldest-versions lane has no hiredi
 else:
     pack_command = _hiredis_pack_command
 
-__all__ = ["CONNECTIONS", "MAX_CONNECTIONS", "Late", "Pipe", "Pipeline"]
+__all__ = ["Late", "Pacing", "Pipe", "Pipeline"]
 
-#: Connections per event loop and node that take new commands. Redis runs one command at
-#: a time, so a loop's commands gain nothing from being spread over connections, and each
-#: connection costs the server a read and a write a turn: with 4, 64 tasks of one loop
-#: cost the server 0.12 reads (and writes) per decision, with 1, 0.03, and its CPU per
-#: decision fell from about 8.2 to 6.9 µs (docs/benchmarks.md, "The engine"). Another
-#: connection is opened only when this one has a command past ``TIMEOUT``.
-CONNECTIONS = 1
-#: Connections per event loop and node at most, those waiting for a late reply included.
-MAX_CONNECTIONS = 8
-#: A new connection is opened (up to :data:`CONNECTIONS`) when every usable one has at
-#: least this many commands unanswered.
-SPREAD = 1
-#: Turns of the loop a deadline waits at most for a reply the kernel already holds.
-RECHECKS = 3
+
+class Pacing:
+    """How many connections a pipeline keeps per event loop and node, and how many turns
+    of the loop it gives a reply or a connection."""
+
+    #: Connections that take new commands. Redis runs one command at a time, so a loop's
+    #: commands gain nothing from being spread over connections, and each connection
+    #: costs the server a read and a write a turn: with 4, 64 tasks of one loop cost the
+    #: server 0.12 reads (and writes) per decision, with 1, 0.03, and its CPU per decision
+    #: fell from about 8.2 to 6.9 µs (docs/benchmarks.md, "The engine"). Another
+    #: connection is opened only when this one has a command past ``TIMEOUT``.
+    CONNECTIONS: Final = 1
+    #: Connections at most, those waiting for a late reply included.
+    MAX_CONNECTIONS: Final = 8
+    #: A new connection is opened (up to ``CONNECTIONS``) when every usable one has at
+    #: least this many commands unanswered.
+    SPREAD: Final = 1
+    #: Turns of the loop a deadline waits at most for a reply the kernel already holds.
+    RECHECKS: Final = 3
+    #: On redis-py's public path (no socket to poll), turns of the loop given before a
+    #: command is written on an idle connection: enough for the loop to read an end of
+    #: file the kernel holds and for the connection's reader to fail on it.
+    SETTLE_TURNS: Final = 3
 
 #: Replies that are whole (the connection stays in step): an error reply, ``LOADING``.
 _WHOLE_ERRORS = (redis_exceptions.ResponseError, redis_exceptions.BusyLoadingError)
-#: On redis-py's public path (no socket to poll), turns of the loop given before a command
-#: is written on an idle connection: enough for the loop to read an end of file the
-#: kernel holds and for the connection's reader to fail on it.
-SETTLE_TURNS = 3
 
 
 class Late(TimeoutError):
@@ -329,7 +334,7 @@ class Pipe:
     def _recheck(self, turn: int) -> None:
         if self.closed:
             return
-        if turn < RECHECKS and self.readable():
+        if turn < Pacing.RECHECKS and self.readable():
             self.loop.call_soon(self._recheck, turn + 1)
             return
         now = self.loop.time()
@@ -407,8 +412,8 @@ class Pipeline:
     ``make_connection`` makes a new, unconnected redis-py asyncio connection (a pool's
     ``make_connection``); ``timeout`` is ``TIMEOUT``. ``public``: redis-py's public path
     (``docs/settings.md``, ``REDIS_PUBLIC_PATH``), where no socket is polled: an idle
-    connection is written on after :data:`SETTLE_TURNS` turns of the loop, and a deadline
-    always gives the reader :data:`RECHECKS` turns.
+    connection is written on after ``Pacing.SETTLE_TURNS`` turns of the loop, and a deadline
+    always gives the reader ``Pacing.RECHECKS`` turns.
     """
 
     def __init__(
@@ -455,9 +460,9 @@ class Pipeline:
             if best is None or load < best_load:
                 best, best_load = pipe, load
         if (
-            (best is None or best_load >= SPREAD)
-            and usable < CONNECTIONS
-            and len(self.pipes) < MAX_CONNECTIONS
+            (best is None or best_load >= Pacing.SPREAD)
+            and usable < Pacing.CONNECTIONS
+            and len(self.pipes) < Pacing.MAX_CONNECTIONS
         ):
             self.opened += 1
             pipe = Pipe(self, self.make_connection())
@@ -492,7 +497,7 @@ class Pipeline:
         if self.public and pipe.ready and not pipe.load:
             # Nothing polls the socket: the loop's turns read an end of file the server
             # sent an idle connection, whose reader then closes it (nothing written).
-            for _ in range(SETTLE_TURNS):
+            for _ in range(Pacing.SETTLE_TURNS):
                 await asyncio.sleep(0)
             if pipe.closed:
                 pipe = self._choose()

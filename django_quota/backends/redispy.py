@@ -22,7 +22,6 @@ version takes the public path, with one warning.
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
 import select
 import socket
@@ -38,8 +37,7 @@ from redis.asyncio import connection as async_connection
 
 from django_quota.backends.failures import CONNECT_ERRORS, mark_connect_failure
 from django_quota.backends.handshake import AsyncOneWriteHandshake
-
-logger = logging.getLogger("django_quota")
+from django_quota.core.log import logger
 
 __all__ = [
     "PUBLIC_PATH_ENV",

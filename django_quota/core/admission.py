@@ -6,16 +6,14 @@ Pure (stdlib only), clock-injected where it matters; the limiter owns one
 from __future__ import annotations
 
 import asyncio
-import logging
 import threading
 import time
 from collections import deque
 
 from django_quota.core.breaker import BreakerError, CircuitBreaker
-from django_quota.core.errors import BLAME_NODE, BLAME_NONE, BLAME_UNLESS_ANSWERING, BackendError
+from django_quota.core.errors import BackendError, Blame
+from django_quota.core.log import logger
 from django_quota.core.outcome import BACKEND_TIMEOUT, BACKEND_UNAVAILABLE, INDETERMINATE
-
-logger = logging.getLogger("django_quota")
 
 #: Failures that count for the breaker: the node could not be reached or did not answer.
 BREAKER_REASONS = frozenset({BACKEND_TIMEOUT, BACKEND_UNAVAILABLE, INDETERMINATE})
@@ -143,15 +141,15 @@ class NodeGuard:
         else:
             blame = error.blame
             if blame is None:
-                blame = BLAME_NODE if error.reason in BREAKER_REASONS else BLAME_NONE
+                blame = Blame.NODE if error.reason in BREAKER_REASONS else Blame.NONE
             label = error.label or ""
-            counted = blame == BLAME_NODE or (
-                blame == BLAME_UNLESS_ANSWERING and not breaker.answering()
+            counted = blame == Blame.NODE or (
+                blame == Blame.UNLESS_ANSWERING and not breaker.answering()
             )
             if counted:
                 state = breaker.failure(error.reason, str(error), label)
             else:
-                if blame == BLAME_NONE:  # the node answered: it is reachable
+                if blame == Blame.NONE:  # the node answered: it is reachable
                     breaker.answered(started)
                     state = breaker.success()
                 else:  # refused a new connection while its connections answer, or

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, Final, NamedTuple
 
 from django_quota.core.policy import (
     CONCURRENCY,
@@ -39,38 +39,48 @@ GROUP_CLOCK_UNSAFE = 1
 GROUP_INDETERMINATE = 2  # a possible repeat whose ledger entry may have been dropped
 GROUP_REPLAYED = 3  # a repeat of a charged evaluation: nothing charged
 
-#: Evaluation modes (the script's third argument).
-MODE_FRESH = 0  # a new evaluation id: the ledger is not searched
-MODE_MAY_REPEAT = 1  # a retry or a caller's id: the ledger is searched first
-MODE_PEEK = 2  # decide as cost 1 would, write nothing
 
-#: The script's code of each algorithm (5: :data:`CALENDAR_CODE`).
+
+class Mode:
+    """Evaluation modes (the script's third argument)."""
+
+    FRESH: Final = 0  # a new evaluation id: the ledger is not searched
+    MAY_REPEAT: Final = 1  # a retry or a caller's id: the ledger is searched first
+    PEEK: Final = 2  # decide as cost 1 would, write nothing
+
+
+#: The script's code of each algorithm (5: :attr:`Packing.CALENDAR_CODE`).
 ALGORITHM_CODES = {
     FIXED_WINDOW: 1, SLIDING_WINDOW: 2, TOKEN_BUCKET: 3, SLIDING_LOG: 4, CONCURRENCY: 6
 }
 
 State = dict[str, int]
 
-#: The packed arguments of ``evaluate.lua`` (see its header): unsigned big-endian.
-#: The group's header: mode, policy count, now + 1 (0: Redis TIME), max clock regression
-#: + 1 (0: clamp), DEDUP_TTL and cleanup grace (ms).
-PACKED_HEADER = struct.Struct(">BH4Q")
-#: A policy: algorithm code, enforce (1 or 0), window count, cost.
-PACKED_POLICY = struct.Struct(">BBHQ")
-#: A window: limit, period (ms), capacity.
-PACKED_WINDOW = struct.Struct(">3Q")
-#: The algorithm code of a fixed window call with calendar windows (the script's header).
-CALENDAR_CODE = 5
-#: A window of such a call: limit, then its boundaries b1, b0, b2 (ms: core/calendar.py);
-#: an epoch-aligned window of the call: limit, period (ms), 0, 0.
-PACKED_CALENDAR_WINDOW = struct.Struct(">4Q")
-#: Every packed number stays below this: the script reads the low six bytes of each.
-PACKABLE = 2**48
+
+
+class Packing:
+    """The packed arguments of ``evaluate.lua`` (see its header): unsigned big-endian."""
+
+    #: The group's header: mode, policy count, now + 1 (0: Redis TIME), max clock
+    #: regression + 1 (0: clamp), DEDUP_TTL and cleanup grace (ms).
+    HEADER: Final = struct.Struct(">BH4Q")
+    #: A policy: algorithm code, enforce (1 or 0), window count, cost.
+    POLICY: Final = struct.Struct(">BBHQ")
+    #: A window: limit, period (ms), capacity.
+    WINDOW: Final = struct.Struct(">3Q")
+    #: The algorithm code of a fixed window call with calendar windows (the script's
+    #: header).
+    CALENDAR_CODE: Final = 5
+    #: A window of such a call: limit, then its boundaries b1, b0, b2 (ms:
+    #: core/calendar.py); an epoch-aligned window of the call: limit, period (ms), 0, 0.
+    CALENDAR_WINDOW: Final = struct.Struct(">4Q")
+    #: Every packed number stays below this: the script reads the low six bytes of each.
+    BOUND: Final = 2**48
 
 
 def check_packable(value: int) -> int:
     """``value`` when ``0 <= value < 2**48`` (what the script reads), else ``ValueError``."""
-    if not 0 <= value < PACKABLE:
+    if not 0 <= value < Packing.BOUND:
         raise ValueError(f"{value} is outside 0..2**48 and cannot be sent to evaluate.lua")
     return value
 
@@ -91,7 +101,7 @@ class PolicyCall:
     ``bounds``: a fixed window call with calendar windows holds three boundaries per
     window (:func:`~django_quota.core.calendar.calendar_bounds`; 0, 0, 0 for its
     epoch-aligned windows), packed with each window's limit under the algorithm code
-    :data:`CALENDAR_CODE` (:data:`PACKED_CALENDAR_WINDOW`); ``()`` for every other call.
+    ``Packing.CALENDAR_CODE`` (``Packing.CALENDAR_WINDOW``); ``()`` for every other call.
     """
 
     algorithm: str
@@ -115,14 +125,14 @@ class PolicyCall:
             object.__setattr__(self, "packed", self._calendar_packed())
             return
         try:
-            head = PACKED_POLICY.pack(
+            head = Packing.POLICY.pack(
                 ALGORITHM_CODES[self.algorithm],
                 1 if self.enforce else 0,
                 len(self.windows),
                 check_packable(self.cost),
             )
             windows = [
-                PACKED_WINDOW.pack(
+                Packing.WINDOW.pack(
                     check_packable(window.limit),
                     check_packable(window.period_ms),
                     check_packable(window.capacity),
@@ -134,13 +144,13 @@ class PolicyCall:
         object.__setattr__(self, "packed", head + b"".join(windows))
 
     def _calendar_packed(self) -> bytes:
-        """The packed arguments of a call with ``bounds`` (:data:`CALENDAR_CODE`)."""
+        """The packed arguments of a call with ``bounds`` (``Packing.CALENDAR_CODE``)."""
         bounds = self.bounds
         if self.algorithm != FIXED_WINDOW or len(bounds) != 3 * len(self.windows):
             raise ValueError("calendar bounds need a fixed window and three per window")
         try:
-            head = PACKED_POLICY.pack(
-                CALENDAR_CODE,
+            head = Packing.POLICY.pack(
+                Packing.CALENDAR_CODE,
                 1 if self.enforce else 0,
                 len(self.windows),
                 check_packable(self.cost),
@@ -151,7 +161,7 @@ class PolicyCall:
                 if b1 == 0:  # epoch-aligned
                     b1 = check_packable(window.period_ms)
                 limit = check_packable(window.limit)
-                windows.append(PACKED_CALENDAR_WINDOW.pack(limit, b1, b0, b2))
+                windows.append(Packing.CALENDAR_WINDOW.pack(limit, b1, b0, b2))
         except struct.error as exc:
             raise ValueError(f"cannot pack this policy call for evaluate.lua: {exc}") from exc
         return head + b"".join(windows)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Final
+
 
 class QuotaError(Exception):
     """Base class of every error raised by django-quota."""
@@ -21,24 +23,30 @@ class ConfigurationError(QuotaError, ValueError):
         self.hint = hint
 
 
-#: How a failure bears on its node's circuit breaker (``docs/failures.md``, "The circuit
-#: breaker"): the node is unreachable or did not answer within ``TIMEOUT`` (counts) ...
-BLAME_NODE = "node"
-#: ... the node answered (an error reply, ``CLUSTERDOWN``, ``TRYAGAIN``): never counts ...
-BLAME_NONE = "none"
-#: ... the node refused a new connection while it is up (``maxclients``): counts only
-#: when none of its connections answered lately ...
-BLAME_UNLESS_ANSWERING = "unless_answering"
-#: ... or the process's own budget ran out (``DEADLINE`` spent before a command could be
-#: written): never counts, proves nothing either way.
-BLAME_SELF = "self"
+class Blame:
+    """How a failure bears on its node's circuit breaker (``docs/failures.md``, "The
+    circuit breaker")."""
 
-#: Labels of failures that have a name of their own beside their reason (recent errors,
-#: logs): a server at ``maxclients`` refusing a new connection, a cluster refusing with
-#: ``CLUSTERDOWN`` or ``TRYAGAIN``.
-MAXCLIENTS = "maxclients"
-CLUSTERDOWN = "clusterdown"
-TRYAGAIN = "tryagain"
+    #: The node is unreachable or did not answer within ``TIMEOUT``: counts.
+    NODE: Final = "node"
+    #: The node answered (an error reply, ``CLUSTERDOWN``, ``TRYAGAIN``): never counts.
+    NONE: Final = "none"
+    #: The node refused a new connection while it is up (``maxclients``): counts only when
+    #: none of its connections answered lately.
+    UNLESS_ANSWERING: Final = "unless_answering"
+    #: The process's own budget ran out (``DEADLINE`` spent before a command could be
+    #: written): never counts, proves nothing either way.
+    SELF: Final = "self"
+
+
+class Label:
+    """Labels of failures that have a name of their own beside their reason (recent
+    errors, logs): a server at ``maxclients`` refusing a new connection, a cluster
+    refusing with ``CLUSTERDOWN`` or ``TRYAGAIN``."""
+
+    MAXCLIENTS: Final = "maxclients"
+    CLUSTERDOWN: Final = "clusterdown"
+    TRYAGAIN: Final = "tryagain"
 
 
 class BackendError(QuotaError):
@@ -46,11 +54,9 @@ class BackendError(QuotaError):
     ``docs/failures.md``.
 
     ``label`` names a failure that has a name of its own beside its reason
-    (:data:`MAXCLIENTS`, :data:`CLUSTERDOWN`, :data:`TRYAGAIN`), for the recent errors
-    and the logs; ``blame`` says how it bears on the node's circuit breaker
-    (:data:`BLAME_NODE`, :data:`BLAME_NONE`, :data:`BLAME_UNLESS_ANSWERING`,
-    :data:`BLAME_SELF`; None: by its reason). Raised by backends only; the limiter turns
-    it into a failed outcome, so it never reaches a view.
+    (:class:`Label`), for the recent errors and the logs; ``blame`` says how it bears on
+    the node's circuit breaker (:class:`Blame`; None: by its reason). Raised by backends
+    only; the limiter turns it into a failed outcome, so it never reaches a view.
     """
 
     def __init__(

@@ -13,17 +13,24 @@ import struct
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Final
 
 from django_quota.core.errors import QuotaError
 from django_quota.core.outcome import SELECTOR_IDENTITY_INVALID, SELECTOR_IDENTITY_MISSING
-from django_quota.core.policy import AUTO, FRAMING_ORDER
+from django_quota.core.policy import IPNetwork, Selector
 
-MAX_API_KEY_BYTES = 256
-MAX_VALUE_BYTES = 1024
-MAX_FORWARDED_FOR_BYTES = 4096
+
+class Bounds:
+    """The longest values an identity takes (longer ones are invalid), and how many
+    normalised client entries are remembered (:func:`_normalized_entry`)."""
+
+    MAX_API_KEY_BYTES: Final = 256
+    MAX_VALUE_BYTES: Final = 1024
+    MAX_FORWARDED_FOR_BYTES: Final = 4096
+    MAX_NORMALIZED: Final = 4096
+
+
 HMAC_DERIVATION_MESSAGE = b"django_quota.identity.v1"
-
-IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 
 class InvalidValue:
@@ -203,16 +210,12 @@ def _forwarded_entries(forwarded_for: str | Sequence[str] | None) -> list[str]:
         header = forwarded_for
     else:
         header = ",".join(forwarded_for)
-    if _wire_length(header) > MAX_FORWARDED_FOR_BYTES:
+    if _wire_length(header) > Bounds.MAX_FORWARDED_FOR_BYTES:
         raise IdentityError(SELECTOR_IDENTITY_INVALID, "ip")
     return [entry for entry in reversed(header.split(",")) if entry.strip()]
 
 
-#: How many normalised client entries are remembered (:func:`_normalized_entry`).
-MAX_NORMALIZED = 4096
-
-
-@functools.lru_cache(maxsize=MAX_NORMALIZED)
+@functools.lru_cache(maxsize=Bounds.MAX_NORMALIZED)
 def _normalized_entry(entry: str, ipv6_prefix: int) -> str:
     """One client entry normalised, remembered: parsing an address twice with
     ``ipaddress`` costs more than the rest of a request's subject. An entry that does not
@@ -328,11 +331,11 @@ def normalize_value(dimension: str, value: object, ipv6_prefix: int) -> str:
         except ValueError:
             raise IdentityError(SELECTOR_IDENTITY_INVALID, dimension) from None
     if dimension == "api_key" and (
-        _has_control_characters(text) or _utf8_length(text) > MAX_API_KEY_BYTES
+        _has_control_characters(text) or _utf8_length(text) > Bounds.MAX_API_KEY_BYTES
     ):
         raise IdentityError(SELECTOR_IDENTITY_INVALID, dimension)
     if dimension == "route" and (
-        _has_control_characters(text) or _utf8_length(text) > MAX_VALUE_BYTES
+        _has_control_characters(text) or _utf8_length(text) > Bounds.MAX_VALUE_BYTES
     ):
         raise IdentityError(SELECTOR_IDENTITY_INVALID, dimension)
     return text
@@ -375,8 +378,8 @@ def build_identity(
     is never replaced by another) and ``TypeError`` for a value that is not ``str``,
     ``int`` or ``uuid.UUID`` (:func:`normalize_value`).
     """
-    dimensions = [resolve_auto(subject) if d == AUTO else d for d in selector]
-    dimensions.sort(key=FRAMING_ORDER.index)
+    dimensions = [resolve_auto(subject) if d == Selector.AUTO else d for d in selector]
+    dimensions.sort(key=Selector.FRAMING_ORDER.index)
     components = [(d, normalize_value(d, subject.get(d), ipv6_prefix)) for d in dimensions]
     route = next((value for name, value in components if name == "route"), None)
     private = [(name, value) for name, value in components if name != "route"]

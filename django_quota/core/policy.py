@@ -9,140 +9,95 @@ import json
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Final
 
+from django_quota.core.algorithms import ALGORITHMS as ALGORITHMS
+from django_quota.core.algorithms import CONCURRENCY as CONCURRENCY
+from django_quota.core.algorithms import FIXED_WINDOW as FIXED_WINDOW
+from django_quota.core.algorithms import MAX_CONCURRENCY as MAX_CONCURRENCY
+from django_quota.core.algorithms import SLIDING_LOG as SLIDING_LOG
+from django_quota.core.algorithms import SLIDING_WINDOW as SLIDING_WINDOW
+from django_quota.core.algorithms import TOKEN_BUCKET as TOKEN_BUCKET
+from django_quota.core.algorithms import Window as Window
+from django_quota.core.algorithms import counted_calendar as counted_calendar
+from django_quota.core.algorithms import written_rate as written_rate
 from django_quota.core.errors import ConfigurationError
 from django_quota.core.rates import (
-    CALENDAR_ONLY,
-    MAX_PRODUCT,
-    UNIT_MS,
+    Bounds,
+    Grammar,
     Rate,
     check_rate_bounds,
     format_period,
-    format_rate,
     parse_rate,
 )
 from django_quota.core.statuses import parse_count_when
 from django_quota.core.zones import parse_timezone
 
-FIXED_WINDOW = "fixed_window"
-SLIDING_WINDOW = "sliding_window"
-SLIDING_LOG = "sliding_log"
-TOKEN_BUCKET = "token_bucket"
-#: At most N units in flight per identity, each lease released by the edge or after P
-#: (docs/concurrency.md).
-CONCURRENCY = "concurrency"
-ALGORITHMS = (FIXED_WINDOW, SLIDING_WINDOW, SLIDING_LOG, TOKEN_BUCKET, CONCURRENCY)
-#: A concurrency policy's largest N: a lease's units are two bytes of its member
-#: (docs/concurrency.md), and every call reads its held leases.
-MAX_CONCURRENCY = 65_535
-
-ENFORCE = "enforce"
-SHADOW = "shadow"
-ENFORCEMENTS = (ENFORCE, SHADOW)
-FAILURE_MODES = ("open", "closed")
-ON_MISSING = ("deny", "skip")
-
-#: Dimensions in the stable order in which an identity frames them (``docs/subjects.md``).
-DIMENSIONS = ("route", "tenant", "user", "api_key", "ip")
-#: Dimensions only the library's own layers use (the DRF drop-ins' ``get_cache_key()``, the
-#: django-ratelimit drop-in's ``key``).
-INTERNAL_DIMENSIONS = ("drf_cache_key", "ratelimit_key")
-AUTO = "auto"
-SELECTOR_VALUES = (*DIMENSIONS, AUTO)
-FRAMING_ORDER = (*DIMENSIONS, *INTERNAL_DIMENSIONS)
-
-# \Z, not $: "$" also matches before a trailing newline, which would let "orders\n" pass.
-POLICY_ID_RE = re.compile(r"^[a-z0-9][a-z0-9_.:-]{0,63}\Z")
-WINDOW_NAME_RE = re.compile(r"^[a-z][a-z0-9_]{0,31}\Z")
-#: A plan's name (``docs/plans.md``): what ``PLAN_RESOLVER`` returns.
-PLAN_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}\Z")
-DEFAULT_WINDOW = "default"
-
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 
-POLICY_KEYS = frozenset(
-    {
-        "algorithm",
-        "windows",
-        "selector",
-        "routes",
-        "exempt",
-        "methods",
-        "enforcement",
-        "failure_mode",
-        "on_missing",
-        "max_cost",
-        "capacity",
-        "enabled",
-        "plans",
-        "timezone",
-        "count_when",
-    }
-)
-#: The timezone of a policy without ``timezone`` when no other default is given.
-DEFAULT_TIMEZONE = "UTC"
+
+class Enforcement:
+    """A policy's ``enforcement``: enforced, or evaluated and never refusing."""
+
+    ENFORCE: Final = "enforce"
+    SHADOW: Final = "shadow"
+    VALUES: Final = (ENFORCE, SHADOW)
 
 
-@dataclass(frozen=True, slots=True)
-class Window:
-    """One window of a policy: ``limit`` units per ``period_ms`` milliseconds.
+class Selector:
+    """A policy's ``selector``: the dimensions that frame its identity (``docs/subjects.md``)."""
 
-    ``capacity`` is the token bucket's size (``limit`` unless configured); other
-    algorithms ignore it and keep it equal to ``limit``. ``calendar`` is ``"day"``,
-    ``"week"``, ``"month"`` or ``"year"`` for a calendar window (a fixed window of exactly
-    one of them, starting at local midnight in ``timezone``, an IANA name:
-    docs/policies.md), else ``""``. A one-day window in UTC is no calendar window: it is
-    exactly the epoch-aligned day.
-    """
-
-    name: str
-    limit: int
-    period_ms: int
-    capacity: int
-    calendar: str = ""
-    timezone: str = ""
-
-    @property
-    def period(self) -> float:
-        """The period in seconds."""
-        return self.period_ms / 1000
-
-    @property
-    def rate(self) -> str:
-        """The window's rate as the grammar writes it: ``"100/h"``, ``"10000/month"``."""
-        return format_rate(self.limit, self.period_ms, self.calendar)
+    #: Dimensions in the stable order in which an identity frames them.
+    DIMENSIONS: Final = ("route", "tenant", "user", "api_key", "ip")
+    #: Dimensions only the library's own layers use (the DRF drop-ins' ``get_cache_key()``,
+    #: the django-ratelimit drop-in's ``key``).
+    INTERNAL: Final = ("drf_cache_key", "ratelimit_key")
+    AUTO: Final = "auto"
+    VALUES: Final = (*DIMENSIONS, AUTO)
+    FRAMING_ORDER: Final = (*DIMENSIONS, *INTERNAL)
 
 
-def counted_calendar(algorithm: str, window: Window) -> tuple[str, str]:
-    """The calendar unit and timezone that ``window`` counts in, ``("", "")`` for none.
+class Form:
+    """The rest of the dict form's vocabulary: its keys, choices, names and defaults."""
 
-    A calendar window's own; ``("day", "UTC")`` for a fixed window of exactly one day
-    without one, since the epoch-aligned day is the day in UTC (``"5/d"`` in UTC,
-    ``"5/24h"`` in any timezone, a database policy's 86,400 seconds). What
-    ``quota policies`` and the status page show (docs/policies.md#calendar-windows).
-    """
-    if window.calendar:
-        return window.calendar, window.timezone
-    if algorithm == FIXED_WINDOW and window.period_ms == UNIT_MS["d"]:
-        return "day", "UTC"
-    return "", ""
+    KEYS: Final = frozenset(
+        {
+            "algorithm",
+            "windows",
+            "selector",
+            "routes",
+            "exempt",
+            "methods",
+            "enforcement",
+            "failure_mode",
+            "on_missing",
+            "max_cost",
+            "capacity",
+            "enabled",
+            "plans",
+            "timezone",
+            "count_when",
+        }
+    )
+    FAILURE_MODES: Final = ("open", "closed")
+    ON_MISSING: Final = ("deny", "skip")
+    # \Z, not $: "$" also matches before a trailing newline, which would let "orders\n" pass.
+    POLICY_ID_RE: Final = re.compile(r"^[a-z0-9][a-z0-9_.:-]{0,63}\Z")
+    WINDOW_NAME_RE: Final = re.compile(r"^[a-z][a-z0-9_]{0,31}\Z")
+    #: A plan's name (``docs/plans.md``): what ``PLAN_RESOLVER`` returns.
+    PLAN_NAME_RE: Final = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}\Z")
+    DEFAULT_WINDOW: Final = "default"
+    #: The timezone of a policy without ``timezone`` when no other default is given.
+    DEFAULT_TIMEZONE: Final = "UTC"
 
 
-def written_rate(algorithm: str, window: Window) -> str:
-    """``window``'s rate as a person reads it: a window counted in a calendar unit in
-    words with its timezone (``"10000/month (Europe/Berlin)"``, ``"5/day (UTC)"``),
-    any other in its largest whole unit (``"100/30d"``, a rolling day ``"5/d"``)."""
-    calendar, timezone = counted_calendar(algorithm, window)
-    if calendar:
-        return f"{format_rate(window.limit, window.period_ms, calendar)} ({timezone})"
-    return window.rate
 
 
 @dataclass(frozen=True, slots=True)
 class Policy:
     """A validated policy. Build it with :func:`parse_policy`, or directly in library code.
 
-    ``selector`` is in framing order (:data:`FRAMING_ORDER`), so ``["ip", "user"]`` and
+    ``selector`` is in framing order (:attr:`Selector.FRAMING_ORDER`), so ``["ip", "user"]`` and
     ``["user", "ip"]`` are the same policy. ``revision`` isolates counters: it changes
     exactly when the algorithm, the selector or a window's name, limit, period or
     capacity changes.
@@ -151,10 +106,10 @@ class Policy:
     id: str
     algorithm: str
     windows: tuple[Window, ...]
-    selector: tuple[str, ...] = (AUTO,)
+    selector: tuple[str, ...] = (Selector.AUTO,)
     routes: tuple[str, ...] = ()
     methods: tuple[str, ...] = ()
-    enforcement: str = ENFORCE
+    enforcement: str = Enforcement.ENFORCE
     failure_mode: str | None = None
     on_missing: str = "deny"
     max_cost: int | None = None
@@ -164,7 +119,7 @@ class Policy:
     revision: str = ""
     source: str = "settings"
     extra: Mapping[str, object] = field(default_factory=dict, compare=False, hash=False)
-    timezone: str = DEFAULT_TIMEZONE
+    timezone: str = Form.DEFAULT_TIMEZONE
     #: ``(plan name, windows)`` pairs (``docs/plans.md``): each plan's windows have the
     #: names and periods of :attr:`windows`, in that order; only limits and capacities
     #: differ, so every plan shares the policy's counter.
@@ -202,7 +157,7 @@ class Policy:
     @property
     def shadow(self) -> bool:
         """True when the policy is evaluated but never refuses."""
-        return self.enforcement == SHADOW
+        return self.enforcement == Enforcement.SHADOW
 
     @property
     def certainty(self) -> str:
@@ -265,7 +220,7 @@ def _calendar_windows(
     result = []
     for window, rate in zip(windows, rates, strict=True):
         calendar = rate.calendar
-        if calendar in CALENDAR_ONLY and algorithm != FIXED_WINDOW:
+        if calendar in Grammar.CALENDAR_ONLY and algorithm != FIXED_WINDOW:
             raise ConfigurationError(
                 f"{policy_key}['windows']",
                 f"a {calendar} is a calendar window: fixed_window only, not {algorithm}",
@@ -328,12 +283,12 @@ def _parse_plans(
     periods = {window.name: window for window in windows}
     plans = []
     for name, raw in raw_plans.items():
-        if not isinstance(name, str) or not PLAN_NAME_RE.match(name):
+        if not isinstance(name, str) or not Form.PLAN_NAME_RE.match(name):
             raise ConfigurationError(
                 key, f"plan name {name!r} must match [A-Za-z0-9][A-Za-z0-9_.:-]{{0,63}}"
             )
         plan_key = f"{key}[{name!r}]"
-        if isinstance(raw, str) and set(periods) != {DEFAULT_WINDOW}:
+        if isinstance(raw, str) and set(periods) != {Form.DEFAULT_WINDOW}:
             raise ConfigurationError(
                 plan_key, f"name the windows as the policy does: {', '.join(periods)}"
             )
@@ -392,25 +347,26 @@ def _string_list(value: object, key: str) -> tuple[str, ...]:
 def parse_selector(value: object, key: str, *, allow_internal: bool = False) -> tuple[str, ...]:
     """Validate a selector list and return it in framing order."""
     if value is None:
-        return (AUTO,)
+        return (Selector.AUTO,)
     if isinstance(value, str):
         value = [value]
     dimensions = _string_list(value, key)
-    allowed = (*SELECTOR_VALUES, *INTERNAL_DIMENSIONS) if allow_internal else SELECTOR_VALUES
+    allowed = (*Selector.VALUES, *Selector.INTERNAL) if allow_internal else Selector.VALUES
     if not dimensions:
         raise ConfigurationError(key, "a selector needs at least one dimension")
     for dimension in dimensions:
         if dimension not in allowed:
             raise ConfigurationError(
-                key, f"unknown dimension {dimension!r}; use one of {', '.join(SELECTOR_VALUES)}"
+                key, f"unknown dimension {dimension!r}; use one of {', '.join(Selector.VALUES)}"
             )
     if len(set(dimensions)) != len(dimensions):
         raise ConfigurationError(key, f"dimension repeated in {list(dimensions)!r}")
-    if AUTO in dimensions and {"user", "api_key", "ip"} & set(dimensions):
+    if Selector.AUTO in dimensions and {"user", "api_key", "ip"} & set(dimensions):
         raise ConfigurationError(
             key, "'auto' already chooses between user, api_key and ip; do not combine them"
         )
-    order = (*FRAMING_ORDER[: FRAMING_ORDER.index("ip") + 1], AUTO, *INTERNAL_DIMENSIONS)
+    framing = Selector.FRAMING_ORDER
+    order = (*framing[: framing.index("ip") + 1], Selector.AUTO, *Selector.INTERNAL)
     return tuple(sorted(dimensions, key=order.index))
 
 
@@ -419,19 +375,19 @@ def _parse_windows(
     algorithm: str,
     raw_windows: object,
     raw_capacity: object,
-    timezone: str = DEFAULT_TIMEZONE,
+    timezone: str = Form.DEFAULT_TIMEZONE,
     *,
     windows_key: str | None = None,
 ) -> tuple[Window, ...]:
     key = windows_key or f"{policy_key}['windows']"
     rates: list[tuple[str, Rate]] = []
     if isinstance(raw_windows, str):
-        rates.append((DEFAULT_WINDOW, parse_rate(raw_windows, key)))
+        rates.append((Form.DEFAULT_WINDOW, parse_rate(raw_windows, key)))
     elif isinstance(raw_windows, Mapping):
         if not raw_windows:
             raise ConfigurationError(key, "a policy needs at least one window")
         for name, text in raw_windows.items():
-            if not isinstance(name, str) or not WINDOW_NAME_RE.match(name):
+            if not isinstance(name, str) or not Form.WINDOW_NAME_RE.match(name):
                 raise ConfigurationError(
                     key, f"window name {name!r} must match [a-z][a-z0-9_]{{0,31}}"
                 )
@@ -459,7 +415,7 @@ def _parse_windows(
     windows = []
     for name, rate in rates:
         capacity = capacities.get(name, rate.limit)
-        if capacity * rate.period_ms > MAX_PRODUCT:
+        if capacity * rate.period_ms > Bounds.MAX_PRODUCT:
             raise ConfigurationError(
                 capacity_key, f"capacity x period in milliseconds exceeds 2**52 for {name!r}"
             )
@@ -528,7 +484,7 @@ def parse_policy(
     default_algorithm: str = FIXED_WINDOW,
     key: str | None = None,
     allow_internal_dimensions: bool = False,
-    default_timezone: str = DEFAULT_TIMEZONE,
+    default_timezone: str = Form.DEFAULT_TIMEZONE,
 ) -> Policy:
     """Validate one policy dict (``docs/policies.md``) and return the :class:`Policy`.
 
@@ -542,14 +498,14 @@ def parse_policy(
     """
     if key is None:
         key = f"QUOTA['POLICIES'][{policy_id!r}]"
-    if not isinstance(policy_id, str) or not POLICY_ID_RE.match(policy_id):
+    if not isinstance(policy_id, str) or not Form.POLICY_ID_RE.match(policy_id):
         raise ConfigurationError(key, "a policy id must match [a-z0-9][a-z0-9_.:-]{0,63}")
     if not isinstance(raw, Mapping):
         raise ConfigurationError(key, f"a policy must be a dict, not {type(raw).__name__}")
-    unknown = sorted(str(name) for name in set(raw) - POLICY_KEYS)
+    unknown = sorted(str(name) for name in set(raw) - Form.KEYS)
     if unknown:
         raise ConfigurationError(
-            key, f"unknown key(s) {', '.join(unknown)}; known: {', '.join(sorted(POLICY_KEYS))}"
+            key, f"unknown key(s) {', '.join(unknown)}; known: {', '.join(sorted(Form.KEYS))}"
         )
     algorithm = _choice(raw.get("algorithm", default_algorithm), ALGORITHMS, f"{key}['algorithm']")
     if "windows" not in raw:
@@ -559,15 +515,19 @@ def parse_policy(
     if algorithm == CONCURRENCY:
         check_concurrency_windows(f"{key}['windows']", windows)
     selector = parse_selector(
-        raw.get("selector", [AUTO]), f"{key}['selector']", allow_internal=allow_internal_dimensions
+        raw.get("selector", [Selector.AUTO]),
+        f"{key}['selector']",
+        allow_internal=allow_internal_dimensions,
     )
     routes = _string_list(raw.get("routes"), f"{key}['routes']")
     methods = _parse_methods(raw.get("methods", []), f"{key}['methods']")
-    enforcement = _choice(raw.get("enforcement", ENFORCE), ENFORCEMENTS, f"{key}['enforcement']")
+    enforcement = _choice(
+        raw.get("enforcement", Enforcement.ENFORCE), Enforcement.VALUES, f"{key}['enforcement']"
+    )
     failure_mode = raw.get("failure_mode")
     if failure_mode is not None:
-        failure_mode = _choice(failure_mode, FAILURE_MODES, f"{key}['failure_mode']")
-    on_missing = _choice(raw.get("on_missing", "deny"), ON_MISSING, f"{key}['on_missing']")
+        failure_mode = _choice(failure_mode, Form.FAILURE_MODES, f"{key}['failure_mode']")
+    on_missing = _choice(raw.get("on_missing", "deny"), Form.ON_MISSING, f"{key}['on_missing']")
     exempt = parse_exempt(raw.get("exempt"), f"{key}['exempt']")
     count_when = parse_count_when(raw.get("count_when"), f"{key}['count_when']")
     max_cost = raw.get("max_cost")
@@ -621,6 +581,6 @@ def window_from_limit(
     """Build a window from separate numbers (the admin's form), with the same bounds."""
     check_rate_bounds(limit, period_ms, key)
     effective = capacity if capacity is not None else limit
-    if effective < 1 or effective * period_ms > MAX_PRODUCT:
+    if effective < 1 or effective * period_ms > Bounds.MAX_PRODUCT:
         raise ConfigurationError(key, "capacity must be positive and capacity x period_ms <= 2**52")
     return Window(name, limit, period_ms, effective)

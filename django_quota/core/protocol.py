@@ -16,10 +16,8 @@ from django_quota.core.calls import (
     GROUP_DECIDED,
     GROUP_INDETERMINATE,
     GROUP_REPLAYED,
-    MODE_FRESH,
-    MODE_MAY_REPEAT,
-    MODE_PEEK,
-    PACKED_HEADER,
+    Mode,
+    Packing,
     PolicyCall,
     PolicyResult,
     check_packable,
@@ -178,7 +176,7 @@ _HEADERS: dict[tuple[int, ...], bytes] = {}
 def _pack_header(fields: tuple[int, ...]) -> bytes:
     mode, count, now, regression, dedup_ttl, grace = fields
     try:
-        header = PACKED_HEADER.pack(
+        header = Packing.HEADER.pack(
             mode,
             count,
             now,  # 0 (Redis TIME) or now + 1, checked by args()
@@ -214,10 +212,10 @@ class GroupRequest(NamedTuple):
 
     @property
     def mode(self) -> int:
-        """The script's evaluation mode (:data:`~django_quota.core.calls.MODE_FRESH`…)."""
+        """The script's evaluation mode (:class:`~django_quota.core.calls.Mode`)."""
         if self.peek:
-            return MODE_PEEK
-        return MODE_MAY_REPEAT if self.may_repeat else MODE_FRESH
+            return Mode.PEEK
+        return Mode.MAY_REPEAT if self.may_repeat else Mode.FRESH
 
     def keys(self) -> Sequence[str]:
         """KEYS for ``evaluate.lua``: one counter per policy, then the sliding-log

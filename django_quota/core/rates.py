@@ -8,48 +8,57 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from typing import Final
 
 from django_quota.core.errors import ConfigurationError
 
-MAX_LIMIT = 10**9
-MIN_PERIOD_MS = 1_000
-MAX_PERIOD_MS = 366 * 86_400_000
-#: Largest ``limit * period_ms`` (and ``capacity * period_ms``): keeps every product the
-#: scripts form an exact integer in a Lua double (53-bit mantissa) with room to add.
-MAX_PRODUCT = 2**52
 
-#: The period units, shortest first: milliseconds, spellings (lower case; the text is
-#: matched in any case) and the calendar unit (:attr:`Rate.calendar`) a period written
-#: with a multiplier of 1 has (None: none). A month's and a year's milliseconds are their
-#: longest (31 and 366 days), where a number is needed (the bounds, the revision): their
-#: windows follow the calendar.
-_UNITS = (
-    (1_000, ("s", "sec", "second", "seconds"), None),
-    (60_000, ("m", "min", "minute", "minutes"), None),
-    (3_600_000, ("h", "hour", "hours"), None),
-    (86_400_000, ("d", "day", "days"), "day"),
-    (7 * 86_400_000, ("w", "week", "weeks"), "week"),
-    (31 * 86_400_000, ("mo", "month", "months"), "month"),
-    (366 * 86_400_000, ("y", "year", "years"), "year"),
-)
-#: Calendar unit of each spelling that has one.
-CALENDAR_UNITS = {name: unit for _, names, unit in _UNITS if unit for name in names}
-#: Calendar units that exist only as calendar windows (no multiplier, fixed_window only).
-CALENDAR_ONLY = ("month", "year")
-#: Period names (lower case) -> milliseconds.
-UNIT_MS = {name: ms for ms, names, _ in _UNITS for name in names}
-#: The units a period is written back in, largest first (:func:`format_period`): day,
-#: hour, minute, second.
-_WRITTEN_UNITS = tuple((names[0], ms) for ms, names, _ in reversed(_UNITS[:4]))
-#: How error messages and hints spell the grammar.
-GRAMMAR = (
-    "'N/P' with P one of s, m, h, d, w, mo, y (or sec, second(s), min, minute(s), hour(s), "
-    "day(s), week(s), month(s), year(s)) and an optional multiplier ('100/5m'; none for a "
-    "month or a year)"
-)
-_RATE_RE = re.compile(
-    r"^\s*(?P<limit>[0-9]+)\s*/\s*(?P<multiplier>[0-9]*)\s*(?P<unit>[A-Za-z]+)\s*$"
-)
+class Bounds:
+    """What a rate may be: a limit up to a billion, a period from a second to a year."""
+
+    MAX_LIMIT: Final = 10**9
+    MIN_PERIOD_MS: Final = 1_000
+    MAX_PERIOD_MS: Final = 366 * 86_400_000
+    #: Largest ``limit * period_ms`` (and ``capacity * period_ms``): keeps every product
+    #: the scripts form an exact integer in a Lua double (53-bit mantissa) with room to add.
+    MAX_PRODUCT: Final = 2**52
+
+
+class Grammar:
+    """The grammar's tables: the period units and their spellings, and the pattern."""
+
+    #: The period units, shortest first: milliseconds, spellings (lower case; the text is
+    #: matched in any case) and the calendar unit (:attr:`Rate.calendar`) a period written
+    #: with a multiplier of 1 has (None: none). A month's and a year's milliseconds are
+    #: their longest (31 and 366 days), where a number is needed (the bounds, the
+    #: revision): their windows follow the calendar.
+    UNITS: Final = (
+        (1_000, ("s", "sec", "second", "seconds"), None),
+        (60_000, ("m", "min", "minute", "minutes"), None),
+        (3_600_000, ("h", "hour", "hours"), None),
+        (86_400_000, ("d", "day", "days"), "day"),
+        (7 * 86_400_000, ("w", "week", "weeks"), "week"),
+        (31 * 86_400_000, ("mo", "month", "months"), "month"),
+        (366 * 86_400_000, ("y", "year", "years"), "year"),
+    )
+    #: Calendar unit of each spelling that has one.
+    CALENDAR_UNITS: Final = {name: unit for _, names, unit in UNITS if unit for name in names}
+    #: Calendar units that exist only as calendar windows (no multiplier, fixed_window only).
+    CALENDAR_ONLY: Final = ("month", "year")
+    #: Period names (lower case) -> milliseconds.
+    UNIT_MS: Final = {name: ms for ms, names, _ in UNITS for name in names}
+    #: The units a period is written back in, largest first (:func:`format_period`): day,
+    #: hour, minute, second.
+    WRITTEN_UNITS: Final = tuple((names[0], ms) for ms, names, _ in reversed(UNITS[:4]))
+    #: How error messages and hints spell the grammar.
+    SPELLED: Final = (
+        "'N/P' with P one of s, m, h, d, w, mo, y (or sec, second(s), min, minute(s), "
+        "hour(s), day(s), week(s), month(s), year(s)) and an optional multiplier ('100/5m'; "
+        "none for a month or a year)"
+    )
+    RATE_RE: Final = re.compile(
+        r"^\s*(?P<limit>[0-9]+)\s*/\s*(?P<multiplier>[0-9]*)\s*(?P<unit>[A-Za-z]+)\s*$"
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,7 +81,7 @@ class Rate:
 def parse_rate(text: object, key: str = "rate") -> Rate:
     """Parse ``"N/P"`` into a :class:`Rate`, enforcing the numeric bounds of ``docs/policies.md``.
 
-    P is a period name of :data:`UNIT_MS` in any case (``"10/Minute"``), optionally
+    P is a period name of :attr:`Grammar.UNIT_MS` in any case (``"10/Minute"``), optionally
     preceded by an integer multiplier (``"100/5m"``); whitespace around the parts is
     ignored. Raises :class:`ConfigurationError` (naming ``key``) for anything else: a non-string,
     a zero or negative count, an unknown unit, a period under 1 s or over 366 d, a
@@ -80,19 +89,21 @@ def parse_rate(text: object, key: str = "rate") -> Rate:
     """
     if not isinstance(text, str):
         raise ConfigurationError(key, f"a rate must be a string like '10/s', not {text!r}")
-    match = _RATE_RE.match(text)
+    match = Grammar.RATE_RE.match(text)
     if match is None:
-        raise ConfigurationError(key, f"{text!r} is not a rate; write {GRAMMAR}")
+        raise ConfigurationError(key, f"{text!r} is not a rate; write {Grammar.SPELLED}")
     unit = match["unit"].lower()
-    if unit not in UNIT_MS:
+    if unit not in Grammar.UNIT_MS:
         raise ConfigurationError(
-            key, f"{text!r}: unknown period {match['unit']!r}; write {GRAMMAR}"
+            key, f"{text!r}: unknown period {match['unit']!r}; write {Grammar.SPELLED}"
         )
     # int() refuses strings of over 4300 digits (a bare ValueError without the key);
     # anything over 20 significant digits is far outside the bounds anyway.
     if max(len(match["limit"].lstrip("0")), len(match["multiplier"].lstrip("0"))) > 20:
         raise ConfigurationError(
-            key, f"{text!r}: the count must be at most {MAX_LIMIT} and the period at most 1 year"
+            key,
+            f"{text!r}: the count must be at most {Bounds.MAX_LIMIT} and the period at most "
+            "1 year",
         )
     limit = int(match["limit"])
     multiplier = int(match["multiplier"]) if match["multiplier"] else 1
@@ -100,28 +111,31 @@ def parse_rate(text: object, key: str = "rate") -> Rate:
         raise ConfigurationError(key, f"{text!r}: the count must be a positive integer")
     if multiplier < 1:
         raise ConfigurationError(key, f"{text!r}: the period multiplier must be positive")
-    calendar = CALENDAR_UNITS.get(unit, "") if multiplier == 1 else ""
-    if calendar == "" and unit in CALENDAR_UNITS and CALENDAR_UNITS[unit] in CALENDAR_ONLY:
+    calendars = Grammar.CALENDAR_UNITS
+    calendar = calendars.get(unit, "") if multiplier == 1 else ""
+    if calendar == "" and unit in calendars and calendars[unit] in Grammar.CALENDAR_ONLY:
         raise ConfigurationError(
-            key, f"{text!r}: a {CALENDAR_UNITS[unit]} takes no multiplier (a calendar window)"
+            key, f"{text!r}: a {calendars[unit]} takes no multiplier (a calendar window)"
         )
-    rate = Rate(limit=limit, period_ms=multiplier * UNIT_MS[unit], calendar=calendar)
+    rate = Rate(limit=limit, period_ms=multiplier * Grammar.UNIT_MS[unit], calendar=calendar)
     check_rate_bounds(rate.limit, rate.period_ms, key)
     return rate
 
 
 def check_rate_bounds(limit: int, period_ms: int, key: str) -> None:
-    """Raise :class:`ConfigurationError` unless the numeric bounds hold: a limit of 1 to
-    :data:`MAX_LIMIT`, a period of :data:`MIN_PERIOD_MS` to :data:`MAX_PERIOD_MS`
-    milliseconds, and ``limit * period_ms`` at most :data:`MAX_PRODUCT`."""
-    if limit < 1 or limit > MAX_LIMIT:
-        raise ConfigurationError(key, f"the limit must be between 1 and {MAX_LIMIT}, not {limit}")
-    if period_ms < MIN_PERIOD_MS or period_ms > MAX_PERIOD_MS:
+    """Raise :class:`ConfigurationError` unless the numeric bounds hold (:class:`Bounds`):
+    a limit of 1 to ``MAX_LIMIT``, a period of ``MIN_PERIOD_MS`` to ``MAX_PERIOD_MS``
+    milliseconds, and ``limit * period_ms`` at most ``MAX_PRODUCT``."""
+    if limit < 1 or limit > Bounds.MAX_LIMIT:
+        raise ConfigurationError(
+            key, f"the limit must be between 1 and {Bounds.MAX_LIMIT}, not {limit}"
+        )
+    if period_ms < Bounds.MIN_PERIOD_MS or period_ms > Bounds.MAX_PERIOD_MS:
         raise ConfigurationError(
             key,
             f"the period must be between 1 s and 366 d (a year), not {format_period(period_ms)}",
         )
-    if limit * period_ms > MAX_PRODUCT:
+    if limit * period_ms > Bounds.MAX_PRODUCT:
         raise ConfigurationError(
             key, "limit x period in milliseconds exceeds 2**52; lower the limit or the period"
         )
@@ -140,7 +154,7 @@ def bounds_problem(limit: int, period_ms: int) -> str | None:
 def format_period(period_ms: int) -> str:
     """Write a period as the rate grammar reads it, in its largest whole unit: ``"d"``
     for one day, ``"30d"``, ``"90s"``, ``"1500ms"`` for what is no whole second."""
-    for unit, unit_ms in _WRITTEN_UNITS:
+    for unit, unit_ms in Grammar.WRITTEN_UNITS:
         if period_ms % unit_ms == 0:
             count = period_ms // unit_ms
             return unit if count == 1 else f"{count}{unit}"

@@ -30,9 +30,9 @@ are those when some window gave them back, else 0.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import NamedTuple
+from typing import Final, NamedTuple
 
-from django_quota.core.calls import ALGORITHM_CODES, CALENDAR_CODE, check_packable
+from django_quota.core.calls import ALGORITHM_CODES, Packing, check_packable
 from django_quota.core.evaluation_ids import STAMP_MODULUS, entries
 from django_quota.core.policy import FIXED_WINDOW, SLIDING_LOG, SLIDING_WINDOW, TOKEN_BUCKET
 from django_quota.core.protocol import log_key
@@ -193,10 +193,12 @@ def refund_counter(
     return Refunded(cost if refunded else 0, numbers, kept, tuple(new_logs))
 
 
-#: ``refund.lua``'s modes: the cluster's refunds after a later slot refused (best
-#: effort, at the charge's own now), and a refund of one evaluation at most once.
-REFUND_BEST_EFFORT = 0
-REFUND_AT_MOST_ONCE = 1
+class RefundMode:
+    """``refund.lua``'s modes: the cluster's refunds after a later slot refused (best
+    effort, at the charge's own now), and a refund of one evaluation at most once."""
+
+    BEST_EFFORT: Final = 0
+    AT_MOST_ONCE: Final = 1
 
 
 class RefundRequest(NamedTuple):
@@ -226,10 +228,10 @@ class RefundRequest(NamedTuple):
         now = 0 if self.now_ms is None else check_packable(self.now_ms) + 1
         since = 0 if self.since_ms is None else check_packable(self.since_ms) + 1
         args: list[int | str | bytes] = [
-            len(self.calls), self.fingerprint, REFUND_AT_MOST_ONCE, now
+            len(self.calls), self.fingerprint, RefundMode.AT_MOST_ONCE, now
         ]
         for call in self.calls:
-            code = CALENDAR_CODE if call.places else ALGORITHM_CODES[call.algorithm]
+            code = Packing.CALENDAR_CODE if call.places else ALGORITHM_CODES[call.algorithm]
             args += [code, call.cost, since, len(call.periods)]
             for index, period in enumerate(call.periods):
                 if call.places:
