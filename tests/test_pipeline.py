@@ -1,4 +1,4 @@
-"""Async decisions pipelined on a few connections per event loop and node
+"""Async decisions pipelined on one connection per event loop and node
 (``django_quota/backends/pipeline.py``, docs/failures.md "Connections"), on real
 redis-servers started here: a cold burst needs no connection per decision, async views
 under WSGI reuse the process's connections, a reply received while the loop was busy is
@@ -256,6 +256,31 @@ def test_concurrent_commands_share_a_few_connections_and_error_replies_stay_thei
         else:
             assert isinstance(reply, redis.exceptions.NoScriptError)
     assert 1 <= opened <= pipeline_module.CONNECTIONS
+
+
+def test_a_loops_concurrent_commands_share_one_connection(server: RedisProcess) -> None:
+    """Redis runs one command at a time: 64 callers of one loop gain nothing from more
+    connections, each of which costs the server a read and a write a turn. One connection
+    takes them all, and the server sees one new connection."""
+
+    async def scenario() -> tuple[list[Any], int, int]:
+        pool = redis.asyncio.ConnectionPool.from_url(server.url, protocol=2)
+        pipeline = pipeline_module.Pipeline(pool.make_connection, 2.0)
+
+        async def caller(index: int) -> list[Any]:
+            return [await pipeline.execute(("ECHO", f"{index}.{i}")) for i in range(20)]
+
+        replies = await asyncio.gather(*(caller(index) for index in range(64)))
+        opened, held = pipeline.opened, len(pipeline.pipes)
+        pipeline.close()
+        return replies, opened, held
+
+    before = connections_received(server)
+    replies, opened, held = asyncio.run(scenario())
+    assert replies == [[f"{index}.{i}".encode() for i in range(20)] for index in range(64)]
+    assert (opened, held) == (1, 1)
+    # The pipeline's one connection, and the read of the count itself.
+    assert connections_received(server) - before == 2
 
 
 def test_a_broken_connection_fails_written_commands_as_lost_and_the_rest_as_unwritten(

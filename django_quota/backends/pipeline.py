@@ -1,8 +1,8 @@
-"""Async commands pipelined on a few connections per event loop and node
+"""Async commands pipelined on one connection per event loop and node
 (``docs/failures.md``, "Async connections").
 
-A :class:`Pipeline` belongs to one event loop and one node. It keeps at most
-:data:`CONNECTIONS` connections that take new commands (:class:`Pipe`), made and
+A :class:`Pipeline` belongs to one event loop and one node. It keeps
+:data:`CONNECTIONS` connection that takes new commands (:class:`Pipe`), made and
 connected by redis-py (``pool.make_connection()``, then ``connect()``: the handshake, TLS,
 ``AUTH``, ``SELECT`` and a Sentinel's primary discovery stay redis-py's), and writes the
 commands of concurrent callers onto them as they come: a command sent to a connection with
@@ -56,10 +56,15 @@ else:
 
 __all__ = ["CONNECTIONS", "MAX_CONNECTIONS", "Late", "Pipe", "Pipeline"]
 
-#: Connections per event loop and node that take new commands.
-CONNECTIONS = 4
+#: Connections per event loop and node that take new commands. Redis runs one command at
+#: a time, so a loop's commands gain nothing from being spread over connections, and each
+#: connection costs the server a read and a write a turn: with 4, 64 tasks of one loop
+#: cost the server 0.12 reads (and writes) per decision, with 1, 0.03, and its CPU per
+#: decision fell from about 8.2 to 6.9 µs (docs/benchmarks.md, "The engine"). Another
+#: connection is opened only when this one has a command past ``TIMEOUT``.
+CONNECTIONS = 1
 #: Connections per event loop and node at most, those waiting for a late reply included.
-MAX_CONNECTIONS = 2 * CONNECTIONS
+MAX_CONNECTIONS = 8
 #: A new connection is opened (up to :data:`CONNECTIONS`) when every usable one has at
 #: least this many commands unanswered.
 SPREAD = 1
