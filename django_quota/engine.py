@@ -52,6 +52,7 @@ from django_quota.prepared import (
     Compiled,
     Prepared,
     new_evaluation_id,
+    placed_calls,
     refusal,
     validate_cost,
 )
@@ -331,7 +332,7 @@ class Limiter(Interpreter):
         calls: tuple[PolicyCall, ...] = ()
         needs_id = False
         if len(group) == 1:  # the common call: one policy, no lists to fill
-            compiled, keyed = self._keyed(group[0], subject, cost, plan, peek)
+            compiled, keyed = self.keyed(group[0], subject, cost, plan, peek)
             if isinstance(keyed, str):
                 prepared = Prepared(
                     [compiled], [None], None, [0], evaluation_id or "", 0.0, peek,
@@ -359,7 +360,7 @@ class Limiter(Interpreter):
             prepared.started = time.monotonic()
         return prepared
 
-    def _keyed(
+    def keyed(
         self, policy: Policy, subject: SubjectSource, cost: int, plan: str | None, peek: bool
     ) -> tuple[Compiled, str | Outcome]:
         """``policy`` compiled (with ``plan``'s limits when it has that plan), and its
@@ -388,7 +389,7 @@ class Limiter(Interpreter):
         plan: str | None,
     ) -> tuple[tuple[str, ...], tuple[PolicyCall, ...], bool]:
         """Give ``prepared`` each policy's compiled form and early outcome (None for a
-        policy to send: :meth:`_keyed`); return the counter keys and calls to send, none
+        policy to send: :meth:`keyed`); return the counter keys and calls to send, none
         when an enforced policy refused the group, and whether the edges undo a sent
         policy's charge by the evaluation's id (:attr:`Compiled.needs_id`: then the
         memory backend gives the evaluation one too)."""
@@ -400,7 +401,7 @@ class Limiter(Interpreter):
         calls: list[PolicyCall] = []
         refused = needs_id = False
         for index, policy in enumerate(group):
-            compiled, keyed = self._keyed(policy, subject, cost, plan, peek)
+            compiled, keyed = self.keyed(policy, subject, cost, plan, peek)
             compiled_group.append(compiled)
             if isinstance(keyed, str):
                 needs_id = needs_id or compiled.needs_id
@@ -433,7 +434,7 @@ class Limiter(Interpreter):
             prepared.clock_error = str(exc)
             return
         if self.calendar:
-            calls = self._calendar_calls(prepared, calls, now_ms)
+            calls = placed_calls(prepared, calls, now_ms)
         peek = prepared.peek
         prepared.request = new_tuple(  # every field, in order: the hot path's cheaper call
             GroupRequest,
@@ -449,21 +450,6 @@ class Limiter(Interpreter):
                 caller_id,
             ),
         )
-
-    @staticmethod
-    def _calendar_calls(
-        prepared: Prepared, calls: tuple[PolicyCall, ...], now_ms: int | None
-    ) -> tuple[PolicyCall, ...]:
-        """``calls`` with the boundaries of their calendar windows around the client's
-        now: ``now_ms``, or this machine's clock when the counters follow Redis ``TIME``
-        (the script places its own now among them: docs/policies.md)."""
-        client_now = round(time.time() * 1000) if now_ms is None else now_ms
-        placed = list(calls)
-        for position, index in enumerate(prepared.sent):
-            compiled = prepared.compiled[index]
-            if compiled.calendar:
-                placed[position] = compiled.calendar_call(calls[position], client_now)
-        return tuple(placed)
 
     # -- the plan -----------------------------------------------------------------------
     def steps(self, prepared: Prepared) -> Steps:

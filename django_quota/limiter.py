@@ -17,8 +17,15 @@ from django_quota import conf, metrics, policies
 from django_quota.backends import Backend, backend_from_settings
 from django_quota.backends.memory import MemoryBackend
 from django_quota.core.breaker import BreakerError, CircuitBreaker
+from django_quota.core.errors import BackendError
 from django_quota.core.log import logger
-from django_quota.core.outcome import FAILED_CLOSED, FAILED_OPEN, POLICY_UNKNOWN, Outcome
+from django_quota.core.outcome import (
+    FAILED_CLOSED,
+    FAILED_OPEN,
+    POLICY_UNKNOWN,
+    Outcome,
+    outcome_from_result,
+)
 from django_quota.core.policy import CONCURRENCY, Policy
 from django_quota.core.protocol import (
     ReleaseRequest,
@@ -220,8 +227,46 @@ def evaluate(
     """
     limiter = get_limiter()
     policy = policies.get_policy(policy_id)
+    if limiter.local:
+        outcome = _evaluated_locally(limiter, policy, subject, cost, evaluation_id, plan)
+        if outcome is not None:
+            return outcome
     prepared = limiter.prepare([policy], subject, cost, evaluation_id=evaluation_id, plan=plan)
     return limiter.run(prepared)[0]
+
+
+def _evaluated_locally(
+    limiter: Limiter,
+    policy: Policy,
+    subject: Subject,
+    cost: object,
+    evaluation_id: str | None,
+    plan: str | None,
+) -> Outcome | None:
+    """:func:`evaluate` on the memory backend without a group, request or reply, for the
+    common call (``cost`` an ``int > 0``, the backend's clock, no evaluation id or plan,
+    a short call without calendar window or id to undo it by): keyed as
+    :meth:`Limiter.prepare` keys it, decided by :meth:`MemoryBackend.decide_call` (the
+    model's ``decide_one``), its outcome built and counted as :meth:`Limiter.run` does.
+    None otherwise (an early outcome, a full backend: prepare and run then decide it)."""
+    if evaluation_id is not None or plan is not None or limiter.clock is not None:
+        return None
+    if type(cost) is not int or cost <= 0:
+        return None
+    compiled, counter = limiter.keyed(policy, subject, cost, None, False)
+    if type(counter) is not str or compiled.calendar or compiled.needs_id:
+        return None
+    if not (call := compiled.call(cost)).short:
+        return None
+    try:
+        decided = limiter.local_backend.decide_call(
+            counter, call, None, False, -1, limiter.cleanup_grace_ms, b"", limiter.dedup_ttl_ms
+        )
+    except BackendError:
+        return None
+    outcome = outcome_from_result(policy, decided.results[0], limiter.backend_mode, "")
+    metrics.record_outcome(outcome, outcome.reason or "", compiled.selector_label)
+    return outcome
 
 
 async def aevaluate(
@@ -235,6 +280,10 @@ async def aevaluate(
     await policies.aget_registry()
     limiter = get_limiter()
     policy = policies.get_policy(policy_id)
+    if limiter.local:
+        outcome = _evaluated_locally(limiter, policy, subject, cost, evaluation_id, plan)
+        if outcome is not None:
+            return outcome
     prepared = limiter.prepare([policy], subject, cost, evaluation_id=evaluation_id, plan=plan)
     return (await limiter.arun(prepared))[0]
 

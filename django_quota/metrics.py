@@ -143,7 +143,7 @@ class _Counts:
         stands for now when ``logged`` (:func:`_line_due`), else 0. The lock is taken
         with ``acquire``/``release``, not ``with``: -1,070 Python instructions a
         decision, half of the -2.7 % the memory backend's lock taken the same way also
-        gives (``MemoryBackend._decide_one``; STYLE.md, "Speed")."""
+        gives (``MemoryBackend.decide_call``; STYLE.md, "Speed")."""
         lock = self.lock
         lock.acquire()
         try:

@@ -5,6 +5,7 @@ not sent (:func:`refusal`), the evaluation id, and the group ready for one backe
 
 from __future__ import annotations
 
+import time
 from binascii import b2a_base64
 from dataclasses import dataclass, replace
 from os import urandom
@@ -180,6 +181,21 @@ class Prepared:
     group_denied: tuple[str, ...] = ()
     #: Why the clock could not give a ``now`` (the request is then never sent).
     clock_error: str | None = None
+
+
+def placed_calls(
+    prepared: Prepared, calls: tuple[PolicyCall, ...], now_ms: int | None
+) -> tuple[PolicyCall, ...]:
+    """``calls`` with the boundaries of their calendar windows around the client's
+    now: ``now_ms``, or this machine's clock when the counters follow Redis ``TIME``
+    (the script places its own now among them: docs/policies.md)."""
+    client_now = round(time.time() * 1000) if now_ms is None else now_ms
+    placed = list(calls)
+    for position, index in enumerate(prepared.sent):
+        compiled = prepared.compiled[index]
+        if compiled.calendar:
+            placed[position] = compiled.calendar_call(calls[position], client_now)
+    return tuple(placed)
 
 
 def refusal(policy: Policy, reason: str, backend_mode: str) -> Outcome:

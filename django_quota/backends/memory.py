@@ -10,7 +10,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 
-from django_quota.core.calls import GroupResult, State
+from django_quota.core.calls import GroupResult, PolicyCall, State
 from django_quota.core.errors import BackendError
 from django_quota.core.leases import release_leases
 from django_quota.core.model import decide_one, evaluate_group
@@ -97,13 +97,22 @@ class MemoryBackend:
     def decide(self, request: GroupRequest) -> GroupResult:
         """:meth:`evaluate`, answered with the model's own result, its writes applied:
         the limiter reads its status and results as a reply's, without a copy."""
+        calls = request.calls
+        if len(calls) == 1 and calls[0].short and not request.may_repeat:
+            return self.decide_call(
+                request.counters[0],
+                calls[0],
+                request.now_ms,
+                request.peek,
+                request.max_regression_ms,
+                request.cleanup_grace_ms,
+                request.fingerprint,
+                request.dedup_ttl_ms,
+            )
         clock_now = self._clock_ms()
         now_ms = clock_now if request.now_ms is None else request.now_ms
         counters = self._counters
         keys = request.counters
-        calls = request.calls
-        if len(calls) == 1 and calls[0].short and not request.may_repeat:
-            return self._decide_one(request, keys[0], clock_now, now_ms)
         with self._lock:
             entries: list[_Entry | None] = []
             for key in keys:
@@ -154,11 +163,21 @@ class MemoryBackend:
                     old.expires_at = clock_now + write.ttl_ms
         return decided
 
-    def _decide_one(
-        self, request: GroupRequest, key: str, clock_now: int, now_ms: int
+    def decide_call(
+        self,
+        key: str,
+        call: PolicyCall,
+        now_ms: int | None,
+        peek: bool,
+        max_regression_ms: int,
+        cleanup_grace_ms: int,
+        fingerprint: bytes,
+        dedup_ttl_ms: int,
     ) -> GroupResult:
-        """:meth:`decide` of the common group, one policy that the model decides with
-        :func:`~django_quota.core.model.decide_one`: its one counter, no lists.
+        """:meth:`decide` of the common group, one ``call`` (its :attr:`~PolicyCall.short`
+        holds, and the evaluation repeats none) on counter ``key``, that the model decides
+        with :func:`~django_quota.core.model.decide_one`: its one counter, no lists. The
+        arguments are the request's fields (``now_ms`` None: this backend's clock).
 
         The lock is taken with ``acquire``/``release`` rather than ``with``, which looks up
         and calls ``__enter__`` and ``__exit__``: kept because it moves a goal (STYLE.md,
@@ -166,6 +185,10 @@ class MemoryBackend:
         (:meth:`django_quota.metrics._Counts.count_outcome`), a memory decision's Python
         instructions (``benchmarks/python_instructions.py``) went from 79,621 to 77,470
         (-2.7 %; about 1,070 for each lock)."""
+        clock_now = self._clock_ms()
+        server_clock = now_ms is None
+        if now_ms is None:
+            now_ms = clock_now
         counters = self._counters
         lock = self._lock
         lock.acquire()
@@ -175,16 +198,16 @@ class MemoryBackend:
                 del counters[key]
                 entry = None
             decided = decide_one(  # positional: the hot path's call
-                request.calls[0],
+                call,
                 None if entry is None else entry.state,
                 now_ms,
-                request.peek,
-                request.max_regression_ms,
-                request.cleanup_grace_ms,
+                peek,
+                max_regression_ms,
+                cleanup_grace_ms,
                 b"" if entry is None else entry.records,
-                request.fingerprint,
-                request.dedup_ttl_ms,
-                request.now_ms is None,
+                fingerprint,
+                dedup_ttl_ms,
+                server_clock,
             )
             writes = decided.writes
             if writes:
