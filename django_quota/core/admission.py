@@ -128,6 +128,16 @@ class NodeGuard:
             self.slots.release()
             raise Refused(BACKEND_UNAVAILABLE, f"circuit breaker open for {self.name}")
 
+    def finish(self, error: BaseException | None, started: float) -> None:
+        """End a call that :meth:`admit` let through: give its slot back and tell the
+        breaker what it did (:meth:`account`; an exception that is no
+        :class:`BackendError`, a cancellation say, tells it nothing)."""
+        if isinstance(error, BackendError):
+            self.account(error, started)
+        self.slots.release()
+        if error is None:
+            self.account(None, started)
+
     def account(self, error: BackendError | None, started: float) -> None:
         """Tell the node's breaker what a call started at ``started`` did
         (``docs/failures.md``, "The circuit breaker"): only evidence that the node is
