@@ -37,7 +37,7 @@ from django_quota.core.refunds import RefundCall, RefundRequest
 from django_quota.core.windows import calendar_place
 from django_quota.engine import Clock, Limiter, Subject, SubjectSource
 from django_quota.messages import Codes
-from django_quota.prepared import Compiled, Prepared, validate_cost
+from django_quota.prepared import Compiled, validate_cost
 
 
 # -- the current limiter -------------------------------------------------------------------
@@ -213,29 +213,13 @@ def evaluate(
     for a ``plan`` that is neither a ``str`` nor None.
     """
     limiter = get_limiter()
-    prepared = _prepared_one(limiter, policy_id, subject, cost, evaluation_id, plan)
-    if isinstance(prepared, Outcome):
-        return prepared
-    return limiter.run(prepared)[0]
-
-
-def _prepared_one(
-    limiter: Limiter,
-    policy_id: str,
-    subject: Subject,
-    cost: int,
-    evaluation_id: str | None,
-    plan: str | None,
-) -> Outcome | Prepared:
-    """What :func:`evaluate` and :func:`aevaluate` run: the group of ``policy_id``
-    prepared, or its outcome when the memory backend decides it here
-    (:func:`_evaluated_locally`)."""
     policy = policies.get_policy(policy_id)
     if limiter.local:
         outcome = _evaluated_locally(limiter, policy, subject, cost, evaluation_id, plan)
         if outcome is not None:
             return outcome
-    return limiter.prepare([policy], subject, cost, evaluation_id=evaluation_id, plan=plan)
+    prepared = limiter.prepare([policy], subject, cost, evaluation_id=evaluation_id, plan=plan)
+    return limiter.run(prepared)[0]
 
 
 def _evaluated_locally(
@@ -279,9 +263,12 @@ async def aevaluate(
     """Async twin of :func:`evaluate`."""
     await policies.aget_registry()
     limiter = get_limiter()
-    prepared = _prepared_one(limiter, policy_id, subject, cost, evaluation_id, plan)
-    if isinstance(prepared, Outcome):
-        return prepared
+    policy = policies.get_policy(policy_id)
+    if limiter.local:
+        outcome = _evaluated_locally(limiter, policy, subject, cost, evaluation_id, plan)
+        if outcome is not None:
+            return outcome
+    prepared = limiter.prepare([policy], subject, cost, evaluation_id=evaluation_id, plan=plan)
     return (await limiter.arun(prepared))[0]
 
 
