@@ -132,11 +132,18 @@ class NodeGuard:
         """End a call that :meth:`admit` let through: give its slot back and tell the
         breaker what it did (:meth:`account`; an exception that is no
         :class:`BackendError`, a cancellation say, tells it nothing)."""
+        if error is None:
+            # account(None, started) written out: the common case costs no further call.
+            self.slots.release()
+            breaker = self.breaker
+            breaker.answered(started)
+            state = breaker.success()
+            if state is not None:
+                logger.warning("quota circuit breaker %s for node %s", state, self.name)
+            return
         if isinstance(error, BackendError):
             self.account(error, started)
         self.slots.release()
-        if error is None:
-            self.account(None, started)
 
     def account(self, error: BackendError | None, started: float) -> None:
         """Tell the node's breaker what a call started at ``started`` did
