@@ -35,6 +35,9 @@ def configured(request: pytest.FixtureRequest, quota: Any) -> Any:
     values.pop("PLAN_RESOLVER")  # the page's billing module is the project's; plans by name here
     if request.param == "redis":
         values["REDIS_URL"] = request.getfixturevalue("redis_url")
+        # Behaviour, not latency, is under test: timeouts a loaded machine never reaches.
+        values.setdefault("TIMEOUT", 1.0)
+        values.setdefault("DEADLINE", 2.0)
     saved = clock.current
     clock.set_to(1_767_225_600.0)  # 2026-01-01 00:00 UTC, 01:00 in Berlin
     quota(**values)

@@ -283,6 +283,46 @@ def test_a_loops_concurrent_commands_share_one_connection(server: RedisProcess) 
     assert connections_received(server) - before == 2
 
 
+def test_after_a_late_reply_one_connection_takes_the_loops_commands_again(
+    server: RedisProcess,
+) -> None:
+    """A late command sends the next ones to a second connection; once its reply came,
+    the loop's commands go to one connection again, not spread over both (the other is
+    kept for the next late command: no new connection opened then either)."""
+    slow = (
+        "local s = redis.call('TIME') local n repeat n = redis.call('TIME') until "
+        "(n[1] - s[1]) * 1000000 + (n[2] - s[2]) > 300000 return 'slow'"
+    )
+
+    async def scenario() -> tuple[int, list[int], int]:
+        pool = redis.asyncio.ConnectionPool.from_url(server.url, protocol=2)
+        pipeline = pipeline_module.Pipeline(pool.make_connection, 0.2)
+        assert await pipeline.execute(("PING",)) == b"PONG"
+        for _ in range(2):
+            late = asyncio.ensure_future(pipeline.execute(("EVAL", slow, 0)))
+            await asyncio.sleep(0.25)  # past TIMEOUT: late
+            assert await pipeline.execute(("PING",)) == b"PONG"  # on another connection
+            with pytest.raises(pipeline_module.Late):
+                await late
+            await asyncio.sleep(0.2)  # the late reply came and was dropped
+        held = len(pipeline.pipes)
+        before = [pipe.replies for pipe in pipeline.pipes]
+
+        async def caller(index: int) -> None:
+            for i in range(20):
+                assert await pipeline.execute(("ECHO", f"{index}.{i}")) == f"{index}.{i}".encode()
+
+        await asyncio.gather(*(caller(index) for index in range(64)))
+        replies = [pipe.replies - count for pipe, count in zip(pipeline.pipes, before, strict=True)]
+        opened = pipeline.opened
+        pipeline.close()
+        return held, replies, opened
+
+    held, replies, opened = asyncio.run(scenario())
+    assert (held, opened) == (2, 2)
+    assert sorted(replies) == [0, 64 * 20]
+
+
 def test_a_broken_connection_fails_written_commands_as_lost_and_the_rest_as_unwritten(
     server: RedisProcess,
 ) -> None:

@@ -369,7 +369,7 @@ class RedisClusterBackend(BaseRedisBackend):
 
     ``url`` names any node (``redis://`` or ``rediss://``; the client discovers the
     others). Clients are kept as
-    :class:`~django_quota.backends.scripting.BaseRedisBackend` says; the sync client
+    :class:`~django_quota.backends.clients.BaseRedisBackend` says; the sync client
     connects when created, so a cluster that cannot be reached is a failure of that call,
     and the next call tries again.
     """

@@ -448,6 +448,10 @@ class Pipeline:
         for pipe in list(self.pipes):
             if pipe.late:
                 continue
+            if usable == Pacing.CONNECTIONS:
+                # A spare, opened while those before it had a late command: kept for the
+                # next one, not given commands beside them (spreading gains nothing).
+                break
             load = pipe.load
             if not load:
                 if pipe.ready and not self.public and pipe.readable():

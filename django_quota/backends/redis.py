@@ -112,7 +112,7 @@ class RedisBackend(BaseRedisBackend):
 
     ``url`` is a ``redis://``, ``rediss://`` or ``unix://`` URL; ``sentinel`` a dict with
     ``SENTINELS`` and ``SENTINEL``'s ``SERVICE``. Clients are kept as
-    :class:`~django_quota.backends.scripting.BaseRedisBackend` says.
+    :class:`~django_quota.backends.clients.BaseRedisBackend` says.
     """
 
     def __init__(
