@@ -185,12 +185,10 @@ class Limiter(Interpreter):
         guard.admit(guard.slots.acquire(self._remaining(started)))
         try:
             raw = backend.run(call, started + self.settings.deadline)
-        except BackendError as error:
-            guard.account(error, started)
+        except BaseException as error:
+            guard.finish(error, started)
             raise
-        finally:
-            guard.slots.release()
-        guard.account(None, started)
+        guard.finish(None, started)
         return raw
 
     async def aexecute(self, call: Any, started: float) -> Any:
@@ -200,12 +198,10 @@ class Limiter(Interpreter):
         guard.admit(await guard.slots.aacquire(self._remaining(started)))
         try:
             raw = await backend.arun(call, started + self.settings.deadline)
-        except BackendError as error:
-            guard.account(error, started)
+        except BaseException as error:
+            guard.finish(error, started)
             raise
-        finally:
-            guard.slots.release()
-        guard.account(None, started)
+        guard.finish(None, started)
         return raw
 
     # -- prepare ------------------------------------------------------------------------

@@ -128,6 +128,23 @@ class NodeGuard:
             self.slots.release()
             raise Refused(BACKEND_UNAVAILABLE, f"circuit breaker open for {self.name}")
 
+    def finish(self, error: BaseException | None, started: float) -> None:
+        """End a call that :meth:`admit` let through: give its slot back and tell the
+        breaker what it did (:meth:`account`; an exception that is no
+        :class:`BackendError`, a cancellation say, tells it nothing)."""
+        if error is None:
+            # account(None, started) written out: the common case costs no further call.
+            self.slots.release()
+            breaker = self.breaker
+            breaker.answered(started)
+            state = breaker.success()
+            if state is not None:
+                logger.warning("quota circuit breaker %s for node %s", state, self.name)
+            return
+        if isinstance(error, BackendError):
+            self.account(error, started)
+        self.slots.release()
+
     def account(self, error: BackendError | None, started: float) -> None:
         """Tell the node's breaker what a call started at ``started`` did
         (``docs/failures.md``, "The circuit breaker"): only evidence that the node is

@@ -42,6 +42,7 @@ from django_quota.core.policy import (
 )
 from django_quota.core.rates import bounds_problem
 from django_quota.ledger import Lease, adecide, decide, ledger_of
+from django_quota.prepared import Prepared
 from django_quota.ratelimit import ALL, UNSAFE, keys
 from django_quota.ratelimit.keys import callable_name
 from django_quota.signals import quota_denied
@@ -287,10 +288,11 @@ def _read(policy: Policy, subject: Subject, load: bool = False) -> Outcome | Non
     return None
 
 
-def _rate_failure(request: Any, group: str, increment: bool) -> Outcome:
+def _rate_failure(request: Any, group: str, increment: bool, sender: object) -> Outcome:
     """The outcome of a call whose rate callable raised: the group's failure mode
     (``RATELIMIT_FAIL_OPEN``) with reason ``policy_unknown``, as a DRF rate that cannot
-    be used (docs/failures.md); recorded on the request when it counts."""
+    be used (docs/failures.md); recorded on the request, and a refusal announced, when it
+    counts."""
     policy_id = generated_policy_id(GENERATED_SOURCE, group)
     mode = "open" if _fail_open() else "closed"
     outcome = limiter.policy_unknown(policy_id, mode, cause="has a rate callable that raised")
@@ -298,67 +300,68 @@ def _rate_failure(request: Any, group: str, increment: bool) -> Outcome:
         lease = Lease()
         ledger_of(request).record([outcome], lease)
         lease.end()
+    _announce(request, sender, outcome, increment and outcome.decision == FAILED_CLOSED)
     return outcome
 
 
+def _peek(policy: Policy, subject: Subject) -> Prepared:
+    """The evaluation a peek of ``policy`` runs (nothing charged)."""
+    return limiter.get_limiter().prepare([policy], subject.for_policy, 1, peek=True)
+
+
 def _decide(request: Any, found: _Limit, increment: bool, sender: object) -> Outcome | None:
+    """The outcome of a resolved call: its rate's failure, its charge (``increment``)
+    or a peek; None for a rate of 0."""
     policy = found.policy
     if found.failed is not None:
-        outcome = _rate_failure(request, found.failed, increment)
-        _announce(request, sender, outcome, increment and outcome.decision == FAILED_CLOSED)
-        return outcome
+        return _rate_failure(request, found.failed, increment, sender)
     if policy is None:
         return None
-    if not increment:
-        subject = found.reading.subject(request)
-        skipped = _read(policy, subject)
-        if skipped is not None:
-            return skipped
-        current = limiter.get_limiter()
-        return current.run(current.prepare([policy], subject.for_policy, 1, peek=True))[0]
-    lease = Lease()
-    decision = decide(request, [policy], found.reading, 1, lease=lease)
-    # The outcome stays on request._quota (headers, ``outcomes()``), but a later call, even
-    # for the same group on the same request, is charged on its own, as in django-ratelimit.
-    lease.end()
-    _announce(request, sender, decision.refusing, decision.announces)
-    return decision.outcomes[0]
+    if increment:
+        lease = Lease()
+        decision = decide(request, [policy], found.reading, 1, lease=lease)
+        # The outcome stays on request._quota (headers, ``outcomes()``), but a later call,
+        # even for the same group on the same request, is charged on its own, as in
+        # django-ratelimit.
+        lease.end()
+        _announce(request, sender, decision.refusing, decision.announces)
+        return decision.outcomes[0]
+    subject = found.reading.subject(request)
+    skipped = _read(policy, subject)
+    if skipped is not None:
+        return skipped
+    return limiter.get_limiter().run(_peek(policy, subject))[0]
 
 
 async def _adecide(request: Any, found: _Limit, increment: bool, sender: object) -> Outcome | None:
+    """Async twin of :func:`_decide`: the project's code (a signal's receivers, the
+    subject's database sources) runs in a worker thread."""
     policy = found.policy
     if found.failed is not None:
-        return await sync_to_async(_decide)(request, found, increment, sender)
+        return await sync_to_async(_rate_failure)(request, found.failed, increment, sender)
     if policy is None:
         return None
-    if not increment:
-        subject = found.reading.subject(request)
-        if found.reading.blocks([policy]):
-            skipped = await sync_to_async(_read)(policy, subject, True)
-        else:
-            skipped = _read(policy, subject)
-        if skipped is not None:
-            return skipped
-        current = limiter.get_limiter()
-        prepared = current.prepare([policy], subject.for_policy, 1, peek=True)
-        return (await current.arun(prepared))[0]
-    lease = Lease()
-    decision = await adecide(request, [policy], found.reading, 1, lease=lease)
-    lease.end()
-    if decision.refusing is not None and decision.announces:
-        await sync_to_async(_announce)(request, sender, decision.refusing, True)
-    return decision.outcomes[0]
+    if increment:
+        lease = Lease()
+        decision = await adecide(request, [policy], found.reading, 1, lease=lease)
+        lease.end()
+        if decision.refusing is not None and decision.announces:
+            await sync_to_async(_announce)(request, sender, decision.refusing, True)
+        return decision.outcomes[0]
+    subject = found.reading.subject(request)
+    if found.reading.blocks([policy]):
+        skipped = await sync_to_async(_read)(policy, subject, True)
+    else:
+        skipped = _read(policy, subject)
+    if skipped is not None:
+        return skipped
+    return (await limiter.get_limiter().arun(_peek(policy, subject)))[0]
 
 
 # -- public API ----------------------------------------------------------------------------
 def usage_and_outcome(
-    request: Any,
-    group: str | None = None,
-    fn: Any = None,
-    key: Any = None,
-    rate: Any = None,
-    method: Any = ALL,
-    increment: bool = False,
+    request: Any, group: str | None = None, fn: Any = None, key: Any = None, rate: Any = None,
+    method: Any = ALL, increment: bool = False,
 ) -> tuple[Usage | None, Outcome | None]:
     """:func:`get_usage` and the engine's :class:`~django_quota.core.outcome.Outcome`
     (None when nothing was evaluated)."""
@@ -370,13 +373,8 @@ def usage_and_outcome(
 
 
 async def ausage_and_outcome(
-    request: Any,
-    group: str | None = None,
-    fn: Any = None,
-    key: Any = None,
-    rate: Any = None,
-    method: Any = ALL,
-    increment: bool = False,
+    request: Any, group: str | None = None, fn: Any = None, key: Any = None, rate: Any = None,
+    method: Any = ALL, increment: bool = False,
 ) -> tuple[Usage | None, Outcome | None]:
     """Async twin of :func:`usage_and_outcome`: a key or rate that may run the project's
     code or read ``request.user`` is resolved in a worker thread."""
@@ -391,13 +389,8 @@ async def ausage_and_outcome(
 
 
 def get_usage(
-    request: Any,
-    group: str | None = None,
-    fn: Any = None,
-    key: Any = None,
-    rate: Any = None,
-    method: Any = ALL,
-    increment: bool = False,
+    request: Any, group: str | None = None, fn: Any = None, key: Any = None, rate: Any = None,
+    method: Any = ALL, increment: bool = False,
 ) -> Usage | None:
     """django-ratelimit's usage of ``request`` under ``group`` (or the group of the view
     ``fn``): ``{"count", "limit", "should_limit", "time_left"}``, or None when nothing
@@ -419,26 +412,16 @@ def get_usage(
 
 
 async def aget_usage(
-    request: Any,
-    group: str | None = None,
-    fn: Any = None,
-    key: Any = None,
-    rate: Any = None,
-    method: Any = ALL,
-    increment: bool = False,
+    request: Any, group: str | None = None, fn: Any = None, key: Any = None, rate: Any = None,
+    method: Any = ALL, increment: bool = False,
 ) -> Usage | None:
     """Async twin of :func:`get_usage`."""
     return (await ausage_and_outcome(request, group, fn, key, rate, method, increment))[0]
 
 
 def is_ratelimited(
-    request: Any,
-    group: str | None = None,
-    fn: Any = None,
-    key: Any = None,
-    rate: Any = None,
-    method: Any = ALL,
-    increment: bool = False,
+    request: Any, group: str | None = None, fn: Any = None, key: Any = None, rate: Any = None,
+    method: Any = ALL, increment: bool = False,
 ) -> bool:
     """Whether ``request`` is limited: :func:`get_usage`'s ``should_limit`` (False when it
     returns None). Raises as :func:`get_usage` does."""
@@ -447,13 +430,8 @@ def is_ratelimited(
 
 
 async def ais_ratelimited(
-    request: Any,
-    group: str | None = None,
-    fn: Any = None,
-    key: Any = None,
-    rate: Any = None,
-    method: Any = ALL,
-    increment: bool = False,
+    request: Any, group: str | None = None, fn: Any = None, key: Any = None, rate: Any = None,
+    method: Any = ALL, increment: bool = False,
 ) -> bool:
     """Async twin of :func:`is_ratelimited`."""
     usage = await aget_usage(request, group, fn, key, rate, method, increment)
