@@ -146,8 +146,13 @@ def policy_unknown(
 
 # -- public API ----------------------------------------------------------------------------
 def evaluate_policies(
-    group: Sequence[Policy], subject: SubjectSource, cost: int = 1, *,
-    evaluation_id: str | None = None, clock: Clock | None = None, plan: str | None = None,
+    group: Sequence[Policy],
+    subject: SubjectSource,
+    cost: int = 1,
+    *,
+    evaluation_id: str | None = None,
+    clock: Clock | None = None,
+    plan: str | None = None,
 ) -> list[Outcome]:
     """Decide several policies together, as one layer (``docs/arithmetic.md``): one
     backend call (one per hash slot on a Redis Cluster) that charges ``cost`` units only
@@ -176,8 +181,13 @@ def evaluate_policies(
 
 
 async def aevaluate_policies(
-    group: Sequence[Policy], subject: SubjectSource, cost: int = 1, *,
-    evaluation_id: str | None = None, clock: Clock | None = None, plan: str | None = None,
+    group: Sequence[Policy],
+    subject: SubjectSource,
+    cost: int = 1,
+    *,
+    evaluation_id: str | None = None,
+    clock: Clock | None = None,
+    plan: str | None = None,
 ) -> list[Outcome]:
     """Async twin of :func:`evaluate_policies`."""
     limiter = get_limiter()
@@ -189,7 +199,10 @@ async def aevaluate_policies(
 
 
 def evaluate(
-    policy_id: str, subject: Subject, cost: int = 1, evaluation_id: str | None = None,
+    policy_id: str,
+    subject: Subject,
+    cost: int = 1,
+    evaluation_id: str | None = None,
     plan: str | None = None,
 ) -> Outcome:
     """Decide one request of ``cost`` units for ``subject`` under ``policy_id``, and
@@ -257,7 +270,10 @@ def _evaluated_locally(
 
 
 async def aevaluate(
-    policy_id: str, subject: Subject, cost: int = 1, evaluation_id: str | None = None,
+    policy_id: str,
+    subject: Subject,
+    cost: int = 1,
+    evaluation_id: str | None = None,
     plan: str | None = None,
 ) -> Outcome:
     """Async twin of :func:`evaluate`."""
@@ -511,8 +527,12 @@ def _refund_call(compiled: Compiled, cost: int, now_ms: int | None) -> RefundCal
 
 
 def refund(
-    policy_id: str, subject: Subject, evaluation_id: str, *,
-    cost: int | None = None, plan: str | None = None,
+    policy_id: str,
+    subject: Subject,
+    evaluation_id: str,
+    *,
+    cost: int | None = None,
+    plan: str | None = None,
 ) -> int:
     """Undo what the evaluation ``evaluation_id`` of ``policy_id`` charged ``subject``,
     at most once, while its window is current; return the units refunded (0 afterwards,
@@ -551,8 +571,12 @@ def refund_charge(request: RefundRequest | ReleaseRequest | None) -> int:
 
 
 async def arefund(
-    policy_id: str, subject: Subject, evaluation_id: str, *,
-    cost: int | None = None, plan: str | None = None,
+    policy_id: str,
+    subject: Subject,
+    evaluation_id: str,
+    *,
+    cost: int | None = None,
+    plan: str | None = None,
 ) -> int:
     """Async twin of :func:`refund`."""
     await policies.aget_registry()

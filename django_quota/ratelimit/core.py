@@ -360,8 +360,13 @@ async def _adecide(request: Any, found: _Limit, increment: bool, sender: object)
 
 # -- public API ----------------------------------------------------------------------------
 def usage_and_outcome(
-    request: Any, group: str | None = None, fn: Any = None, key: Any = None, rate: Any = None,
-    method: Any = ALL, increment: bool = False,
+    request: Any,
+    group: str | None = None,
+    fn: Any = None,
+    key: Any = None,
+    rate: Any = None,
+    method: Any = ALL,
+    increment: bool = False,
 ) -> tuple[Usage | None, Outcome | None]:
     """:func:`get_usage` and the engine's :class:`~django_quota.core.outcome.Outcome`
     (None when nothing was evaluated)."""
@@ -373,8 +378,13 @@ def usage_and_outcome(
 
 
 async def ausage_and_outcome(
-    request: Any, group: str | None = None, fn: Any = None, key: Any = None, rate: Any = None,
-    method: Any = ALL, increment: bool = False,
+    request: Any,
+    group: str | None = None,
+    fn: Any = None,
+    key: Any = None,
+    rate: Any = None,
+    method: Any = ALL,
+    increment: bool = False,
 ) -> tuple[Usage | None, Outcome | None]:
     """Async twin of :func:`usage_and_outcome`: a key or rate that may run the project's
     code or read ``request.user`` is resolved in a worker thread."""
@@ -389,8 +399,13 @@ async def ausage_and_outcome(
 
 
 def get_usage(
-    request: Any, group: str | None = None, fn: Any = None, key: Any = None, rate: Any = None,
-    method: Any = ALL, increment: bool = False,
+    request: Any,
+    group: str | None = None,
+    fn: Any = None,
+    key: Any = None,
+    rate: Any = None,
+    method: Any = ALL,
+    increment: bool = False,
 ) -> Usage | None:
     """django-ratelimit's usage of ``request`` under ``group`` (or the group of the view
     ``fn``): ``{"count", "limit", "should_limit", "time_left"}``, or None when nothing
@@ -412,16 +427,26 @@ def get_usage(
 
 
 async def aget_usage(
-    request: Any, group: str | None = None, fn: Any = None, key: Any = None, rate: Any = None,
-    method: Any = ALL, increment: bool = False,
+    request: Any,
+    group: str | None = None,
+    fn: Any = None,
+    key: Any = None,
+    rate: Any = None,
+    method: Any = ALL,
+    increment: bool = False,
 ) -> Usage | None:
     """Async twin of :func:`get_usage`."""
     return (await ausage_and_outcome(request, group, fn, key, rate, method, increment))[0]
 
 
 def is_ratelimited(
-    request: Any, group: str | None = None, fn: Any = None, key: Any = None, rate: Any = None,
-    method: Any = ALL, increment: bool = False,
+    request: Any,
+    group: str | None = None,
+    fn: Any = None,
+    key: Any = None,
+    rate: Any = None,
+    method: Any = ALL,
+    increment: bool = False,
 ) -> bool:
     """Whether ``request`` is limited: :func:`get_usage`'s ``should_limit`` (False when it
     returns None). Raises as :func:`get_usage` does."""
@@ -430,8 +455,13 @@ def is_ratelimited(
 
 
 async def ais_ratelimited(
-    request: Any, group: str | None = None, fn: Any = None, key: Any = None, rate: Any = None,
-    method: Any = ALL, increment: bool = False,
+    request: Any,
+    group: str | None = None,
+    fn: Any = None,
+    key: Any = None,
+    rate: Any = None,
+    method: Any = ALL,
+    increment: bool = False,
 ) -> bool:
     """Async twin of :func:`is_ratelimited`."""
     usage = await aget_usage(request, group, fn, key, rate, method, increment)
