@@ -44,12 +44,12 @@ from django_quota.backends.handshake import AsyncOneWriteHandshake
 from django_quota.core.log import logger
 
 __all__ = [
+    "NOTHING_BUFFERED",
     "PUBLIC_PATH_ENV",
     "READ_AGAINST",
     "AsyncMarkingClusterConnection",
     "AsyncMarkingClusterSSLConnection",
     "IdleStack",
-    "NOTHING_BUFFERED",
     "abandon",
     "buffered_replies",
     "client_connections",
@@ -205,17 +205,17 @@ def buffered_replies(connection: Any) -> Callable[[], Any] | None:
     ``InvalidResponse`` (the caller then closes the connection).
 
     The caller calls it only in the step of the loop in which ``read_response`` last
-    returned (the connection cannot have been disconnected since). Relies on: the
-    connection's parser (``_parser``) and its hiredis reader (``_reader``). Pays: a read that brought in several replies (64 tasks on
-    one connection) costs one awaited ``read_response`` and a ``gets`` per further reply,
+    returned (the connection cannot have been disconnected since).
+
+    Relies on: the connection's parser (``_parser``) and its hiredis reader
+    (``_reader``). Pays: a read that brought in several replies (64 tasks on one
+    connection) costs one awaited ``read_response`` and a ``gets`` per further reply,
     not three coroutines and redis-py's per-read checks each (``docs/benchmarks.md``,
-    "The engine").
-    """
+    "The engine")."""
     parser = getattr(connection, "_parser", None)
-    if type(parser) is not _hiredis_parser._AsyncHiredisParser or connection.protocol not in (
-        2,
-        "2",
-    ):
+    if type(parser) is not _hiredis_parser._AsyncHiredisParser:
+        return None
+    if connection.protocol not in (2, "2"):  # RESP3's push frames: read_response's to skip
         return None
     reader = getattr(parser, "_reader", None)
     if reader is None:
