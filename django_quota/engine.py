@@ -195,7 +195,8 @@ class Limiter(Interpreter):
         """Async twin of :meth:`execute`."""
         backend = self.scripts
         guard = self.guard(backend.node_of(call))
-        guard.admit(await guard.slots.aacquire(self._remaining(started)))
+        slots = guard.slots
+        guard.admit(slots.try_acquire() or await slots.aacquire(self._remaining(started)))
         try:
             raw = await backend.arun(call, started + self.settings.deadline)
         except BaseException as error:

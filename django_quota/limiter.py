@@ -277,7 +277,8 @@ async def aevaluate(
     plan: str | None = None,
 ) -> Outcome:
     """Async twin of :func:`evaluate`."""
-    await policies.aget_registry()
+    if policies.needs_refresh():  # else no coroutine to await (docs/benchmarks.md)
+        await policies.aget_registry()
     limiter = get_limiter()
     policy = policies.get_policy(policy_id)
     if limiter.local:

@@ -258,6 +258,45 @@ def test_concurrent_commands_share_a_few_connections_and_error_replies_stay_thei
     assert 1 <= opened <= pipeline_module.Pacing.CONNECTIONS
 
 
+def test_replies_read_together_need_no_awaited_read_each(
+    server: RedisProcess, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The replies one read brings in are taken from hiredis's buffer in one go
+    (``redispy.buffered_replies``), each to its own caller in order, an error reply
+    among them to its caller only: 200 commands written together cost far fewer
+    awaited ``read_response`` calls than replies."""
+    awaited = 0
+    read_response = async_connection.Connection.read_response
+
+    async def counted(self: Any, *args: Any, **kwargs: Any) -> Any:
+        nonlocal awaited
+        awaited += 1
+        return await read_response(self, *args, **kwargs)
+
+    monkeypatch.setattr(async_connection.Connection, "read_response", counted)
+
+    async def scenario() -> list[Any]:
+        pool = redis.asyncio.ConnectionPool.from_url(server.url, protocol=2)
+        pipeline = pipeline_module.Pipeline(pool.make_connection, 2.0)
+        await pipeline.execute(("PING",))  # connected: the 200 go out in one write
+        commands = [("ECHO", str(i)) if i % 7 else ("EVALSHA", "0" * 40, 0) for i in range(200)]
+        replies = await asyncio.gather(
+            *(pipeline.execute(c) for c in commands), return_exceptions=True
+        )
+        pipeline.close()
+        return replies
+
+    awaited_before = awaited
+    replies = asyncio.run(scenario())
+    for i, reply in enumerate(replies):
+        if i % 7:
+            assert reply == str(i).encode()
+        else:
+            assert isinstance(reply, redis.exceptions.NoScriptError)
+    # 201 replies; each read of the socket brings in many (64 KiB at most per read).
+    assert 1 <= awaited - awaited_before <= 20
+
+
 def test_a_loops_concurrent_commands_share_one_connection(server: RedisProcess) -> None:
     """Redis runs one command at a time: 64 callers of one loop gain nothing from more
     connections, each of which costs the server a read and a write a turn. One connection

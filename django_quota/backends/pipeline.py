@@ -43,7 +43,12 @@ from django_quota.backends.failures import (
     deadline_spent,
     is_connect_failure,
 )
-from django_quota.backends.redispy import poller_of, socket_of
+from django_quota.backends.redispy import (
+    NOTHING_BUFFERED,
+    buffered_replies,
+    poller_of,
+    socket_of,
+)
 
 #: hiredis's RESP packer (the ``hiredis`` extra), else None (redis-py's packs).
 pack_command: Callable[[tuple[Any, ...]], bytes] | None
@@ -143,16 +148,21 @@ class Pipe:
         return len(self.pending) + len(self.queued)
 
     # -- writing ----------------------------------------------------------------------
-    async def send(self, entry: _Entry) -> None:
-        """Write ``entry`` now when nothing is in flight here, else queue it for the
-        writer (one write for every command queued during this turn of the loop)."""
+    def queue(self, entry: _Entry) -> bool:
+        """Queue ``entry`` for the writer (one write for every command queued during
+        this turn of the loop) and return True; or return False, queuing nothing, when
+        nothing is in flight here: the caller then writes it at once (:meth:`send`)."""
         if self.ready and not self.writing and not self.pending and not self.queued:
-            entry.deadline = self.loop.time() + self.timeout
-            self.pending.append(entry)
-            await self._write([entry.packed], entry.give_up)
-        else:
-            self.queued.append(entry)
-            self._wake_writer()
+            return False
+        self.queued.append(entry)
+        self._wake_writer()
+        return True
+
+    async def send(self, entry: _Entry) -> None:
+        """Write ``entry`` now (nothing is in flight here: :meth:`queue` said so)."""
+        entry.deadline = self.loop.time() + self.timeout
+        self.pending.append(entry)
+        await self._write([entry.packed], entry.give_up)
 
     async def _write(self, packed: list[bytes], give_up: float) -> None:
         """Write ``packed``; then a timer is armed, or moved earlier when a caller's
@@ -231,25 +241,16 @@ class Pipe:
             self.ready = True
             self._writer = self.loop.create_task(self._write_queued())
             read = connection.read_response
-            pending = self.pending
+            # The replies the same read brought in are taken without awaiting each.
+            buffered = None if self.pipeline.public else buffered_replies(connection)
             while True:
-                failed = False
                 try:
-                    reply = await read(disconnect_on_error=False)
+                    self._answer(await read(disconnect_on_error=False), False)
                 except _WHOLE_ERRORS as error:
-                    reply, failed = error, True
-                if not pending:
-                    raise redis_exceptions.ConnectionError("a reply came for no command")
-                self.replies += 1
-                entry = pending.popleft()
-                if entry.late:
-                    self.late -= 1
-                future = entry.future
-                if not future.done():
-                    if failed:
-                        future.set_exception(reply)
-                    else:
-                        future.set_result(reply)
+                    self._answer(error, True)
+                if buffered is not None:
+                    while (reply := buffered()) is not NOTHING_BUFFERED:
+                        self._answer(reply, isinstance(reply, Exception))
         except GeneratorExit:
             # Its loop closed with the task pending: nothing can be awaited or scheduled.
             self.closed = disowned = True
@@ -262,6 +263,22 @@ class Pipe:
             if not disowned:
                 with contextlib.suppress(Exception):
                     await connection.disconnect(nowait=True)
+
+    def _answer(self, reply: Any, failed: bool) -> None:
+        """Give the first command in line its reply (``failed``: an error reply)."""
+        pending = self.pending
+        if not pending:
+            raise redis_exceptions.ConnectionError("a reply came for no command")
+        self.replies += 1
+        entry = pending.popleft()
+        if entry.late:
+            self.late -= 1
+        future = entry.future
+        if not future.done():
+            if failed:
+                future.set_exception(reply)
+            else:
+                future.set_result(reply)
 
     def readable(self) -> bool:
         """Whether the kernel holds bytes (or an end of file) the loop has not read yet:
@@ -442,6 +459,11 @@ class Pipeline:
             self.pipes.remove(pipe)
 
     def _choose(self) -> Pipe:
+        pipes = self.pipes
+        if len(pipes) == Pacing.CONNECTIONS == 1:
+            pipe = pipes[0]
+            if pipe.pending and not pipe.late:  # busy and answering: it takes the command
+                return pipe
         best: Pipe | None = None
         best_load = 0
         usable = 0
@@ -506,7 +528,9 @@ class Pipeline:
             if pipe.closed:
                 pipe = self._choose()
         future: asyncio.Future[Any] = self.loop.create_future()
-        await pipe.send(_Entry(future, self._pack(command), give_up))
+        entry = _Entry(future, self._pack(command), give_up)
+        if not pipe.queue(entry):
+            await pipe.send(entry)
         try:
             return await future
         except Late as exc:

@@ -9,6 +9,9 @@ outcomes, failure reasons and deadlines; only speed differs. What each piece buy
 
 * :class:`IdleStack` and :func:`write`, the synchronous path: a pool checkout without
   redis-py's bookkeeping, and a command written with one ``write`` of the descriptor.
+* :func:`buffered_replies`, under the asyncio pipeline: the replies a read brought in
+  beyond the one awaited are taken from hiredis's reader in one go, not one awaited
+  ``read_response`` each.
 * :func:`socket_of`, under the asyncio connections: the kernel asked whether a connection
   holds bytes (or an end of file) the event loop has not read yet, and the sockets of a
   closed loop closed at once (:func:`abandon`, :func:`client_connections`).
@@ -32,6 +35,7 @@ from typing import Any
 import redis
 from redis import exceptions as redis_exceptions
 from redis._parsers import AsyncCommandsParser
+from redis._parsers import hiredis as _hiredis_parser
 from redis.asyncio import cluster as async_cluster
 from redis.asyncio import connection as async_connection
 
@@ -40,12 +44,14 @@ from django_quota.backends.handshake import AsyncOneWriteHandshake
 from django_quota.core.log import logger
 
 __all__ = [
+    "NOTHING_BUFFERED",
     "PUBLIC_PATH_ENV",
     "READ_AGAINST",
     "AsyncMarkingClusterConnection",
     "AsyncMarkingClusterSSLConnection",
     "IdleStack",
     "abandon",
+    "buffered_replies",
     "client_connections",
     "fence_async_cluster",
     "peer_hung_up",
@@ -180,6 +186,54 @@ def write(connection: Any, packed: bytes) -> None:
         connection.send_packed_command([packed[written:]], check_health=False)
         return
     connection.send_packed_command([packed])
+
+
+# -- the replies under asyncio connections ----------------------------------------------------
+#: What :func:`buffered_replies`' function returns when no whole reply is buffered.
+NOTHING_BUFFERED: Any = getattr(_hiredis_parser, "NOT_ENOUGH_DATA", object())
+
+
+def buffered_replies(connection: Any) -> Callable[[], Any] | None:
+    """A function that returns the next reply a connected asyncio ``connection`` already
+    holds whole (read from the socket with an earlier one), or :data:`NOTHING_BUFFERED`;
+    None where the connection does not parse with hiredis on RESP2 (then every reply is
+    read with ``read_response``).
+
+    What ``read_response`` does with a reply, it does: an error reply comes back as its
+    exception (``ResponseError``, ``BusyLoadingError``: the connection stays in step),
+    another ``ConnectionError`` reply is raised, as is a malformed stream's
+    ``InvalidResponse`` (the caller then closes the connection).
+
+    The caller calls it only in the step of the loop in which ``read_response`` last
+    returned (the connection cannot have been disconnected since).
+
+    Relies on: the connection's parser (``_parser``) and its hiredis reader
+    (``_reader``). Pays: a read that brought in several replies (64 tasks on one
+    connection) costs one awaited ``read_response`` and a ``gets`` per further reply,
+    not three coroutines and redis-py's per-read checks each (``docs/benchmarks.md``,
+    "The engine")."""
+    parser = getattr(connection, "_parser", None)
+    if type(parser) is not _hiredis_parser._AsyncHiredisParser:
+        return None
+    if connection.protocol not in (2, "2"):  # RESP3's push frames: read_response's to skip
+        return None
+    reader = getattr(parser, "_reader", None)
+    if reader is None:
+        return None
+    gets = reader.gets
+    connection_error = redis_exceptions.ConnectionError
+    loading = redis_exceptions.BusyLoadingError
+
+    def next_reply() -> Any:
+        reply = gets()
+        if type(reply) is list:  # a script's reply
+            if reply and isinstance(reply[0], connection_error):
+                raise reply[0]
+        elif isinstance(reply, connection_error) and not isinstance(reply, loading):
+            raise reply
+        return reply
+
+    return next_reply
 
 
 # -- the sockets under asyncio connections ------------------------------------------------------
