@@ -564,3 +564,17 @@ def test_exact_under_processes_on_redis(quota: Any, redis_url: str) -> None:
         process.join(timeout=60)
         assert process.exitcode == 0
     assert sum(counts) == 100
+
+
+def test_core_keeps_the_names_django_ratelimits_core_has() -> None:
+    """django-ratelimit's own tests (the CI lane) and projects import these from ``core``."""
+    from django_quota.ratelimit import core, keys
+
+    assert (core._get_ip, core.user_or_ip, core.get_header) == (
+        keys._get_ip,
+        keys.user_or_ip,
+        keys.get_header,
+    )
+    assert core._SIMPLE_KEYS["user_or_ip"] is keys.user_or_ip
+    assert core._ACCESSOR_KEYS["header"] is keys.get_header
+    assert core._split_rate("5/m") == (5, 60)

@@ -44,7 +44,15 @@ from django_quota.core.rates import bounds_problem
 from django_quota.ledger import Lease, adecide, decide, ledger_of
 from django_quota.prepared import Prepared
 from django_quota.ratelimit import ALL, UNSAFE, keys
+
+# django-ratelimit's ``core`` module holds its keys; projects and django-ratelimit's own
+# tests import them from here (docs/django-ratelimit.md), so they stay importable.
+from django_quota.ratelimit.keys import _ACCESSOR_KEYS as _ACCESSOR_KEYS
+from django_quota.ratelimit.keys import _SIMPLE_KEYS as _SIMPLE_KEYS
+from django_quota.ratelimit.keys import _get_ip as _get_ip
 from django_quota.ratelimit.keys import callable_name
+from django_quota.ratelimit.keys import get_header as get_header
+from django_quota.ratelimit.keys import user_or_ip as user_or_ip
 from django_quota.signals import quota_denied
 from django_quota.subjects import PLAIN, GivenSubject, Readable, Subject
 
