@@ -48,7 +48,6 @@ __all__ = [
 CACHE_KEY_DIMENSION = "drf_cache_key"
 #: ``wait()`` never returns less: DRF drops ``Retry-After`` when ``wait()`` is 0.
 MIN_WAIT = 0.001
-_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 # DRF reads the count with int() and only the first character of the period ("5/mon" is
 # 5 per minute); newer DRF lets a multiplier precede it, with a hyphen ("1/2-sec").
 _DRF_PERIOD_RE = re.compile(r"(?:(?P<multiplier>[0-9]+)-?)?(?P<unit>[smhd])")
@@ -153,7 +152,7 @@ def _drf_reading(rate: object) -> tuple[int, int] | None:
     except ValueError:  # also int()'s limit on digits: far outside the bounds anyway
         return None
     multiplier = int(match["multiplier"]) if match["multiplier"] else 1
-    return num_requests, multiplier * _UNIT_SECONDS[match["unit"]]
+    return num_requests, multiplier * Grammar.UNIT_MS[match["unit"]] // 1000
 
 
 def _django_request(request: Any) -> Any:

@@ -8,6 +8,7 @@ import hashlib
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import NamedTuple
 
 from django_quota.core.calls import (
@@ -435,7 +436,9 @@ def _refused(
 
 #: Integers per window in the reply: a view (used; used and prev for the sliding window
 #: counter) or a sliding log's four numbers.
-_WIDTHS = {FIXED_WINDOW: 1, TOKEN_BUCKET: 1, SLIDING_WINDOW: 2, SLIDING_LOG: 4, CONCURRENCY: 2}
+_WIDTHS = MappingProxyType(
+    {FIXED_WINDOW: 1, TOKEN_BUCKET: 1, SLIDING_WINDOW: 2, SLIDING_LOG: 4, CONCURRENCY: 2}
+)
 
 
 def decode_leases(members: Sequence[tuple[bytes, float]]) -> tuple[int, ...]:

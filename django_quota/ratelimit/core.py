@@ -40,7 +40,7 @@ from django_quota.core.policy import (
     Policy,
     generated_policy_id,
 )
-from django_quota.core.rates import bounds_problem
+from django_quota.core.rates import Grammar, bounds_problem
 from django_quota.ledger import Lease, adecide, decide, ledger_of
 from django_quota.prepared import Prepared
 from django_quota.ratelimit import ALL, UNSAFE, keys
@@ -64,7 +64,6 @@ KEY_DIMENSION = "ratelimit_key"
 #: ``Policy.source`` of the policies this module generates.
 GENERATED_SOURCE = "ratelimit"
 _SELECTOR = (KEY_DIMENSION,)
-_PERIODS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 # django-ratelimit's grammar: a count, "/", an optional multiplier, an optional unit
 # (seconds when absent), matched at the start of the string only.
 _RATE_RE = re.compile(r"([0-9]+)/([0-9]*)([smhd])?")
@@ -96,7 +95,7 @@ def _split_rate(rate: Rate) -> tuple[int, int]:
             "'10/5m' or '5/10' (seconds), or a (count, seconds) tuple of integers"
         )
     count, multiplier, unit = match.groups()
-    seconds = _PERIODS[unit or "s"] * (int(multiplier) if multiplier else 1)
+    seconds = Grammar.UNIT_MS[unit or "s"] // 1000 * (int(multiplier) if multiplier else 1)
     return int(count), seconds
 
 

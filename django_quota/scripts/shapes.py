@@ -19,7 +19,8 @@ windows, the dispatch on the algorithm and the other algorithms' code.
 from __future__ import annotations
 
 import re
-from collections.abc import Collection, Iterator
+from collections.abc import Collection, Iterator, Mapping
+from types import MappingProxyType
 
 from django_quota.core.policy import ALGORITHMS, CONCURRENCY
 
@@ -29,9 +30,9 @@ GENERAL = "general"
 CONDITION_NAMES = frozenset((GENERAL, *ALGORITHMS))
 
 #: The script deciding one policy with one window, by the policy's algorithm.
-SINGLE_WINDOW_SCRIPTS: dict[str, str] = {
-    algorithm: f"evaluate_{algorithm}" for algorithm in ALGORITHMS if algorithm != CONCURRENCY
-}
+SINGLE_WINDOW_SCRIPTS: Mapping[str, str] = MappingProxyType(
+    {algorithm: f"evaluate_{algorithm}" for algorithm in ALGORITHMS if algorithm != CONCURRENCY}
+)
 
 _DIRECTIVE = re.compile(r"^\s*--@\s*(?P<word>if|elif|else|end)\b\s*(?P<expr>.*)$")
 _SUFFIX = re.compile(r"^(?P<code>.*?)\s+--@ (?P<expr>\w+(?: or \w+)*)\s*$")
