@@ -156,9 +156,6 @@ class QuotaSettings:
 
 
 # -- the parsers of one key each -----------------------------------------------------------
-_URL_SCHEME_RE = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*\Z")
-
-
 def _redis_url(value: Any, reader: Reader) -> str | None:
     """``REDIS_URL``, its problem reported without its value: a URL may carry the Redis
     password, and the message reaches ``manage.py check``, logs and error reports."""
@@ -168,7 +165,7 @@ def _redis_url(value: Any, reader: Reader) -> str | None:
         raise Invalid(Problems.EXPECTED_REDIS_URL, type=type(value).__name__)
     if not value.startswith(("redis://", "rediss://", "unix://")):
         scheme, separator, _ = value.partition("://")
-        if separator and _URL_SCHEME_RE.match(scheme):
+        if separator and re.match(r"[A-Za-z][A-Za-z0-9+.-]*\Z", scheme):
             found = Problems.FOUND_URL_SCHEME.format(scheme=scheme)
         else:
             found = Problems.FOUND_NO_SCHEME

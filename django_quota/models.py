@@ -52,7 +52,6 @@ _POLICY_FIELDS = frozenset(
     {"algorithm", "selector", "routes", "methods", "exempt", "count_when", "enforcement",
      "failure_mode", "on_missing", "max_cost", "enabled"}
 )
-_KEY_FIELD_RE = re.compile(r"^policy\['([a-z_]+)'\]")
 
 #: The definition keys the revision covers (docs/policies.md); of ``plans``, only that
 #: there are some (docs/plans.md).
@@ -271,7 +270,7 @@ class QuotaPolicy(models.Model):
         try:
             parse_policy(self.name, data, source="database", key="policy")
         except ConfigurationError as exc:
-            match = _KEY_FIELD_RE.match(exc.key)
+            match = re.match(r"policy\['([a-z_]+)'\]", exc.key)
             if exc.key == "policy":
                 raise ValidationError({"name": exc.message}) from exc
             if match and match.group(1) in _POLICY_FIELDS:

@@ -17,7 +17,7 @@ from collections.abc import Callable, Hashable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 from django_quota import conf
 from django_quota.core.errors import ConfigurationError, QuotaError
@@ -25,6 +25,22 @@ from django_quota.core.log import logger
 from django_quota.core.policy import Form, Policy, Window, plans_revision, settings_revision
 from django_quota.core.process import PROCESS
 from django_quota.messages import Checks
+
+
+class Generated:
+    """What marks the policies generated from another API: their ``Policy.source``, and
+    the dimension that frames the identity a drop-in reads as its library does."""
+
+    #: ``@quota(rate=...)``.
+    DECORATOR: Final = "decorator"
+    #: The DRF drop-ins (``throttling``).
+    DRF: Final = "drf"
+    #: The django-ratelimit drop-in (``ratelimit``).
+    RATELIMIT: Final = "ratelimit"
+    #: The value of an overridden ``get_cache_key()`` of a DRF throttle.
+    DRF_CACHE_KEY: Final = "drf_cache_key"
+    #: The value of a django-ratelimit ``key`` (framed with the group and the methods).
+    RATELIMIT_KEY: Final = "ratelimit_key"
 
 
 class UnknownPolicy(QuotaError, LookupError):

@@ -42,7 +42,6 @@ decided afresh. So a repeated id never charges twice, and the ledger stays bound
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from types import MappingProxyType
 from typing import NamedTuple
 
 from django_quota.core.calendar_windows import Place, calendar_at, calendar_keeps, calendar_reported
@@ -161,7 +160,7 @@ def _charged_state(
 
 
 #: The state of a counter that does not exist.
-_EMPTY: Mapping[str, int] = MappingProxyType({})
+_EMPTY: Mapping[str, int] = {}
 
 _CLOCK_UNSAFE_RESULT = GroupResult(GROUP_CLOCK_UNSAFE, (), ())
 _INDETERMINATE_RESULT = GroupResult(GROUP_INDETERMINATE, (), ())

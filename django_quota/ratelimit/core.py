@@ -42,6 +42,7 @@ from django_quota.core.policy import (
 )
 from django_quota.core.rates import Grammar, bounds_problem
 from django_quota.ledger import Lease, adecide, decide, ledger_of
+from django_quota.policies import Generated
 from django_quota.prepared import Prepared
 from django_quota.ratelimit import ALL, UNSAFE, keys
 
@@ -59,11 +60,6 @@ from django_quota.subjects import PLAIN, GivenSubject, Readable, Subject
 __all__ = ["aget_usage", "ais_ratelimited", "get_usage", "is_ratelimited"]
 
 
-#: The dimension that frames a key's value (with the group and the methods).
-KEY_DIMENSION = "ratelimit_key"
-#: ``Policy.source`` of the policies this module generates.
-GENERATED_SOURCE = "ratelimit"
-_SELECTOR = (KEY_DIMENSION,)
 # django-ratelimit's grammar: a count, "/", an optional multiplier, an optional unit
 # (seconds when absent), matched at the start of the string only.
 _RATE_RE = re.compile(r"([0-9]+)/([0-9]*)([smhd])?")
@@ -146,18 +142,18 @@ def _policy(group: str, limit: int, period: int, per_request: bool = False) -> P
     the limit is a plan's (``docs/plans.md``): the revision leaves it out, and every limit
     of one period shares the group's counter (``docs/django-ratelimit.md``)."""
     fail_open = _fail_open()
-    policy_id = generated_policy_id(GENERATED_SOURCE, group)
+    policy_id = generated_policy_id(Generated.RATELIMIT, group)
 
     def build() -> Policy:
         problem = bounds_problem(limit, period * 1000)
         if problem is not None:
             raise ImproperlyConfigured(f"Invalid ratelimit rate {limit}/{period}s: {problem}")
         return policies.one_window(
-            policy_id, FIXED_WINDOW, limit, period, _SELECTOR, GENERATED_SOURCE,
+            policy_id, FIXED_WINDOW, limit, period, (Generated.RATELIMIT_KEY,), Generated.RATELIMIT,
             failure_mode="open" if fail_open else "closed", per_request=per_request,
         )
 
-    key = (GENERATED_SOURCE, policy_id, limit, period, fail_open, per_request)
+    key = (Generated.RATELIMIT, policy_id, limit, period, fail_open, per_request)
     return policies.generated(key, build)
 
 
@@ -239,12 +235,12 @@ def _resolve(
     if limit <= 0:
         return _Limit(None, PLAIN, 0, period)
     policy = _policy(group, limit, period, per_request)
-    if policy.source != GENERATED_SOURCE:
+    if policy.source != Generated.RATELIMIT:
         # A policy configured under ratelimit:<group> replaces the rate, with its selector.
         return _Limit(policy, PLAIN, limit, period)
     if isinstance(value, str):
         value = _frame(group, _methods_text(method), value)
-    return _Limit(policy, GivenSubject({KEY_DIMENSION: value}), limit, period)
+    return _Limit(policy, GivenSubject({Generated.RATELIMIT_KEY: value}), limit, period)
 
 
 def _needs_thread(key: Any, rate: Any) -> bool:
@@ -300,7 +296,7 @@ def _rate_failure(request: Any, group: str, increment: bool, sender: object) -> 
     (``RATELIMIT_FAIL_OPEN``) with reason ``policy_unknown``, as a DRF rate that cannot
     be used (docs/failures.md); recorded on the request, and a refusal announced, when it
     counts."""
-    policy_id = generated_policy_id(GENERATED_SOURCE, group)
+    policy_id = generated_policy_id(Generated.RATELIMIT, group)
     mode = "open" if _fail_open() else "closed"
     outcome = limiter.policy_unknown(policy_id, mode, cause="has a rate callable that raised")
     if increment:
