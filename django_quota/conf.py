@@ -421,14 +421,6 @@ def parse_settings(
     return QuotaSettings(**values, raw=raw), reader.problems
 
 
-#: Without the app, nothing registers the checks or drops what settings changes make stale
-#: (docs/settings.md): every use says so rather than fail deep inside with a RuntimeError.
-APP_NOT_INSTALLED = (
-    "django_quota is not in INSTALLED_APPS: add 'django_quota' to INSTALLED_APPS (it "
-    "registers the system checks and the listeners that keep the limits current)"
-)
-
-
 def quota_setting() -> object:
     """``settings.QUOTA``; when it is not set at all, ``{"CACHE_ALIAS": alias}`` if
     django-ratelimit's ``RATELIMIT_USE_CACHE`` (default ``"default"``) names a django-redis
@@ -465,7 +457,7 @@ class _SettingsCache:
         with self.lock:
             if self.settings is None:
                 if apps.ready and not apps.is_installed("django_quota"):
-                    raise ImproperlyConfigured(APP_NOT_INSTALLED)
+                    raise ImproperlyConfigured(Problems.APP_NOT_INSTALLED)
                 parsed, problems = parse_settings(
                     quota_setting(), secret_key=django_settings.SECRET_KEY
                 )

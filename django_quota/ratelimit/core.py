@@ -65,11 +65,10 @@ __all__ = ["aget_usage", "ais_ratelimited", "get_usage", "is_ratelimited"]
 _RATE_RE = re.compile(r"([0-9]+)/([0-9]*)([smhd])?")
 
 Usage = dict[str, Any]
-Rate = str | tuple[int, int]
 
 
 # -- rates ---------------------------------------------------------------------------------
-def _split_rate(rate: Rate) -> tuple[int, int]:
+def _split_rate(rate: str | tuple[int, int]) -> tuple[int, int]:
     """``(count, seconds)`` of a rate as django-ratelimit reads it: ``"100/h"``,
     ``"10/5m"``, ``"5/10"`` (seconds), or a ``(count, seconds)`` tuple as it is.
 
