@@ -30,7 +30,6 @@ from django_quota.backends.scripting import (
     adrive,
     drive,
     evaluate_call,
-    resumed,
 )
 from django_quota.core.admission import BREAKER_REASONS as BREAKER_REASONS
 from django_quota.core.admission import NodeGuard, Refused
@@ -101,6 +100,13 @@ class Sizes:
 
 
 Steps = Generator[Any, Any, list[Outcome]]
+
+
+def _given(answer: Any) -> Any:
+    """A call's known answer: its raw reply, or its failure raised again."""
+    if isinstance(answer, BackendError):
+        raise answer
+    return answer
 
 
 class ShortCall(NamedTuple):
@@ -585,23 +591,28 @@ class Limiter(Interpreter):
         return prepared
 
     def _resumed(self, short: ShortCall, first: Any) -> Outcome:
-        """A short call's evaluation continued as the general plan (:meth:`steps`), its
-        first call's raw reply or failure (``first``) given to it."""
+        """A short call's evaluation continued as the general plan (:meth:`steps`): its
+        first call is answered with the raw reply or failure the short call had
+        (``first``), the calls after it run by :meth:`execute`."""
         prepared = self._resumed_group(short)
         started = short.started
-        outcomes = drive(
-            resumed(self.steps(prepared), first), lambda call: self.execute(call, started)
-        )
-        return self._recorded(prepared, outcomes)[0]
+        pending = [first]
+
+        def run(call: Any) -> Any:
+            return _given(pending.pop()) if pending else self.execute(call, started)
+
+        return self._recorded(prepared, drive(self.steps(prepared), run))[0]
 
     async def _aresumed(self, short: ShortCall, first: Any) -> Outcome:
         """Async twin of :meth:`_resumed`."""
         prepared = self._resumed_group(short)
         started = short.started
-        outcomes = await adrive(
-            resumed(self.steps(prepared), first), lambda call: self.aexecute(call, started)
-        )
-        return self._recorded(prepared, outcomes)[0]
+        pending = [first]
+
+        async def run(call: Any) -> Any:
+            return _given(pending.pop()) if pending else await self.aexecute(call, started)
+
+        return self._recorded(prepared, await adrive(self.steps(prepared), run))[0]
 
     # -- the plan -----------------------------------------------------------------------
     def steps(self, prepared: Prepared) -> Steps:

@@ -36,22 +36,19 @@ from django_quota.core.outcome import (
 )
 from django_quota.core.policy import Policy
 from django_quota.engine import Limiter
+from tests.differential import fake_backend, prepared_costs
+from tests.test_memory_short_path import CALENDAR
+from tests.test_memory_short_path import POLICIES as MEMORY_POLICIES
+from tests.test_memory_short_path import SHORT as MEMORY_SHORT
 
+#: The memory backend's short path's policies (the short calls first), and one failing
+#: open and one with a calendar window.
 POLICIES = {
-    "fixed": {"algorithm": "fixed_window", "windows": "4/m", "selector": ["ip"]},
-    "sliding": {"algorithm": "sliding_window", "windows": "4/m", "selector": ["ip"]},
-    "bucket": {"algorithm": "token_bucket", "windows": "4/m", "capacity": 6, "selector": ["ip"]},
-    "shadow": {"windows": "2/m", "selector": ["ip"], "enforcement": "shadow"},
-    "capped": {"windows": "9/m", "selector": ["ip"], "max_cost": 2},
+    **MEMORY_POLICIES,
     "open": {"windows": "3/m", "selector": ["ip"], "failure_mode": "open"},
-    # Not the common call: left to prepare and run.
-    "log": {"algorithm": "sliding_log", "windows": "3/s", "selector": ["ip"]},
-    "two": {"windows": {"burst": "2/s", "sustained": "5/m"}, "selector": ["ip"]},
-    "lease": {"algorithm": "concurrency", "windows": "2/m", "selector": ["ip"]},
-    "user": {"windows": "3/s", "selector": ["user"]},
-    "month": {"windows": "6/month", "selector": ["ip"]},
+    **CALENDAR,
 }
-SHORT = {"fixed", "sliding", "bucket", "shadow", "capped", "open"}
+SHORT = {*MEMORY_SHORT, "open"}
 SUBJECTS = [{"ip": "203.0.113.1"}, {"ip": "203.0.113.2"}, {"ip": "not an ip"}, {}]
 FIXED_REPLY_NOW = 1_764_806_400_123
 
@@ -271,20 +268,7 @@ class Pair:
 
 def _fake() -> Callable[[], RedisBackend]:
     server = fakeredis.FakeServer()
-
-    def make() -> RedisBackend:
-        return RedisBackend(
-            url=None,
-            timeout=1.0,
-            max_inflight=8,
-            client_factory=lambda asynchronous: (
-                fakeredis.FakeAsyncRedis(server=server)
-                if asynchronous
-                else fakeredis.FakeRedis(server=server)
-            ),
-        )
-
-    return make
+    return lambda: fake_backend(server)
 
 
 @pytest.fixture(params=["fakeredis", "redis"])
@@ -451,18 +435,13 @@ def test_a_stopped_redis_fails_both_paths_alike(ids: Ids, asynchronous: bool) ->
         pair.close()
 
 
-def test_evaluate_and_aevaluate_take_it_on_redis(quota: Any, redis_url: str) -> None:
+def test_evaluate_and_aevaluate_take_it_on_redis(
+    quota: Any, redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import django_quota
 
     quota(REDIS_URL=redis_url, POLICIES={"p": {"windows": "2/h", "selector": ["ip"]}})
-    prepared = []
-    real = Limiter.prepare
-
-    def spy(self: Limiter, *args: Any, **kwargs: Any) -> Any:
-        prepared.append(args[2])
-        return real(self, *args, **kwargs)
-
-    Limiter.prepare = spy  # type: ignore[method-assign]
+    prepared = prepared_costs(monkeypatch)
     try:
         first = django_quota.evaluate("p", {"ip": "203.0.113.1"})
         second = asyncio.run(django_quota.aevaluate("p", {"ip": "203.0.113.1"}))
@@ -470,7 +449,6 @@ def test_evaluate_and_aevaluate_take_it_on_redis(quota: Any, redis_url: str) -> 
         third = django_quota.evaluate("p", {"ip": "203.0.113.1"})  # refused: resumed
         fourth = django_quota.evaluate("p", {"ip": "203.0.113.1"}, cost=0)  # a peek
     finally:
-        Limiter.prepare = real  # type: ignore[method-assign]
         limiter.settings_changed()
     assert prepared == [0]
     assert [o.remaining for o in (first, second, third, fourth)] == [1, 0, 0, 0]

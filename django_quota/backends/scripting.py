@@ -139,26 +139,6 @@ async def adrive(
         return result
 
 
-def resumed(steps: Generator[Any, Any, T], first: Any) -> Generator[Any, Any, T]:
-    """``steps`` with its first step already run: its raw reply, or the
-    :class:`BackendError` it raised (``first``), is given to it as :func:`drive` would
-    give it; the steps after it are yielded as ``steps`` yields them (the limiter's
-    short path, which runs a plan's first call itself, continues so)."""
-    next(steps)  # the call already run
-    try:
-        step = steps.throw(first) if isinstance(first, BackendError) else steps.send(first)
-        while True:
-            try:
-                raw = yield step
-            except BackendError as error:
-                step = steps.throw(error)
-            else:
-                step = steps.send(raw)
-    except StopIteration as stop:
-        result: T = stop.value
-        return result
-
-
 def run_script(
     source: ScriptSource, call: Call, execute: Callable[[Command], Any], *, missing: bool = False
 ) -> Any:
