@@ -159,8 +159,9 @@ class _Counts:
     def count_backend(self, key: tuple[str, str], seconds: float | None) -> None:
         """Count one backend result ``(backend_mode, reason)`` and its latency (None: a
         backend without I/O, which has no latency histogram). The lock is taken as
-        :meth:`count_outcome` takes it: -965 Python instructions per async decision on
-        Redis, -1,056 per sync one (``benchmarks/redis_instructions.py``)."""
+        :meth:`count_outcome` takes it: -1,056 Python instructions per sync decision on
+        Redis (``benchmarks/redis_instructions.py``; about as many per async one, within
+        that row's run-to-run spread)."""
         lock = self.lock
         lock.acquire()
         try:
