@@ -17,20 +17,33 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Generator, KeysView, Mapping, Sequence
-from typing import Any, Final, cast
+from typing import Any, Final, NamedTuple, cast
 
 from django.utils.module_loading import import_string
 
 from django_quota import conf, metrics
 from django_quota.backends import Backend, ScriptBackend
 from django_quota.backends.memory import MemoryBackend
-from django_quota.backends.scripting import adrive, drive
+from django_quota.backends.scripting import (
+    Call,
+    ScriptedBackend,
+    adrive,
+    drive,
+    evaluate_call,
+)
 from django_quota.core.admission import BREAKER_REASONS as BREAKER_REASONS
 from django_quota.core.admission import NodeGuard, Refused
 from django_quota.core.breaker import BreakerError
-from django_quota.core.calls import GROUP_CLOCK_UNSAFE, GROUP_INDETERMINATE, Packing, PolicyCall
+from django_quota.core.calls import (
+    GROUP_CLOCK_UNSAFE,
+    GROUP_DECIDED,
+    GROUP_INDETERMINATE,
+    Packing,
+    PolicyCall,
+)
 from django_quota.core.denials import DenialCache
 from django_quota.core.errors import BackendError
+from django_quota.core.evaluation_ids import entry_head
 from django_quota.core.identity import Identity, IdentityCache, IdentityError
 from django_quota.core.outcome import (
     BACKEND_MODE_FALLBACK,
@@ -42,9 +55,16 @@ from django_quota.core.outcome import (
     SKIPPED,
     Outcome,
     bare_outcome,
+    outcome_from_result,
 )
 from django_quota.core.policy import Policy
-from django_quota.core.protocol import GroupReply, GroupRequest, check_evaluation_id, fingerprint
+from django_quota.core.protocol import (
+    GroupReply,
+    GroupRequest,
+    charged_result,
+    check_evaluation_id,
+    fingerprint,
+)
 from django_quota.core.windows import new_tuple
 from django_quota.interpreting import Interpreter
 from django_quota.prepared import (
@@ -80,6 +100,28 @@ class Sizes:
 
 
 Steps = Generator[Any, Any, list[Outcome]]
+
+
+def _given(answer: Any) -> Any:
+    """A call's known answer: its raw reply, or its failure raised again."""
+    if isinstance(answer, BackendError):
+        raise answer
+    return answer
+
+
+class ShortCall(NamedTuple):
+    """The common Redis call, ready to run without a :class:`Prepared` group
+    (:meth:`Limiter.short_call`): the policy compiled, its counter key and call, the
+    script call, the evaluation's fresh id and when it started."""
+
+    compiled: Compiled
+    counter: str
+    call: PolicyCall
+    script: Call
+    evaluation_id: str
+    started: float
+
+
 #: The group statuses of a group the backend refused to decide.
 _UNDECIDED = (GROUP_CLOCK_UNSAFE, GROUP_INDETERMINATE)
 
@@ -142,6 +184,9 @@ class Limiter(Interpreter):
         self.dedup_ttl_ms = round(settings.dedup_ttl * 1000)
         self.cleanup_grace_ms = round(settings.cleanup_grace * 1000)
         self.max_regression_ms = round(settings.max_clock_regression * 1000)
+        #: Whether the common call may take the short path (:meth:`short_call`): a
+        #: backend whose plan is one script call (not the memory backend, not a cluster).
+        self.short = not self.local and getattr(type(backend), "plan", None) is ScriptedBackend.plan
         self.clock: Clock | None = None
         if settings.clock == "client":
             self.clock = time.time
@@ -331,10 +376,7 @@ class Limiter(Interpreter):
         if len(group) == 1:  # the common call: one policy, no lists to fill
             compiled, keyed = self.keyed(group[0], subject, cost, plan, peek)
             if isinstance(keyed, str):
-                prepared = Prepared(
-                    [compiled], [None], None, [0], evaluation_id or "", 0.0, peek,
-                    self.backend_mode,
-                )
+                prepared = self._one_sent(compiled, evaluation_id or "", peek)
                 counters, calls = (keyed,), (compiled.call(cost),)
                 needs_id = compiled.needs_id
             else:
@@ -356,6 +398,10 @@ class Limiter(Interpreter):
         if not self.local:  # the memory backend's evaluations are not timed
             prepared.started = time.monotonic()
         return prepared
+
+    def _one_sent(self, compiled: Compiled, evaluation_id: str, peek: bool) -> Prepared:
+        """The group of one policy, sent (its request still to make)."""
+        return Prepared([compiled], [None], None, [0], evaluation_id, 0.0, peek, self.backend_mode)
 
     def keyed(
         self, policy: Policy, subject: SubjectSource, cost: int, plan: str | None, peek: bool
@@ -448,6 +494,126 @@ class Limiter(Interpreter):
             ),
         )
 
+    # -- the short path -----------------------------------------------------------------
+    def short_call(
+        self,
+        policy: Policy,
+        subject: Subject,
+        cost: object,
+        evaluation_id: str | None,
+        plan: str | None,
+    ) -> ShortCall | None:
+        """:func:`~django_quota.evaluate`'s common call on Redis, ready to run without a
+        group, request or parsed reply (:meth:`run_short`): ``cost`` an ``int > 0``,
+        Redis ``TIME``, no evaluation id or plan, a short call (one window, no calendar:
+        :attr:`~django_quota.core.calls.PolicyCall.short`) on a counter of no remembered
+        refusal (the denial cache answers those). Keyed as :meth:`prepare` keys it, its
+        script call as :func:`~django_quota.backends.scripting.evaluate_call` makes it.
+        None otherwise (an early outcome, a cluster: prepare and run then decide it)."""
+        if evaluation_id is not None or plan is not None or self.clock is not None:
+            return None
+        if type(cost) is not int or cost <= 0:
+            return None
+        compiled, counter = self.keyed(policy, subject, cost, None, False)
+        if type(counter) is not str or compiled.calendar or counter in self.denied_counters:
+            return None
+        if not (call := compiled.call(cost)).short:
+            return None
+        shape = compiled.short_calls.get(cost)
+        if shape is None:
+            shape = self._short_shape(compiled, counter, call)
+        evaluation_id = new_evaluation_id()
+        script = new_tuple(
+            Call, (shape[0], (counter,), [entry_head(fingerprint(evaluation_id), cost), shape[1]])
+        )
+        return new_tuple(
+            ShortCall, (compiled, counter, call, script, evaluation_id, time.monotonic())
+        )
+
+    def _short_shape(self, compiled: Compiled, counter: str, call: PolicyCall) -> tuple[str, bytes]:
+        """The script and packed arguments of ``call`` alone, the server's clock and no
+        repeat, as :func:`~django_quota.backends.scripting.evaluate_call` makes them (the
+        same for every counter and evaluation: remembered per cost)."""
+        request = GroupRequest(
+            (counter,), (call,), None, False, -1, self.dedup_ttl_ms, self.cleanup_grace_ms
+        )
+        made = evaluate_call(request)
+        packed = made.args[1]  # after the fingerprint, which each evaluation has its own
+        assert isinstance(packed, bytes)
+        shape = (made.script, packed)
+        if len(compiled.short_calls) < 16:
+            compiled.short_calls[call.cost] = shape
+        return shape
+
+    def run_short(self, short: ShortCall) -> Outcome:
+        """Run a :meth:`short_call` (sync): its one script call inside the node's bound
+        and breaker (:meth:`execute`), its outcome built and counted as :meth:`run`
+        builds and counts it. Any other turn (a failure, a refusal, a reply the short
+        path does not read) continues as the general plan (:meth:`_resumed`)."""
+        try:
+            raw = self.execute(short.script, short.started)
+        except BackendError as error:
+            return self._resumed(short, error)
+        outcome = self._short_outcome(short, raw)
+        return self._resumed(short, raw) if outcome is None else outcome
+
+    async def arun_short(self, short: ShortCall) -> Outcome:
+        """Async twin of :meth:`run_short`."""
+        try:
+            raw = await self.aexecute(short.script, short.started)
+        except BackendError as error:
+            return await self._aresumed(short, error)
+        outcome = self._short_outcome(short, raw)
+        return await self._aresumed(short, raw) if outcome is None else outcome
+
+    def _short_outcome(self, short: ShortCall, raw: Any) -> Outcome | None:
+        """The outcome of a short call whose script charged it (:func:`charged_result`),
+        observed, counted and logged as :meth:`steps` and :meth:`run` do; None for any
+        other reply."""
+        result = charged_result(raw, short.call)
+        if result is None:
+            return None
+        if short.counter in self.denied_counters:
+            self.forget_denials((short.counter,))  # as steps: the counter was written
+        self._observe_reply(GROUP_DECIDED, short.started)
+        compiled = short.compiled
+        outcome = outcome_from_result(
+            compiled.policy, result, self.backend_mode, short.evaluation_id
+        )
+        metrics.record_outcome(outcome, outcome.reason or "", compiled.selector_label)
+        return outcome
+
+    def _resumed_group(self, short: ShortCall) -> Prepared:
+        """The group :meth:`prepare` would have made of a short call."""
+        prepared = self._one_sent(short.compiled, short.evaluation_id, False)
+        self._request(prepared, (short.counter,), (short.call,), False, None)
+        prepared.started = short.started
+        return prepared
+
+    def _resumed(self, short: ShortCall, first: Any) -> Outcome:
+        """A short call's evaluation continued as the general plan (:meth:`steps`): its
+        first call is answered with the raw reply or failure the short call had
+        (``first``), the calls after it run by :meth:`execute`."""
+        prepared = self._resumed_group(short)
+        started = short.started
+        pending = [first]
+
+        def run(call: Any) -> Any:
+            return _given(pending.pop()) if pending else self.execute(call, started)
+
+        return self._recorded(prepared, drive(self.steps(prepared), run))[0]
+
+    async def _aresumed(self, short: ShortCall, first: Any) -> Outcome:
+        """Async twin of :meth:`_resumed`."""
+        prepared = self._resumed_group(short)
+        started = short.started
+        pending = [first]
+
+        async def run(call: Any) -> Any:
+            return _given(pending.pop()) if pending else await self.aexecute(call, started)
+
+        return self._recorded(prepared, await adrive(self.steps(prepared), run))[0]
+
     # -- the plan -----------------------------------------------------------------------
     def steps(self, prepared: Prepared) -> Steps:
         """The whole evaluation as a plan: yields each backend call, receives its raw
@@ -484,7 +650,7 @@ class Limiter(Interpreter):
                 return self.degraded(prepared, error)
             if not self.denied_counters.isdisjoint(request.counters):
                 self._written(request)
-            self._observe_reply(prepared, reply)
+            self._observe_reply(reply.status, prepared.started)
             return self.interpret(prepared, reply, self.backend_mode)
 
     def _observe_failure(self, prepared: Prepared, error: BackendError) -> None:
@@ -495,12 +661,12 @@ class Limiter(Interpreter):
             return
         metrics.record_backend(self.backend_mode, error.reason, self._latency(prepared))
 
-    def _observe_reply(self, prepared: Prepared, reply: GroupReply) -> None:
+    def _observe_reply(self, status: int, started: float) -> None:
+        """Count a reply of group ``status`` to an evaluation ``started`` then."""
         reason = metrics.OK
-        status = reply.status
         if status in _UNDECIDED:
             reason = self._undecided(status, "the script refused to decide")
-        metrics.record_backend(self.backend_mode, reason, self._latency(prepared))
+        metrics.record_backend(self.backend_mode, reason, time.monotonic() - started)
 
     def _undecided(self, status: int, detail: str) -> str:
         """The reason of a group the backend refused to decide (``status``), kept among

@@ -231,6 +231,10 @@ def evaluate(
         outcome = _evaluated_locally(limiter, policy, subject, cost, evaluation_id, plan)
         if outcome is not None:
             return outcome
+    elif limiter.short:
+        short = limiter.short_call(policy, subject, cost, evaluation_id, plan)
+        if short is not None:
+            return limiter.run_short(short)
     prepared = limiter.prepare([policy], subject, cost, evaluation_id=evaluation_id, plan=plan)
     return limiter.run(prepared)[0]
 
@@ -285,6 +289,10 @@ async def aevaluate(
         outcome = _evaluated_locally(limiter, policy, subject, cost, evaluation_id, plan)
         if outcome is not None:
             return outcome
+    elif limiter.short:
+        short = limiter.short_call(policy, subject, cost, evaluation_id, plan)
+        if short is not None:
+            return await limiter.arun_short(short)
     prepared = limiter.prepare([policy], subject, cost, evaluation_id=evaluation_id, plan=plan)
     return (await limiter.arun(prepared))[0]
 

@@ -65,6 +65,7 @@ class Compiled:
         "policy",
         "selector_label",
         "settings",
+        "short_calls",
     )
 
     def __init__(
@@ -113,6 +114,9 @@ class Compiled:
         self.calendar = any(window.calendar for window in policy.windows)
         #: Per cost: the call with boundaries, and the client times it holds for.
         self.calendar_calls: dict[int, tuple[int, int, PolicyCall]] = {}
+        #: Per cost: the script and packed arguments of the limiter's short path
+        #: (:meth:`~django_quota.engine.Limiter.short_call`).
+        self.short_calls: dict[int, tuple[str, bytes]] = {}
 
     def call(self, cost: int) -> PolicyCall:
         """The policy's :class:`PolicyCall` at ``cost`` (script arguments encoded once)."""

@@ -150,3 +150,33 @@ def engines_on(redis_server: Any, db: int) -> list[ModelEngine | RedisEngine]:
         RedisEngine("fakeredis", fakeredis.FakeRedis()),
         RedisEngine("redis", real),
     ]
+
+
+def fake_backend(server: fakeredis.FakeServer) -> RedisBackend:
+    """A Redis backend on the fakeredis ``server``: its sync and asyncio clients."""
+    return RedisBackend(
+        url=None,
+        timeout=1.0,
+        max_inflight=8,
+        client_factory=lambda asynchronous: (
+            fakeredis.FakeAsyncRedis(server=server)
+            if asynchronous
+            else fakeredis.FakeRedis(server=server)
+        ),
+    )
+
+
+def prepared_costs(monkeypatch: Any) -> list[int]:
+    """The cost of every group ``Limiter.prepare`` prepares from now on, in order (a spy
+    for the tests that the short paths leave ``prepare`` alone)."""
+    from django_quota.engine import Limiter
+
+    costs: list[int] = []
+    real = Limiter.prepare
+
+    def spy(self: Limiter, *args: Any, **kwargs: Any) -> Any:
+        costs.append(args[2])
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(Limiter, "prepare", spy)
+    return costs

@@ -19,6 +19,7 @@ from benchmarks import (
     goals,
     instructions,
     python_instructions,
+    redis_instructions,
     run,
     saved,
     whole_request,
@@ -488,6 +489,19 @@ def test_the_python_instruction_counts_run_a_memory_row_to_the_end():
         cwd=ROOT, capture_output=True, text=True, timeout=120, check=False,
     )
     assert done.returncode == 0, done.stderr
+
+
+@pytest.mark.parametrize("row", redis_instructions.ROWS)
+def test_the_redis_instruction_counts_run_a_row_to_the_end(row: str, redis_url: str):
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks.redis_instructions", row, "64", redis_url],
+        cwd=ROOT, capture_output=True, text=True, timeout=120, check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    import redis
+
+    with redis.Redis.from_url(redis_url) as client:  # the warm-up and the 64 decisions
+        assert client.dbsize() == redis_instructions.SUBJECTS
 
 
 def test_instructions_count_only_sync_decision_rows_on_redis():

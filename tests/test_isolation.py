@@ -34,12 +34,12 @@ from django_quota import engine, limiter, policies
 from django_quota.backends import clients
 from django_quota.backends.clients import MAX_ASYNC_CLIENTS
 from django_quota.backends.cluster import slot_of
-from django_quota.backends.redis import RedisBackend
 from django_quota.backends.redispy import public_path
 from django_quota.core.protocol import decode_counter
 from django_quota.decorators import quota as quota_view
 from tests import clock
 from tests.cluster import Cluster, redis_cluster
+from tests.differential import fake_backend
 from tests.faults import RedisProcess, redis_process
 from tests.test_admin import STATUS, cells
 
@@ -381,16 +381,7 @@ def on_backend(
         def build(settings: Any) -> Any:
             if settings.backend != "redis":
                 return original(settings)
-            return RedisBackend(
-                url=None,
-                timeout=1.0,
-                max_inflight=8,
-                client_factory=lambda asynchronous: (
-                    fakeredis.FakeAsyncRedis(server=fake)
-                    if asynchronous
-                    else fakeredis.FakeRedis(server=fake)
-                ),
-            )
+            return fake_backend(fake)
 
         monkeypatch.setattr(limiter, "backend_from_settings", build)
         values["REDIS_URL"] = "redis://fakeredis.invalid:6379/0"

@@ -16,6 +16,7 @@ from django_quota.backends.memory import MemoryBackend
 from django_quota.core.outcome import BACKEND_UNAVAILABLE, Outcome
 from django_quota.core.policy import Policy
 from django_quota.engine import Limiter
+from tests.differential import prepared_costs
 
 POLICIES = {
     "fixed": {"algorithm": "fixed_window", "windows": "4/m", "selector": ["ip"]},
@@ -135,28 +136,20 @@ def test_a_client_clock_an_evaluation_id_or_a_plan_takes_prepare_and_run() -> No
     assert limiter._evaluated_locally(engine, fixed, subject, 1, None, None) is not None
 
 
-def test_evaluate_and_aevaluate_take_it_on_the_memory_backend(quota: Any) -> None:
+def test_evaluate_and_aevaluate_take_it_on_the_memory_backend(
+    quota: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import asyncio
 
     import django_quota
 
     quota(BACKEND="memory", POLICIES={"p": {"windows": "2/h", "selector": ["ip"]}})
-    prepared = []
-    real = Limiter.prepare
-
-    def spy(self: Limiter, *args: Any, **kwargs: Any) -> Any:
-        prepared.append(args[2])
-        return real(self, *args, **kwargs)
-
-    Limiter.prepare = spy  # type: ignore[method-assign]
-    try:
-        first = django_quota.evaluate("p", {"ip": "203.0.113.1"})
-        second = asyncio.run(django_quota.aevaluate("p", {"ip": "203.0.113.1"}))
-        assert prepared == []
-        third = django_quota.evaluate("p", {"ip": "203.0.113.1"}, cost=0)  # a peek
-        fourth = django_quota.evaluate("p", {"ip": "203.0.113.1"}, evaluation_id="order-1")
-    finally:
-        Limiter.prepare = real  # type: ignore[method-assign]
+    prepared = prepared_costs(monkeypatch)
+    first = django_quota.evaluate("p", {"ip": "203.0.113.1"})
+    second = asyncio.run(django_quota.aevaluate("p", {"ip": "203.0.113.1"}))
+    assert prepared == []
+    third = django_quota.evaluate("p", {"ip": "203.0.113.1"}, cost=0)  # a peek
+    fourth = django_quota.evaluate("p", {"ip": "203.0.113.1"}, evaluation_id="order-1")
     assert prepared == [0, 1]
     assert [o.remaining for o in (first, second, third, fourth)] == [1, 0, 0, 0]
     assert fourth.decision == "denied" and first.backend_mode == "memory"

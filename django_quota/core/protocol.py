@@ -355,6 +355,29 @@ def parse_reply(reply: Sequence[int], calls: Sequence[PolicyCall], peek: bool) -
     return new_tuple(GroupReply, (status, tuple(results)))
 
 
+def charged_result(reply: object, call: PolicyCall) -> PolicyResult | None:
+    """The result of a fresh one-policy group of ``call`` (one window, no calendar
+    bounds: :attr:`~django_quota.core.calls.PolicyCall.short`) from ``evaluate.lua``'s
+    reply, when the script decided it and charged it: read as :func:`parse_reply` reads
+    it (:func:`_windows`, :func:`~django_quota.core.model.group_allows`,
+    :func:`~django_quota.core.model.decide_policy`), without a :class:`GroupReply`.
+    None for any other reply (a refusal, another status, a malformed reply):
+    :func:`parse_reply` then reads it (the limiter's short path,
+    ``docs/architecture.md``)."""
+    if type(reply) is not list or len(reply) != 2 + _WIDTHS[call.algorithm]:
+        return None
+    try:
+        if int(reply[0]) != GROUP_DECIDED:
+            return None
+        now = int(reply[1])
+        windows, fit = _windows(reply, 2, call, now, call.cost, True)
+    except (TypeError, ValueError):
+        return None
+    if decide_policy(call, fit, group_allows((call,), (fit,)), False) != CHARGED:
+        return None
+    return new_tuple(PolicyResult, (CHARGED, now, tuple(windows)))
+
+
 def _windows(
     reply: Sequence[int], position: int, call: PolicyCall, now: int, cost: int, charged: bool
 ) -> tuple[list[WindowResult], bool]:
