@@ -11,7 +11,7 @@ import dataclasses
 import io
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -245,7 +245,8 @@ def test_each_algorithm_gives_the_memory_backends_exact_outcomes(
     # Decided by the cluster, a repeated refusal by the denial cache (docs/failures.md).
     assert {"allowed", "denied"} <= decisions and all(
         o.backend_mode == "redis" or (o.backend_mode == "cache" and o.decision == "denied")
-        for step in on_redis for o in step
+        for step in on_redis
+        for o in step
     )
 
 
@@ -626,6 +627,17 @@ def test_cluster_errors_map_to_the_documented_reasons(exc: Exception, reason: st
     assert classify_cluster(exc).reason == reason
 
 
+def settled(call: Callable[[], Outcome], tries: int = 3) -> Outcome:
+    """``call()``'s outcome, taken again (up to ``tries`` in all) while it is
+    ``backend_timeout``: for the calls before a fault, which only connect."""
+    for _ in range(tries - 1):
+        outcome = call()
+        if outcome.reason != "backend_timeout":
+            return outcome
+        time.sleep(0.05)
+    return call()
+
+
 def test_a_stopped_node_fails_by_failure_mode_and_never_raises(
     on_cluster: Any, cluster: Cluster
 ) -> None:
@@ -655,8 +667,13 @@ def test_a_stopped_node_fails_by_failure_mode_and_never_raises(
     loop = asyncio.new_event_loop()  # one async client, whose connections outlive a call
     try:
         for subject in (lost, kept):  # pooled connections to every node, sync and async
-            assert django_quota.evaluate("closed", subject).decision == "allowed"
-            assert loop.run_until_complete(django_quota.aevaluate("open", subject)).allowed
+            # The first calls connect under TIMEOUT=0.1, which a loaded machine can miss
+            # (backend_timeout charges nothing): they alone may be taken again.
+            warm = settled(lambda s=subject: django_quota.evaluate("closed", s))
+            assert warm.decision == "allowed"
+            assert settled(
+                lambda s=subject: loop.run_until_complete(django_quota.aevaluate("open", s))
+            ).allowed
 
         victim.stop()
         try:
