@@ -17,7 +17,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Generator, KeysView, Mapping, Sequence
-from typing import Any, Final, NamedTuple, cast
+from typing import Any, Final, cast
 
 from django.utils.module_loading import import_string
 
@@ -25,25 +25,21 @@ from django_quota import conf, metrics
 from django_quota.backends import Backend, ScriptBackend
 from django_quota.backends.memory import MemoryBackend
 from django_quota.backends.scripting import (
-    Call,
     ScriptedBackend,
     adrive,
     drive,
-    evaluate_call,
 )
 from django_quota.core.admission import BREAKER_REASONS as BREAKER_REASONS
 from django_quota.core.admission import NodeGuard, Refused
 from django_quota.core.breaker import BreakerError
 from django_quota.core.calls import (
     GROUP_CLOCK_UNSAFE,
-    GROUP_DECIDED,
     GROUP_INDETERMINATE,
     Packing,
     PolicyCall,
 )
 from django_quota.core.denials import DenialCache
 from django_quota.core.errors import BackendError
-from django_quota.core.evaluation_ids import entry_head
 from django_quota.core.identity import Identity, IdentityCache, IdentityError
 from django_quota.core.outcome import (
     BACKEND_MODE_FALLBACK,
@@ -55,18 +51,15 @@ from django_quota.core.outcome import (
     SKIPPED,
     Outcome,
     bare_outcome,
-    outcome_from_result,
 )
 from django_quota.core.policy import Policy
 from django_quota.core.protocol import (
     GroupReply,
     GroupRequest,
-    charged_result,
     check_evaluation_id,
     fingerprint,
 )
 from django_quota.core.windows import new_tuple
-from django_quota.interpreting import Interpreter
 from django_quota.prepared import (
     ClockUnusable,
     Compiled,
@@ -76,6 +69,7 @@ from django_quota.prepared import (
     refusal,
     validate_cost,
 )
+from django_quota.short_path import ShortPath
 
 Subject = Mapping[str, object]
 #: A subject, or a function giving each policy its subject (the HTTP layer's, so that
@@ -98,28 +92,7 @@ class Sizes:
     COUNTER_CACHE = IDENTITY_CACHE
 
 
-
 Steps = Generator[Any, Any, list[Outcome]]
-
-
-def _given(answer: Any) -> Any:
-    """A call's known answer: its raw reply, or its failure raised again."""
-    if isinstance(answer, BackendError):
-        raise answer
-    return answer
-
-
-class ShortCall(NamedTuple):
-    """The common Redis call, ready to run without a :class:`Prepared` group
-    (:meth:`Limiter.short_call`): the policy compiled, its counter key and call, the
-    script call, the evaluation's fresh id and when it started."""
-
-    compiled: Compiled
-    counter: str
-    call: PolicyCall
-    script: Call
-    evaluation_id: str
-    started: float
 
 
 #: The group statuses of a group the backend refused to decide.
@@ -127,7 +100,7 @@ _UNDECIDED = (GROUP_CLOCK_UNSAFE, GROUP_INDETERMINATE)
 
 
 # -- the limiter ---------------------------------------------------------------------------
-class Limiter(Interpreter):
+class Limiter(ShortPath):
     """Everything one settings generation decides with: the backend, the local fallback,
     one :class:`~django_quota.core.admission.NodeGuard` per backend node, compiled
     policies, remembered identities and refusals (the denial cache). Built by
@@ -381,16 +354,18 @@ class Limiter(Interpreter):
                 needs_id = compiled.needs_id
             else:
                 prepared = Prepared(
-                    [compiled], [keyed], None, [], evaluation_id or "", 0.0, peek,
+                    [compiled],
+                    [keyed],
+                    None,
+                    [],
+                    evaluation_id or "",
+                    0.0,
+                    peek,
                     self.backend_mode,
                 )
         else:
-            prepared = Prepared(
-                [], [], None, [], evaluation_id or "", 0.0, peek, self.backend_mode
-            )
-            counters, calls, needs_id = self._keys_and_calls(
-                prepared, group, subject, cost, plan
-            )
+            prepared = Prepared([], [], None, [], evaluation_id or "", 0.0, peek, self.backend_mode)
+            counters, calls, needs_id = self._keys_and_calls(prepared, group, subject, cost, plan)
         if counters:
             if not caller_id and (not self.local or needs_id):
                 prepared.evaluation_id = new_evaluation_id()
@@ -493,126 +468,6 @@ class Limiter(Interpreter):
                 caller_id,
             ),
         )
-
-    # -- the short path -----------------------------------------------------------------
-    def short_call(
-        self,
-        policy: Policy,
-        subject: Subject,
-        cost: object,
-        evaluation_id: str | None,
-        plan: str | None,
-    ) -> ShortCall | None:
-        """:func:`~django_quota.evaluate`'s common call on Redis, ready to run without a
-        group, request or parsed reply (:meth:`run_short`): ``cost`` an ``int > 0``,
-        Redis ``TIME``, no evaluation id or plan, a short call (one window, no calendar:
-        :attr:`~django_quota.core.calls.PolicyCall.short`) on a counter of no remembered
-        refusal (the denial cache answers those). Keyed as :meth:`prepare` keys it, its
-        script call as :func:`~django_quota.backends.scripting.evaluate_call` makes it.
-        None otherwise (an early outcome, a cluster: prepare and run then decide it)."""
-        if evaluation_id is not None or plan is not None or self.clock is not None:
-            return None
-        if type(cost) is not int or cost <= 0:
-            return None
-        compiled, counter = self.keyed(policy, subject, cost, None, False)
-        if type(counter) is not str or compiled.calendar or counter in self.denied_counters:
-            return None
-        if not (call := compiled.call(cost)).short:
-            return None
-        shape = compiled.short_calls.get(cost)
-        if shape is None:
-            shape = self._short_shape(compiled, counter, call)
-        evaluation_id = new_evaluation_id()
-        script = new_tuple(
-            Call, (shape[0], (counter,), [entry_head(fingerprint(evaluation_id), cost), shape[1]])
-        )
-        return new_tuple(
-            ShortCall, (compiled, counter, call, script, evaluation_id, time.monotonic())
-        )
-
-    def _short_shape(self, compiled: Compiled, counter: str, call: PolicyCall) -> tuple[str, bytes]:
-        """The script and packed arguments of ``call`` alone, the server's clock and no
-        repeat, as :func:`~django_quota.backends.scripting.evaluate_call` makes them (the
-        same for every counter and evaluation: remembered per cost)."""
-        request = GroupRequest(
-            (counter,), (call,), None, False, -1, self.dedup_ttl_ms, self.cleanup_grace_ms
-        )
-        made = evaluate_call(request)
-        packed = made.args[1]  # after the fingerprint, which each evaluation has its own
-        assert isinstance(packed, bytes)
-        shape = (made.script, packed)
-        if len(compiled.short_calls) < 16:
-            compiled.short_calls[call.cost] = shape
-        return shape
-
-    def run_short(self, short: ShortCall) -> Outcome:
-        """Run a :meth:`short_call` (sync): its one script call inside the node's bound
-        and breaker (:meth:`execute`), its outcome built and counted as :meth:`run`
-        builds and counts it. Any other turn (a failure, a refusal, a reply the short
-        path does not read) continues as the general plan (:meth:`_resumed`)."""
-        try:
-            raw = self.execute(short.script, short.started)
-        except BackendError as error:
-            return self._resumed(short, error)
-        outcome = self._short_outcome(short, raw)
-        return self._resumed(short, raw) if outcome is None else outcome
-
-    async def arun_short(self, short: ShortCall) -> Outcome:
-        """Async twin of :meth:`run_short`."""
-        try:
-            raw = await self.aexecute(short.script, short.started)
-        except BackendError as error:
-            return await self._aresumed(short, error)
-        outcome = self._short_outcome(short, raw)
-        return await self._aresumed(short, raw) if outcome is None else outcome
-
-    def _short_outcome(self, short: ShortCall, raw: Any) -> Outcome | None:
-        """The outcome of a short call whose script charged it (:func:`charged_result`),
-        observed, counted and logged as :meth:`steps` and :meth:`run` do; None for any
-        other reply."""
-        result = charged_result(raw, short.call)
-        if result is None:
-            return None
-        if short.counter in self.denied_counters:
-            self.forget_denials((short.counter,))  # as steps: the counter was written
-        self._observe_reply(GROUP_DECIDED, short.started)
-        compiled = short.compiled
-        outcome = outcome_from_result(
-            compiled.policy, result, self.backend_mode, short.evaluation_id
-        )
-        metrics.record_outcome(outcome, outcome.reason or "", compiled.selector_label)
-        return outcome
-
-    def _resumed_group(self, short: ShortCall) -> Prepared:
-        """The group :meth:`prepare` would have made of a short call."""
-        prepared = self._one_sent(short.compiled, short.evaluation_id, False)
-        self._request(prepared, (short.counter,), (short.call,), False, None)
-        prepared.started = short.started
-        return prepared
-
-    def _resumed(self, short: ShortCall, first: Any) -> Outcome:
-        """A short call's evaluation continued as the general plan (:meth:`steps`): its
-        first call is answered with the raw reply or failure the short call had
-        (``first``), the calls after it run by :meth:`execute`."""
-        prepared = self._resumed_group(short)
-        started = short.started
-        pending = [first]
-
-        def run(call: Any) -> Any:
-            return _given(pending.pop()) if pending else self.execute(call, started)
-
-        return self._recorded(prepared, drive(self.steps(prepared), run))[0]
-
-    async def _aresumed(self, short: ShortCall, first: Any) -> Outcome:
-        """Async twin of :meth:`_resumed`."""
-        prepared = self._resumed_group(short)
-        started = short.started
-        pending = [first]
-
-        async def run(call: Any) -> Any:
-            return _given(pending.pop()) if pending else await self.aexecute(call, started)
-
-        return self._recorded(prepared, await adrive(self.steps(prepared), run))[0]
 
     # -- the plan -----------------------------------------------------------------------
     def steps(self, prepared: Prepared) -> Steps:
@@ -734,7 +589,5 @@ class Limiter(Interpreter):
         outcomes = self._without_io(prepared)
         if outcomes is None:
             started = prepared.started
-            outcomes = await adrive(
-                self.steps(prepared), lambda call: self.aexecute(call, started)
-            )
+            outcomes = await adrive(self.steps(prepared), lambda call: self.aexecute(call, started))
         return self._recorded(prepared, outcomes)

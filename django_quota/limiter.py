@@ -17,14 +17,12 @@ from django_quota import conf, metrics, policies
 from django_quota.backends import Backend, backend_from_settings
 from django_quota.backends.memory import MemoryBackend
 from django_quota.core.breaker import BreakerError, CircuitBreaker
-from django_quota.core.errors import BackendError
 from django_quota.core.log import logger
 from django_quota.core.outcome import (
     FAILED_CLOSED,
     FAILED_OPEN,
     POLICY_UNKNOWN,
     Outcome,
-    outcome_from_result,
 )
 from django_quota.core.policy import CONCURRENCY, Policy
 from django_quota.core.protocol import (
@@ -137,7 +135,10 @@ def policy_unknown(
     else:
         retry_after = float(settings.failure_retry_after)
         outcome = Outcome(
-            policy_id, FAILED_CLOSED, POLICY_UNKNOWN, retry_after=retry_after,
+            policy_id,
+            FAILED_CLOSED,
+            POLICY_UNKNOWN,
+            retry_after=retry_after,
             backend_mode=backend_mode,
         )
     metrics.record_outcomes((), [outcome])
@@ -174,9 +175,7 @@ def evaluate_policies(
     """
     limiter = get_limiter()
     return limiter.run(
-        limiter.prepare(
-            group, subject, cost, evaluation_id=evaluation_id, clock=clock, plan=plan
-        )
+        limiter.prepare(group, subject, cost, evaluation_id=evaluation_id, clock=clock, plan=plan)
     )
 
 
@@ -192,9 +191,7 @@ async def aevaluate_policies(
     """Async twin of :func:`evaluate_policies`."""
     limiter = get_limiter()
     return await limiter.arun(
-        limiter.prepare(
-            group, subject, cost, evaluation_id=evaluation_id, clock=clock, plan=plan
-        )
+        limiter.prepare(group, subject, cost, evaluation_id=evaluation_id, clock=clock, plan=plan)
     )
 
 
@@ -228,7 +225,7 @@ def evaluate(
     limiter = get_limiter()
     policy = policies.get_policy(policy_id)
     if limiter.local:
-        outcome = _evaluated_locally(limiter, policy, subject, cost, evaluation_id, plan)
+        outcome = limiter.evaluated_in_memory(policy, subject, cost, evaluation_id, plan)
         if outcome is not None:
             return outcome
     elif limiter.short:
@@ -237,40 +234,6 @@ def evaluate(
             return limiter.run_short(short)
     prepared = limiter.prepare([policy], subject, cost, evaluation_id=evaluation_id, plan=plan)
     return limiter.run(prepared)[0]
-
-
-def _evaluated_locally(
-    limiter: Limiter,
-    policy: Policy,
-    subject: Subject,
-    cost: object,
-    evaluation_id: str | None,
-    plan: str | None,
-) -> Outcome | None:
-    """:func:`evaluate` on the memory backend without a group, request or reply, for the
-    common call (``cost`` an ``int > 0``, the backend's clock, no evaluation id or plan,
-    a short call without calendar window or id to undo it by): keyed as
-    :meth:`Limiter.prepare` keys it, decided by :meth:`MemoryBackend.decide_call` (the
-    model's ``decide_one``), its outcome built and counted as :meth:`Limiter.run` does.
-    None otherwise (an early outcome, a full backend: prepare and run then decide it)."""
-    if evaluation_id is not None or plan is not None or limiter.clock is not None:
-        return None
-    if type(cost) is not int or cost <= 0:
-        return None
-    compiled, counter = limiter.keyed(policy, subject, cost, None, False)
-    if type(counter) is not str or compiled.calendar or compiled.needs_id:
-        return None
-    if not (call := compiled.call(cost)).short:
-        return None
-    try:
-        decided = limiter.local_backend.decide_call(
-            counter, call, None, False, -1, limiter.cleanup_grace_ms, b"", limiter.dedup_ttl_ms
-        )
-    except BackendError:
-        return None
-    outcome = outcome_from_result(policy, decided.results[0], limiter.backend_mode, "")
-    metrics.record_outcome(outcome, outcome.reason or "", compiled.selector_label)
-    return outcome
 
 
 async def aevaluate(
@@ -286,7 +249,7 @@ async def aevaluate(
     limiter = get_limiter()
     policy = policies.get_policy(policy_id)
     if limiter.local:
-        outcome = _evaluated_locally(limiter, policy, subject, cost, evaluation_id, plan)
+        outcome = limiter.evaluated_in_memory(policy, subject, cost, evaluation_id, plan)
         if outcome is not None:
             return outcome
     elif limiter.short:
@@ -361,7 +324,6 @@ async def areset(policy_id: str, subject: Subject) -> int:
     return max(cleared, local)
 
 
-
 __all__ = [
     "Clock",
     "Subject",
@@ -388,9 +350,7 @@ __all__ = [
 
 
 # -- concurrency leases (docs/concurrency.md) ------------------------------------------------
-def _release_request(
-    policy_id: str, subject: Subject, evaluation_id: str
-) -> ReleaseRequest | None:
+def _release_request(policy_id: str, subject: Subject, evaluation_id: str) -> ReleaseRequest | None:
     """What releases the leases ``evaluation_id`` acquired from ``subject``'s counter of
     ``policy_id``; None when the policy is not a concurrency policy (nothing to free)."""
     check_evaluation_id(evaluation_id)

@@ -77,8 +77,9 @@ class Ids:
 @pytest.fixture
 def ids(monkeypatch: pytest.MonkeyPatch) -> Ids:
     given = Ids()
-    monkeypatch.setattr("django_quota.engine.new_evaluation_id", given)
-    for module in ("engine", "interpreting", "core.denials"):
+    for module in ("engine", "short_path"):
+        monkeypatch.setattr(f"django_quota.{module}.new_evaluation_id", given)
+    for module in ("engine", "short_path", "interpreting", "core.denials"):
         monkeypatch.setattr(f"django_quota.{module}.time", given)
     return given
 
