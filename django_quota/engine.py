@@ -69,7 +69,7 @@ from django_quota.prepared import (
     refusal,
     validate_cost,
 )
-from django_quota.short_path import ShortPath
+from django_quota.short_path import ShortCall, ShortPath
 
 Subject = Mapping[str, object]
 #: A subject, or a function giving each policy its subject (the HTTP layer's, so that
@@ -157,9 +157,8 @@ class Limiter(ShortPath):
         self.dedup_ttl_ms = round(settings.dedup_ttl * 1000)
         self.cleanup_grace_ms = round(settings.cleanup_grace * 1000)
         self.max_regression_ms = round(settings.max_clock_regression * 1000)
-        #: Whether the common call may take the short path (:meth:`short_call`): a
-        #: backend whose plan is one script call (not the memory backend, not a cluster).
-        self.short = not self.local and getattr(type(backend), "plan", None) is ScriptedBackend.plan
+        self.scripted = getattr(type(backend), "plan", None) is ScriptedBackend.plan
+        self.shortcuts = self.local or self.scripted
         self.clock: Clock | None = None
         if settings.clock == "client":
             self.clock = time.time
@@ -372,6 +371,13 @@ class Limiter(ShortPath):
             self._request(prepared, counters, calls, caller_id, clock)
         if not self.local:  # the memory backend's evaluations are not timed
             prepared.started = time.monotonic()
+        return prepared
+
+    def one_group(self, short: ShortCall) -> Prepared:
+        """The group :meth:`prepare` makes of a :meth:`shortcut`'s call."""
+        prepared = self._one_sent(short.compiled, short.evaluation_id, False)
+        self._request(prepared, (short.counter,), (short.call,), False, None)
+        prepared.started = short.started
         return prepared
 
     def _one_sent(self, compiled: Compiled, evaluation_id: str, peek: bool) -> Prepared:

@@ -36,6 +36,7 @@ from django_quota.core.windows import calendar_place
 from django_quota.engine import Clock, Limiter, Subject, SubjectSource
 from django_quota.messages import Codes
 from django_quota.prepared import Compiled, validate_cost
+from django_quota.short_path import ShortCall
 
 
 # -- the current limiter -------------------------------------------------------------------
@@ -224,14 +225,9 @@ def evaluate(
     """
     limiter = get_limiter()
     policy = policies.get_policy(policy_id)
-    if limiter.local:
-        outcome = limiter.evaluated_in_memory(policy, subject, cost, evaluation_id, plan)
-        if outcome is not None:
-            return outcome
-    elif limiter.short:
-        short = limiter.short_call(policy, subject, cost, evaluation_id, plan)
-        if short is not None:
-            return limiter.run_short(short)
+    short = limiter.shortcut(policy, subject, cost, evaluation_id, plan)
+    if short is not None:  # the common call (docs/architecture.md, "One decision")
+        return limiter.run_short(short) if isinstance(short, ShortCall) else short
     prepared = limiter.prepare([policy], subject, cost, evaluation_id=evaluation_id, plan=plan)
     return limiter.run(prepared)[0]
 
@@ -248,14 +244,9 @@ async def aevaluate(
         await policies.aget_registry()
     limiter = get_limiter()
     policy = policies.get_policy(policy_id)
-    if limiter.local:
-        outcome = limiter.evaluated_in_memory(policy, subject, cost, evaluation_id, plan)
-        if outcome is not None:
-            return outcome
-    elif limiter.short:
-        short = limiter.short_call(policy, subject, cost, evaluation_id, plan)
-        if short is not None:
-            return await limiter.arun_short(short)
+    short = limiter.shortcut(policy, subject, cost, evaluation_id, plan)
+    if short is not None:  # the common call (docs/architecture.md, "One decision")
+        return await limiter.arun_short(short) if isinstance(short, ShortCall) else short
     prepared = limiter.prepare([policy], subject, cost, evaluation_id=evaluation_id, plan=plan)
     return (await limiter.arun(prepared))[0]
 

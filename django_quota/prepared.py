@@ -115,7 +115,7 @@ class Compiled:
         #: Per cost: the call with boundaries, and the client times it holds for.
         self.calendar_calls: dict[int, tuple[int, int, PolicyCall]] = {}
         #: Per cost: the script and packed arguments of the limiter's short path
-        #: (:meth:`~django_quota.engine.Limiter.short_call`).
+        #: (:meth:`~django_quota.engine.Limiter.shortcut`).
         self.short_calls: dict[int, tuple[str, bytes]] = {}
 
     def call(self, cost: int) -> PolicyCall:

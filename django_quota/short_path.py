@@ -6,9 +6,9 @@ the backend's clock, and no evaluation id or plan. It is keyed as
 :meth:`~django_quota.engine.Limiter.prepare` keys it, and its outcome is built and
 counted as :meth:`~django_quota.engine.Limiter.run` builds and counts it:
 
-* on the memory backend (:meth:`ShortPath.evaluated_in_memory`), decided by
+* on the memory backend (:meth:`ShortPath.shortcut` decides it), by
   :meth:`~django_quota.backends.memory.MemoryBackend.decide_call`, the model's rule;
-* on Redis (standalone or Sentinel: :meth:`ShortPath.short_call`, then
+* on Redis (standalone or Sentinel: :meth:`ShortPath.shortcut` makes the call, then
   :meth:`ShortPath.run_short` or :meth:`ShortPath.arun_short`), one script call through
   the node's bound and breaker; a reply that charged the call is read by
   :func:`~django_quota.core.protocol.charged_result` (the same rule
@@ -52,7 +52,7 @@ def _given(answer: Any) -> Any:
 
 class ShortCall(NamedTuple):
     """The common Redis call, ready to run without a :class:`Prepared` group
-    (:meth:`ShortPath.short_call`): the policy compiled, its counter key and call, the
+    (:meth:`ShortPath.shortcut`): the policy compiled, its counter key and call, the
     script call, the evaluation's fresh id and when it started."""
 
     compiled: Compiled
@@ -66,6 +66,11 @@ class ShortCall(NamedTuple):
 class ShortPath(Interpreter):
     """The common call's short paths, for a :class:`~django_quota.engine.Limiter`."""
 
+    local: bool
+    #: A backend whose plan is one script call (Redis standalone or Sentinel).
+    scripted: bool
+    #: The memory backend, or a scripted one: the common call has a short path.
+    shortcuts: bool
     local_backend: MemoryBackend
     clock: Callable[[], float] | None
     denied_counters: KeysView[str]
@@ -81,39 +86,46 @@ class ShortPath(Interpreter):
         async def aexecute(self, call: Any, started: float) -> Any: ...
         def steps(self, prepared: Prepared) -> Generator[Any, Any, list[Outcome]]: ...
         def _recorded(self, prepared: Prepared, outcomes: list[Outcome]) -> list[Outcome]: ...
-        def _one_sent(self, compiled: Compiled, evaluation_id: str, peek: bool) -> Prepared: ...
         def _observe_reply(self, status: int, started: float) -> None: ...
-        def _request(
-            self,
-            prepared: Prepared,
-            counters: tuple[str, ...],
-            calls: tuple[PolicyCall, ...],
-            caller_id: bool,
-            clock: Callable[[], float] | None,
-        ) -> None: ...
+        def one_group(self, short: ShortCall) -> Prepared: ...
 
-    def evaluated_in_memory(
+    def shortcut(
         self,
         policy: Policy,
         subject: Subject,
         cost: object,
         evaluation_id: str | None,
         plan: str | None,
-    ) -> Outcome | None:
-        """The common call on the memory backend, decided by
-        :meth:`~django_quota.backends.memory.MemoryBackend.decide_call` (the model's
-        ``decide_one``); None otherwise, and for a call that needs an id to undo it by or
-        that the backend cannot take (an early outcome, a full backend: prepare and run
-        then decide it)."""
+    ) -> Outcome | ShortCall | None:
+        """:func:`~django_quota.evaluate`'s common call without a group: on the memory
+        backend its outcome, decided; on Redis standalone or Sentinel, its one script call
+        ready to run (:meth:`run_short`, :meth:`arun_short`). None for any other call, an
+        early outcome, a call that needs an id to undo it by (memory), a counter of a
+        remembered refusal (the denial cache answers those), a cluster: prepare and run
+        then decide it.
+
+        The common call: ``cost`` an ``int > 0``, the backend's clock, no evaluation id or
+        plan, a short call (one window, no calendar:
+        :attr:`~django_quota.core.calls.PolicyCall.short`), keyed as
+        :meth:`~django_quota.engine.Limiter.prepare` keys it."""
         if evaluation_id is not None or plan is not None or self.clock is not None:
             return None
-        if type(cost) is not int or cost <= 0:
+        if type(cost) is not int or cost <= 0 or not self.shortcuts:
             return None
         compiled, counter = self.keyed(policy, subject, cost, None, False)
-        if type(counter) is not str or compiled.calendar or compiled.needs_id:
+        if type(counter) is not str or compiled.calendar:
             return None
-        if not (call := compiled.call(cost)).short:
+        call = compiled.call(cost)
+        if not call.short:
             return None
+        if not self.local:
+            if counter in self.denied_counters:
+                return None
+            return self._short_call(compiled, counter, call)
+        if compiled.needs_id:
+            return None
+        # Decided by MemoryBackend.decide_call (the model's decide_one), counted as run
+        # counts it; a full backend leaves it to prepare and run.
         try:
             decided = self.local_backend.decide_call(
                 counter, call, None, False, -1, self.cleanup_grace_ms, b"", self.dedup_ttl_ms
@@ -124,37 +136,17 @@ class ShortPath(Interpreter):
         metrics.record_outcome(outcome, outcome.reason or "", compiled.selector_label)
         return outcome
 
-    def short_call(
-        self,
-        policy: Policy,
-        subject: Subject,
-        cost: object,
-        evaluation_id: str | None,
-        plan: str | None,
-    ) -> ShortCall | None:
-        """:func:`~django_quota.evaluate`'s common call on Redis, ready to run without a
-        group, request or parsed reply (:meth:`run_short`): ``cost`` an ``int > 0``,
-        Redis ``TIME``, no evaluation id or plan, a short call (one window, no calendar:
-        :attr:`~django_quota.core.calls.PolicyCall.short`) on a counter of no remembered
-        refusal (the denial cache answers those). Keyed as
-        :meth:`~django_quota.engine.Limiter.prepare` keys it, its script call as
-        :func:`~django_quota.backends.scripting.evaluate_call` makes it.
-        None otherwise (an early outcome, a cluster: prepare and run then decide it)."""
-        if evaluation_id is not None or plan is not None or self.clock is not None:
-            return None
-        if type(cost) is not int or cost <= 0:
-            return None
-        compiled, counter = self.keyed(policy, subject, cost, None, False)
-        if type(counter) is not str or compiled.calendar or counter in self.denied_counters:
-            return None
-        if not (call := compiled.call(cost)).short:
-            return None
-        shape = compiled.short_calls.get(cost)
+    def _short_call(self, compiled: Compiled, counter: str, call: PolicyCall) -> ShortCall:
+        """The common call's script call, as
+        :func:`~django_quota.backends.scripting.evaluate_call` makes it, with a fresh
+        evaluation id."""
+        shape = compiled.short_calls.get(call.cost)
         if shape is None:
             shape = self._short_shape(compiled, counter, call)
         evaluation_id = new_evaluation_id()
         script = new_tuple(
-            Call, (shape[0], (counter,), [entry_head(fingerprint(evaluation_id), cost), shape[1]])
+            Call,
+            (shape[0], (counter,), [entry_head(fingerprint(evaluation_id), call.cost), shape[1]]),
         )
         return new_tuple(
             ShortCall, (compiled, counter, call, script, evaluation_id, time.monotonic())
@@ -176,7 +168,7 @@ class ShortPath(Interpreter):
         return shape
 
     def run_short(self, short: ShortCall) -> Outcome:
-        """Run a :meth:`short_call` (sync): its one script call inside the node's bound
+        """Run a :meth:`shortcut`'s call (sync): its one script call inside the node's bound
         and breaker (:meth:`execute`), its outcome built and counted as :meth:`run`
         builds and counts it. Any other turn (a failure, a refusal, a reply the short
         path does not read) continues as the general plan (:meth:`_resumed`)."""
@@ -213,19 +205,11 @@ class ShortPath(Interpreter):
         metrics.record_outcome(outcome, outcome.reason or "", compiled.selector_label)
         return outcome
 
-    def _resumed_group(self, short: ShortCall) -> Prepared:
-        """The group :meth:`~django_quota.engine.Limiter.prepare` would have made of a
-        short call."""
-        prepared = self._one_sent(short.compiled, short.evaluation_id, False)
-        self._request(prepared, (short.counter,), (short.call,), False, None)
-        prepared.started = short.started
-        return prepared
-
     def _resumed(self, short: ShortCall, first: Any) -> Outcome:
         """A short call's evaluation continued as the general plan (:meth:`steps`): its
         first call is answered with the raw reply or failure the short call had
         (``first``), the calls after it run by :meth:`execute`."""
-        prepared = self._resumed_group(short)
+        prepared = self.one_group(short)
         started = short.started
         pending = [first]
 
@@ -236,7 +220,7 @@ class ShortPath(Interpreter):
 
     async def _aresumed(self, short: ShortCall, first: Any) -> Outcome:
         """Async twin of :meth:`_resumed`."""
-        prepared = self._resumed_group(short)
+        prepared = self.one_group(short)
         started = short.started
         pending = [first]
 

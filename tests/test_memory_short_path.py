@@ -1,5 +1,5 @@
 """``evaluate()`` on the memory backend decides the common call without a group, a
-request or a reply (``Limiter.evaluated_in_memory``, docs/architecture.md): held here to
+request or a reply (``Limiter.shortcut``, docs/architecture.md): held here to
 the same outcomes and outcome counts as ``prepare`` and ``run`` over random sequences of
 every algorithm and cost, and it leaves every other call to them."""
 
@@ -83,7 +83,7 @@ def _general(engine: Limiter, policy: Policy, subject: Any, cost: Any) -> Outcom
 
 def _as_evaluate(engine: Limiter, policy: Policy, subject: Any, cost: Any) -> tuple[Outcome, bool]:
     """What ``evaluate()`` does on the memory backend, and whether it took the short path."""
-    found = engine.evaluated_in_memory(policy, subject, cost, None, None)
+    found = engine.shortcut(policy, subject, cost, None, None)
     if found is not None:
         return found, True
     return _general(engine, policy, subject, cost), False
@@ -129,15 +129,15 @@ def test_a_client_clock_an_evaluation_id_or_a_plan_takes_prepare_and_run() -> No
     client = _limiter(clock, CLOCK="client")
     subject = {"ip": "203.0.113.1"}
     fixed = client.settings.policies["fixed"]
-    assert client.evaluated_in_memory(fixed, subject, 1, None, None) is None
+    assert client.shortcut(fixed, subject, 1, None, None) is None
     engine = _limiter(clock)
     fixed = engine.settings.policies["fixed"]
-    assert engine.evaluated_in_memory(fixed, subject, 1, "order-1", None) is None
-    assert engine.evaluated_in_memory(fixed, subject, 1, None, "gold") is None
-    assert engine.evaluated_in_memory(fixed, subject, True, None, None) is None
+    assert engine.shortcut(fixed, subject, 1, "order-1", None) is None
+    assert engine.shortcut(fixed, subject, 1, None, "gold") is None
+    assert engine.shortcut(fixed, subject, True, None, None) is None
     month = engine.settings.policies["month"]
-    assert engine.evaluated_in_memory(month, subject, 1, None, None) is None
-    assert engine.evaluated_in_memory(fixed, subject, 1, None, None) is not None
+    assert engine.shortcut(month, subject, 1, None, None) is None
+    assert engine.shortcut(fixed, subject, 1, None, None) is not None
 
 
 def test_evaluate_and_aevaluate_take_it_on_the_memory_backend(

@@ -1,5 +1,5 @@
 """``evaluate()`` and ``aevaluate()`` on Redis run the common call without a group, a
-request or a parsed reply (``Limiter.short_call``, docs/architecture.md): held here to the
+request or a parsed reply (``Limiter.shortcut``, docs/architecture.md): held here to the
 same script calls, outcomes, outcome and backend counts and recent errors as ``prepare``
 and ``run`` (``arun``), over random sequences of every algorithm, shape and cost on
 fakeredis and on a real redis-server, and over failures (Redis stopped, timeouts, a retry,
@@ -183,14 +183,14 @@ def _delta(before: dict[Any, float]) -> dict[Any, float]:
 
 def _evaluate(engine: Limiter, policy: Policy, subject: Any, cost: Any, eid: Any) -> Any:
     """What ``evaluate()`` does on Redis; the outcome and whether it took the short path."""
-    short = engine.short_call(policy, subject, cost, eid, None)
+    short = engine.shortcut(policy, subject, cost, eid, None)
     if short is not None:
         return engine.run_short(short), True
     return engine.run(engine.prepare([policy], subject, cost, evaluation_id=eid))[0], False
 
 
 async def _aevaluate(engine: Limiter, policy: Policy, subject: Any, cost: Any, eid: Any) -> Any:
-    short = engine.short_call(policy, subject, cost, eid, None)
+    short = engine.shortcut(policy, subject, cost, eid, None)
     if short is not None:
         return await engine.arun_short(short), True
     prepared = engine.prepare([policy], subject, cost, evaluation_id=eid)
@@ -212,7 +212,7 @@ class Pair:
         settings = _settings(**values)
         self.short = Limiter(settings, make())
         self.general = Limiter(settings, make())
-        assert self.short.short and self.general.short
+        assert self.short.scripted and self.general.scripted
         for engine in (self.short, self.general):
             if engine.fallback is not None:  # on one clock: both decide at the same ms
                 engine.fallback = MemoryBackend(
@@ -464,7 +464,10 @@ def test_a_cluster_takes_prepare_and_run() -> None:
     backend = RedisClusterBackend(
         url="redis://short-path.invalid:7000/0", timeout=1.0, max_inflight=8
     )
-    assert not Limiter(settings, backend).short
+    engine = Limiter(settings, backend)
+    policy = engine.settings.policies["fixed"]
+    assert not engine.scripted
+    assert engine.shortcut(policy, {"ip": "203.0.113.1"}, 1, None, None) is None
 
 
 def test_a_refusal_remembered_while_a_short_call_was_out_is_forgotten_as_by_run(
