@@ -45,9 +45,11 @@ from django_quota.backends.failures import (
 )
 from django_quota.backends.redispy import (
     NOTHING_BUFFERED,
+    DirectReplies,
     buffered_replies,
     poller_of,
     socket_of,
+    take_over,
 )
 
 #: hiredis's RESP packer (the ``hiredis`` extra), else None (redis-py's packs).
@@ -140,6 +142,11 @@ class Pipe:
         self._wake: asyncio.Future[None] | None = None
         self._poller: Any = None
         self._writer: asyncio.Task[None] | None = None
+        #: The connection's transport answering this pipe itself (the fence's
+        #: :func:`~django_quota.backends.redispy.take_over`), or None: the reader task
+        #: reads with ``read_response`` and commands are written with redis-py's
+        #: ``send_packed_command``.
+        self.direct: DirectReplies | None = None
         self._reader = self.loop.create_task(self._run())
 
     @property
@@ -164,6 +171,18 @@ class Pipe:
         self.pending.append(entry)
         await self._write([entry.packed], entry.give_up)
 
+    def send_direct(self, direct: DirectReplies, entry: _Entry) -> None:
+        """:meth:`send` on a transport taken over (:attr:`direct`): no awaited drain."""
+        if direct.closing:
+            # Its end is not answered yet: nothing is written, the pipe is closed.
+            self.queued.append(entry)
+            self.abort(redis_exceptions.ConnectionError("Connection closed by server."))
+            return
+        entry.deadline = self.loop.time() + self.timeout
+        self.pending.append(entry)
+        direct.write(entry.packed)
+        self._written(entry.give_up)
+
     async def _write(self, packed: list[bytes], give_up: float) -> None:
         """Write ``packed``; then a timer is armed, or moved earlier when a caller's
         ``DEADLINE`` (the soonest ``give_up`` of the batch) ends before it fires."""
@@ -176,16 +195,19 @@ class Pipe:
             if not isinstance(exc, Exception):
                 raise
         else:
-            timer = self._timer
-            if timer is None:
-                self._arm()
-            elif give_up < timer.when():
-                timer.cancel()
-                self._arm()
+            self._written(give_up)
         finally:
             self.writing = False
         if self.queued:
             self._wake_writer()
+
+    def _written(self, give_up: float) -> None:
+        timer = self._timer
+        if timer is None:
+            self._arm()
+        elif give_up < timer.when():
+            timer.cancel()
+            self._arm()
 
     def _wake_writer(self) -> None:
         wake = self._wake
@@ -194,11 +216,19 @@ class Pipe:
 
     async def _write_queued(self) -> None:
         loop = self.loop
+        direct = self.direct
         while not self.closed:
             if not self.queued or self.writing:
                 self._wake = loop.create_future()
                 await self._wake
                 continue
+            if direct is not None:
+                if direct.paused:
+                    await direct.drained()  # the transport's buffer is past its high mark
+                    continue
+                if direct.closing:
+                    self.abort(redis_exceptions.ConnectionError("Connection closed by server."))
+                    return
             now = loop.time()
             batch = []
             for entry in self.queued:
@@ -219,7 +249,11 @@ class Pipe:
                 if entry.give_up < give_up:
                     give_up = entry.give_up
             self.pending.extend(batch)
-            await self._write([entry.packed for entry in batch], give_up)
+            if direct is not None:
+                direct.write(b"".join([entry.packed for entry in batch]))
+                self._written(give_up)
+            else:
+                await self._write([entry.packed for entry in batch], give_up)
 
     # -- reading ----------------------------------------------------------------------
     async def _run(self) -> None:
@@ -238,8 +272,14 @@ class Pipe:
             # No per-read timer: deadlines are the pipe's own (redis-py bounded the connect
             # and the handshake with the socket timeouts).
             connection.socket_timeout = None
+            if not self.pipeline.public:
+                self.direct = take_over(connection, self._answer, self.abort)
             self.ready = True
             self._writer = self.loop.create_task(self._write_queued())
+            if self.direct is not None:
+                # The transport answers the callers (and ends the pipe) itself; this task
+                # waits to be cancelled, then disconnects.
+                await self.loop.create_future()
             read = connection.read_response
             # The replies the same read brought in are taken without awaiting each.
             buffered = None if self.pipeline.public else buffered_replies(connection)
@@ -530,7 +570,11 @@ class Pipeline:
         future: asyncio.Future[Any] = self.loop.create_future()
         entry = _Entry(future, self._pack(command), give_up)
         if not pipe.queue(entry):
-            await pipe.send(entry)
+            direct = pipe.direct
+            if direct is None:
+                await pipe.send(entry)
+            else:
+                pipe.send_direct(direct, entry)
         try:
             return await future
         except Late as exc:
