@@ -378,7 +378,8 @@ def take_over(
     transport = getattr(getattr(connection, "_writer", None), "transport", None)
     if reader is None or not isinstance(stream, asyncio.StreamReader) or transport is None:
         return None
-    if transport.is_closing() or reader.has_data():
+    has_data = getattr(reader, "has_data", None)  # absent from older hiredis releases
+    if transport.is_closing() or has_data is None or has_data():
         return None
     unread = getattr(stream, "_buffer", None)
     if unread is None or unread or stream.at_eof() or stream.exception() is not None:
