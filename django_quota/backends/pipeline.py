@@ -7,8 +7,11 @@ connected by redis-py (``pool.make_connection()``, then ``connect()``: the hands
 ``AUTH``, ``SELECT`` and a Sentinel's primary discovery stay redis-py's), and writes the
 commands of concurrent callers onto them as they come: a command sent to a connection with
 nothing in flight goes out at once, the others submitted during one turn of the loop go
-out together in one write at the next. One reader task per connection reads the replies
-in order (``read_response``) and answers the callers first in, first out. A burst of
+out together in one write at the next. The replies are read in order and answer the
+callers first in, first out: by the connection's transport itself once redis-py has
+connected it (the fence's :func:`~django_quota.backends.redispy.take_over`: the turn of
+the loop that reads a reply answers its caller, and writes need no awaited drain), else
+by a reader task per connection (``read_response``). A burst of
 callers needs no connection each: ``MAX_INFLIGHT`` bounds the decisions queued, not
 sockets.
 
@@ -87,6 +90,7 @@ class Pacing:
     #: file the kernel holds and for the connection's reader to fail on it.
     SETTLE_TURNS: Final = 3
 
+
 #: Replies that are whole (the connection stays in step): an error reply, ``LOADING``.
 _WHOLE_ERRORS = (redis_exceptions.ResponseError, redis_exceptions.BusyLoadingError)
 
@@ -106,9 +110,7 @@ class _Entry:
 
     __slots__ = ("deadline", "future", "give_up", "late", "packed")
 
-    def __init__(
-        self, future: asyncio.Future[Any], packed: bytes, give_up: float = NEVER
-    ) -> None:
+    def __init__(self, future: asyncio.Future[Any], packed: bytes, give_up: float = NEVER) -> None:
         self.future = future
         self.packed = packed
         self.deadline = 0.0
@@ -118,8 +120,10 @@ class _Entry:
 
 class Pipe:
     """One pipelined connection of a :class:`Pipeline`: commands written (``pending``, in
-    order) and not yet written (``queued``), a reader task, and a writer task for the
-    commands that come while others are in flight."""
+    order) and not yet written (``queued``), a reader task (which connects, then reads
+    the replies, or only waits to disconnect when the transport answers itself:
+    :attr:`direct`), and a writer task for the commands that come while others are in
+    flight."""
 
     def __init__(self, pipeline: Pipeline, connection: Any) -> None:
         self.pipeline = pipeline
@@ -174,7 +178,7 @@ class Pipe:
     def send_direct(self, direct: DirectReplies, entry: _Entry) -> None:
         """:meth:`send` on a transport taken over (:attr:`direct`): no awaited drain."""
         if direct.closing:
-            # Its end is not answered yet: nothing is written, the pipe is closed.
+            # Closing, its end not delivered yet: nothing is written (ConnectFailed).
             self.queued.append(entry)
             self.abort(redis_exceptions.ConnectionError("Connection closed by server."))
             return
@@ -202,6 +206,7 @@ class Pipe:
             self._wake_writer()
 
     def _written(self, give_up: float) -> None:
+        """After a write: the pipe's timer armed, or moved earlier for ``give_up``."""
         timer = self._timer
         if timer is None:
             self._arm()
