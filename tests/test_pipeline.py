@@ -35,7 +35,8 @@ pytestmark = pytest.mark.redis
 SUBJECT = {"ip": "192.0.2.60"}
 #: Connections' transports answer the pipeline's callers themselves (hiredis, and not
 #: redis-py's public path: ``redispy.take_over``).
-DIRECT = HIREDIS_AVAILABLE and not public_path()
+PUBLIC = public_path()
+DIRECT = HIREDIS_AVAILABLE and not PUBLIC
 needs_direct = pytest.mark.skipif(
     not DIRECT, reason="a transport is taken over only with hiredis, off the public path"
 )
@@ -494,7 +495,7 @@ def test_a_reply_reaches_its_caller_in_the_turn_that_reads_it(server: RedisProce
     async def scenario() -> tuple[list[Any], int, int]:
         nonlocal reads
         pool = redis.asyncio.ConnectionPool.from_url(server.url, protocol=2)
-        pipeline = pipeline_module.Pipeline(pool.make_connection, 2.0)
+        pipeline = pipeline_module.Pipeline(pool.make_connection, 2.0, public=PUBLIC)
         assert await pipeline.execute(("PING",)) == b"PONG"
         (pipe,) = pipeline.pipes
         # Patched on the class the check looks at, after the take-over: what redis-py
@@ -537,7 +538,7 @@ def test_writes_wait_for_a_full_transport_to_drain(
 
     async def scenario() -> tuple[list[bool], bool]:
         pool = redis.asyncio.ConnectionPool.from_url(server.url, protocol=2)
-        pipeline = pipeline_module.Pipeline(pool.make_connection, 10.0)
+        pipeline = pipeline_module.Pipeline(pool.make_connection, 10.0, public=PUBLIC)
         assert await pipeline.execute(("PING",)) == b"PONG"
         (pipe,) = pipeline.pipes
 
@@ -573,7 +574,7 @@ def test_a_server_gone_mid_command_fails_it_as_lost_on_a_taken_transport(
 
     async def scenario() -> tuple[Any, bool, bool, bool]:
         pool = redis.asyncio.ConnectionPool.from_url(server.url, protocol=2)
-        pipeline = pipeline_module.Pipeline(pool.make_connection, 5.0)
+        pipeline = pipeline_module.Pipeline(pool.make_connection, 5.0, public=PUBLIC)
         assert await pipeline.execute(("PING",)) == b"PONG"
         (pipe,) = pipeline.pipes
         direct = pipe.direct is not None
@@ -615,7 +616,7 @@ def test_only_redis_pys_own_resp2_reads_are_taken_over(
 ) -> None:
     async def scenario() -> tuple[list[Any], bool]:
         pool = redis.asyncio.ConnectionPool.from_url(server.url, **options)
-        pipeline = pipeline_module.Pipeline(pool.make_connection, 2.0)
+        pipeline = pipeline_module.Pipeline(pool.make_connection, 2.0, public=PUBLIC)
         replies = await asyncio.gather(
             *(
                 pipeline.execute(("ECHO", str(i)) if i % 3 else ("EVALSHA", "0" * 40, 0))
@@ -698,7 +699,7 @@ def test_tls_connections_are_pipelined_and_their_transport_taken_over(
     async def scenario() -> tuple[list[bool], bool, bool]:
         url = f"rediss://127.0.0.1:{tls_port}/0"
         pool = redis.asyncio.ConnectionPool.from_url(url, protocol=2, ssl_ca_certs=cert)
-        pipeline = pipeline_module.Pipeline(pool.make_connection, 10.0)
+        pipeline = pipeline_module.Pipeline(pool.make_connection, 10.0, public=PUBLIC)
         assert await pipeline.execute(("PING",)) == b"PONG"
         (pipe,) = pipeline.pipes
 
