@@ -79,6 +79,19 @@ def configure(quota: Any, server: RedisProcess, limit: int = 1000, **extra: Any)
     )
 
 
+def counting_reads(cls: type[Any]) -> tuple[list[int], Any]:
+    """A one-element list counting the calls, and a ``read_response`` that counts each
+    call of ``cls``'s in it."""
+    reads = [0]
+    read_response = cls.read_response
+
+    async def counted(self: Any, *args: Any, **kwargs: Any) -> Any:
+        reads[0] += 1
+        return await read_response(self, *args, **kwargs)
+
+    return reads, counted
+
+
 def breaker_failures() -> int:
     return sum(guard.breaker._failures for guard in limiter.get_limiter().guards().values())
 
@@ -279,14 +292,7 @@ def test_replies_read_together_need_no_awaited_read_each(
     among them to its caller only: 200 commands written together cost far fewer
     awaited ``read_response`` calls than replies. (A connection whose ``read_response``
     is not redis-py's own, as here, is read by the reader task, never taken over.)"""
-    awaited = 0
-    read_response = async_connection.Connection.read_response
-
-    async def counted(self: Any, *args: Any, **kwargs: Any) -> Any:
-        nonlocal awaited
-        awaited += 1
-        return await read_response(self, *args, **kwargs)
-
+    reads, counted = counting_reads(async_connection.Connection)
     monkeypatch.setattr(async_connection.Connection, "read_response", counted)
 
     async def scenario() -> list[Any]:
@@ -300,7 +306,7 @@ def test_replies_read_together_need_no_awaited_read_each(
         pipeline.close()
         return replies
 
-    awaited_before = awaited
+    awaited_before = reads[0]
     replies = asyncio.run(scenario())
     for i, reply in enumerate(replies):
         if i % 7:
@@ -309,9 +315,9 @@ def test_replies_read_together_need_no_awaited_read_each(
             assert isinstance(reply, redis.exceptions.NoScriptError)
     if HIREDIS_AVAILABLE:
         # 201 replies; each read of the socket brings in many (64 KiB at most per read).
-        assert 1 <= awaited - awaited_before <= 20
+        assert 1 <= reads[0] - awaited_before <= 20
     else:  # redis-py's own parser: one awaited read a reply (docs/failures.md)
-        assert awaited - awaited_before >= 201
+        assert reads[0] - awaited_before >= 201
 
 
 def test_a_loops_concurrent_commands_share_one_connection(server: RedisProcess) -> None:
@@ -464,6 +470,24 @@ def test_a_forked_child_never_uses_the_parent_pipelined_connections(
 
 
 # -- the transport taken over (redispy.take_over) --------------------------------------------
+async def connected_pipeline(
+    url: str, timeout: float, **options: Any
+) -> tuple[pipeline_module.Pipeline, pipeline_module.Pipe]:
+    """A pipeline on ``url`` as the backends make one, its one connection connected."""
+    pool = redis.asyncio.ConnectionPool.from_url(url, protocol=2, **options)
+    pipeline = pipeline_module.Pipeline(pool.make_connection, timeout, public=PUBLIC)
+    assert await pipeline.execute(("PING",)) == b"PONG"
+    (pipe,) = pipeline.pipes
+    return pipeline, pipe
+
+
+async def echoed(pipeline: pipeline_module.Pipeline, index: int, big: str, every: int) -> bool:
+    """Whether ``ECHO`` of a value made of ``index`` (and ``big`` for every ``every``-th
+    one) came back as its own reply."""
+    value = f"{index}:{big if index % every == 0 else ''}"
+    return bool(await pipeline.execute(("ECHO", value)) == value.encode())
+
+
 def count_turns(loop: asyncio.AbstractEventLoop) -> list[int]:
     """A one-element list counting the turns of ``loop`` (its selector's ``select``
     calls) from now on."""
@@ -484,30 +508,21 @@ def test_a_reply_reaches_its_caller_in_the_turn_that_reads_it(server: RedisProce
     """One caller, one command at a time: the turn of the loop that reads a reply hands it
     to the caller, whose task runs in the next. Two turns a command (the reader task of
     the public path adds a third), and no ``read_response`` after the handshake."""
-    reads = 0
     read_response = async_connection.AbstractConnection.read_response
-
-    async def counted_read(self: Any, *args: Any, **kwargs: Any) -> Any:
-        nonlocal reads
-        reads += 1
-        return await read_response(self, *args, **kwargs)
+    reads, counted_read = counting_reads(async_connection.AbstractConnection)
 
     async def scenario() -> tuple[list[Any], int, int]:
-        nonlocal reads
-        pool = redis.asyncio.ConnectionPool.from_url(server.url, protocol=2)
-        pipeline = pipeline_module.Pipeline(pool.make_connection, 2.0, public=PUBLIC)
-        assert await pipeline.execute(("PING",)) == b"PONG"
-        (pipe,) = pipeline.pipes
+        pipeline, pipe = await connected_pipeline(server.url, 2.0)
         # Patched on the class the check looks at, after the take-over: what redis-py
         # reads from now on is counted.
         async_connection.AbstractConnection.read_response = counted_read  # type: ignore[method-assign]
-        reads = 0
+        reads[0] = 0
         turns = count_turns(asyncio.get_running_loop())
         replies = [await pipeline.execute(("ECHO", str(i))) for i in range(100)]
         taken = turns[0]
         assert pipe.direct is not None
         pipeline.close()
-        return replies, taken, reads
+        return replies, taken, reads[0]
 
     try:
         replies, taken, read = asyncio.run(scenario())
@@ -537,19 +552,11 @@ def test_writes_wait_for_a_full_transport_to_drain(
     big = "x" * 2_000_000
 
     async def scenario() -> tuple[list[bool], bool]:
-        pool = redis.asyncio.ConnectionPool.from_url(server.url, protocol=2)
-        pipeline = pipeline_module.Pipeline(pool.make_connection, 10.0, public=PUBLIC)
-        assert await pipeline.execute(("PING",)) == b"PONG"
-        (pipe,) = pipeline.pipes
-
-        async def caller(index: int) -> bool:
-            value = f"{index}:{big if index % 4 == 0 else ''}"
-            return bool(await pipeline.execute(("ECHO", value)) == value.encode())
-
+        pipeline, pipe = await connected_pipeline(server.url, 10.0)
         # Two waves: the second is queued while the first is still being written.
-        first = [asyncio.ensure_future(caller(index)) for index in range(40)]
+        first = [asyncio.ensure_future(echoed(pipeline, i, big, 4)) for i in range(40)]
         await asyncio.sleep(0)
-        second = [asyncio.ensure_future(caller(index)) for index in range(40, 80)]
+        second = [asyncio.ensure_future(echoed(pipeline, i, big, 4)) for i in range(40, 80)]
         answers = await asyncio.gather(*first, *second)
         direct = pipe.direct is not None and not pipe.direct.paused
         pipeline.close()
@@ -573,10 +580,7 @@ def test_a_server_gone_mid_command_fails_it_as_lost_on_a_taken_transport(
     )
 
     async def scenario() -> tuple[Any, bool, bool, bool]:
-        pool = redis.asyncio.ConnectionPool.from_url(server.url, protocol=2)
-        pipeline = pipeline_module.Pipeline(pool.make_connection, 5.0, public=PUBLIC)
-        assert await pipeline.execute(("PING",)) == b"PONG"
-        (pipe,) = pipeline.pipes
+        pipeline, pipe = await connected_pipeline(server.url, 5.0)
         direct = pipe.direct is not None
         written = asyncio.ensure_future(pipeline.execute(("EVAL", slow, 0)))
         await asyncio.sleep(0.05)
@@ -698,16 +702,8 @@ def test_tls_connections_are_pipelined_and_their_transport_taken_over(
 
     async def scenario() -> tuple[list[bool], bool, bool]:
         url = f"rediss://127.0.0.1:{tls_port}/0"
-        pool = redis.asyncio.ConnectionPool.from_url(url, protocol=2, ssl_ca_certs=cert)
-        pipeline = pipeline_module.Pipeline(pool.make_connection, 10.0, public=PUBLIC)
-        assert await pipeline.execute(("PING",)) == b"PONG"
-        (pipe,) = pipeline.pipes
-
-        async def caller(index: int) -> bool:
-            value = f"{index}:{big if index % 10 == 0 else ''}"
-            return bool(await pipeline.execute(("ECHO", value)) == value.encode())
-
-        answers = list(await asyncio.gather(*(caller(index) for index in range(50))))
+        pipeline, pipe = await connected_pipeline(url, 10.0, ssl_ca_certs=cert)
+        answers = list(await asyncio.gather(*(echoed(pipeline, i, big, 10) for i in range(50))))
         answers.append(await pipeline.execute(("ECHO", "last")) == b"last")
         direct = pipe.direct is not None
         pipeline.close()
