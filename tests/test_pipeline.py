@@ -711,11 +711,12 @@ def test_tls_connections_are_pipelined_and_their_transport_taken_over(
             await asyncio.sleep(0)
         return answers, direct, pipe.connection.is_connected
 
-    try:
-        with redis_process(*tls) as _:
-            answers, direct, connected = asyncio.run(scenario())
-    except RuntimeError as exc:  # a redis-server built without TLS refuses the options
-        pytest.skip(f"redis-server without TLS: {exc}")
+    with contextlib.ExitStack() as stack:
+        try:
+            stack.enter_context(redis_process(*tls))
+        except RuntimeError as exc:  # a redis-server built without TLS refuses the options
+            pytest.skip(f"redis-server without TLS: {exc}")
+        answers, direct, connected = asyncio.run(scenario())
     assert answers == [True] * 51
     assert direct is DIRECT
     assert connected is False
