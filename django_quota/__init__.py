@@ -11,6 +11,7 @@ settings or the network.
 
 from __future__ import annotations
 
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
@@ -46,21 +47,23 @@ if TYPE_CHECKING:
         reset,
     )
 
-_LAZY = {
-    "Outcome": "django_quota.core.outcome",
-    "WindowState": "django_quota.core.outcome",
-    "evaluate": "django_quota.limiter",
-    "aevaluate": "django_quota.limiter",
-    "peek": "django_quota.limiter",
-    "apeek": "django_quota.limiter",
-    "reset": "django_quota.limiter",
-    "release": "django_quota.limiter",
-    "arelease": "django_quota.limiter",
-    "refund": "django_quota.limiter",
-    "arefund": "django_quota.limiter",
-    "areset": "django_quota.limiter",
-    "outcomes": "django_quota.ledger",
-}
+_LAZY = MappingProxyType(
+    {
+        "Outcome": "django_quota.core.outcome",
+        "WindowState": "django_quota.core.outcome",
+        "evaluate": "django_quota.limiter",
+        "aevaluate": "django_quota.limiter",
+        "peek": "django_quota.limiter",
+        "apeek": "django_quota.limiter",
+        "reset": "django_quota.limiter",
+        "release": "django_quota.limiter",
+        "arelease": "django_quota.limiter",
+        "refund": "django_quota.limiter",
+        "arefund": "django_quota.limiter",
+        "areset": "django_quota.limiter",
+        "outcomes": "django_quota.ledger",
+    }
+)
 
 
 def __getattr__(name: str) -> Any:

@@ -33,9 +33,6 @@ from django_quota.models import (
     revision_batch,
 )
 
-#: Breaker states from the best to the worst, for the status page's summary.
-_BREAKER_SEVERITY = (CLOSED, HALF_OPEN, OPEN)
-
 
 class QuotaPolicyForm(forms.ModelForm):  # type: ignore[type-arg]
     """The policy's own fields; its windows are validated by the inline formset."""
@@ -59,10 +56,6 @@ class QuotaPolicyForm(forms.ModelForm):  # type: ignore[type-arg]
                 "this row; choose another name"
             )
         return name
-
-
-#: The plan an error key names: ``policy['plans']['pro']…`` (group 1: ``'pro'``).
-_PLAN_KEY_RE = re.compile(r"\['plans'\]\[('[^']*')\]")
 
 
 class _Siblings:
@@ -155,7 +148,8 @@ class QuotaPlanFormSet(forms.BaseInlineFormSet):  # type: ignore[type-arg]
                 data["algorithm"] = policy.algorithm
             parse_policy("policy", data, source="database", key="policy")
         except ConfigurationError as exc:
-            plan = _PLAN_KEY_RE.search(exc.key)
+            # The plan the error key names: policy['plans']['pro']... (group 1: 'pro').
+            plan = re.search(r"\['plans'\]\[('[^']*')\]", exc.key)
             if plan is None or f"plan {plan.group(1)}" in exc.message:
                 raise ValidationError(exc.message) from exc
             raise ValidationError(f"plan {plan.group(1)}: {exc.message}") from exc
@@ -410,7 +404,8 @@ class QuotaPolicyAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         # One breaker per backend node (each primary of a cluster): the worst one is the
         # state shown, and each node is listed.
         nodes = {name: guard.breaker.state for name, guard in sorted(current.guards().items())}
-        worst = max(nodes.values(), key=_BREAKER_SEVERITY.index, default=CLOSED)
+        best_first = (CLOSED, HALF_OPEN, OPEN)
+        worst = max(nodes.values(), key=best_first.index, default=CLOSED)
         backend = current.backend
         counts = sorted(metrics.outcome_counts().items())
         eviction, eviction_error = _eviction() if settings.backend == "redis" else ([], None)

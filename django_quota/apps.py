@@ -18,6 +18,7 @@ class DjangoQuotaConfig(AppConfig):
         from django.core import checks as django_checks
 
         from django_quota import checks, conf, limiter, policies
+        from django_quota.core.process import PROCESS
         from django_quota.models import QuotaPlanLimit, QuotaPolicy, QuotaWindow, window_changed
 
         django_checks.register(checks.check_settings)
@@ -25,10 +26,11 @@ class DjangoQuotaConfig(AppConfig):
         django_checks.register(checks.check_eviction)
 
         setting_changed.connect(conf.reset_on_setting_change, dispatch_uid="quota-settings-changed")
-        # What is built from settings: the registry with the generated policies, and the
-        # limiter with its backends.
+        # What is built from settings: the registry with the generated policies, the
+        # limiter with its backends, the EXEMPT_WHEN predicates imported.
         conf.on_change(policies.settings_changed)
         conf.on_change(limiter.settings_changed)
+        conf.on_change(PROCESS.settings_changed)
 
         post_save.connect(window_changed, sender=QuotaWindow, dispatch_uid="quota-window-save")
         post_delete.connect(window_changed, sender=QuotaWindow, dispatch_uid="quota-window-delete")

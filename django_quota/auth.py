@@ -19,7 +19,6 @@
 
 from __future__ import annotations
 
-import contextvars
 import inspect
 import unicodedata
 from collections.abc import Mapping, Sequence
@@ -37,20 +36,13 @@ from django_quota.core.identity import IdentityError
 from django_quota.core.log import logger
 from django_quota.core.outcome import ALLOWED, DENIED_DECISION, FAILED_CLOSED, Outcome
 from django_quota.core.policy import Policy
+from django_quota.core.process import PROCESS
 from django_quota.ledger import django_request, ledger_if_any, ledger_of
 from django_quota.subjects import ip_value
 
 BACKEND_PATH = "django_quota.auth.QuotaLoginBackend"
 #: The dimensions a login policy's selector may use (docs/login.md).
 LOGIN_DIMENSIONS = frozenset({"user", "ip"})
-
-#: An attempt made without a request (``authenticate(request=None)``): its refusal, and
-#: whether the backend charged it already, as a request's ledger holds them for its own
-#: (``RequestLedger.login_refusal``, ``RequestLedger.login_charged``).
-_unrequested: contextvars.ContextVar[tuple[Outcome | None, bool]] = contextvars.ContextVar(
-    "django_quota_login_attempt", default=(None, False)
-)
-
 
 def submitted_username(credentials: Mapping[str, Any]) -> str | None:
     """The username of an attempt as login policies count it (docs/login.md): as
@@ -144,7 +136,7 @@ class QuotaLoginBackend(BaseBackend):
             if request is not None:
                 ledger_of(request).login_refusal = refusing
             else:
-                _unrequested.set((refusing, _unrequested.get()[1]))
+                PROCESS.login_attempt.set((refusing, PROCESS.login_attempt.get()[1]))
             raise PermissionDenied("too many failed login attempts")
         user = _authenticate_after(request, credentials)
         if user is not None:
@@ -153,7 +145,7 @@ class QuotaLoginBackend(BaseBackend):
         if request is not None:
             ledger_of(request).login_charged = True
         else:
-            _unrequested.set((_unrequested.get()[0], True))
+            PROCESS.login_attempt.set((PROCESS.login_attempt.get()[0], True))
         raise PermissionDenied("invalid credentials")
 
     def get_user(self, user_id: Any) -> Any:
@@ -237,12 +229,12 @@ def charge_failed_login(
             found.login_charged = False
             return
     else:
-        refused, charged = _unrequested.get()
+        refused, charged = PROCESS.login_attempt.get()
         if refused is not None:
-            _unrequested.set((None, charged))
+            PROCESS.login_attempt.set((None, charged))
             return
         if charged:
-            _unrequested.set((None, False))
+            PROCESS.login_attempt.set((None, False))
             return
     group = login_policies()
     if not group:

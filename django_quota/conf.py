@@ -156,9 +156,6 @@ class QuotaSettings:
 
 
 # -- the parsers of one key each -----------------------------------------------------------
-_URL_SCHEME_RE = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*\Z")
-
-
 def _redis_url(value: Any, reader: Reader) -> str | None:
     """``REDIS_URL``, its problem reported without its value: a URL may carry the Redis
     password, and the message reaches ``manage.py check``, logs and error reports."""
@@ -168,7 +165,7 @@ def _redis_url(value: Any, reader: Reader) -> str | None:
         raise Invalid(Problems.EXPECTED_REDIS_URL, type=type(value).__name__)
     if not value.startswith(("redis://", "rediss://", "unix://")):
         scheme, separator, _ = value.partition("://")
-        if separator and _URL_SCHEME_RE.match(scheme):
+        if separator and re.match(r"[A-Za-z][A-Za-z0-9+.-]*\Z", scheme):
             found = Problems.FOUND_URL_SCHEME.format(scheme=scheme)
         else:
             found = Problems.FOUND_NO_SCHEME
@@ -424,14 +421,6 @@ def parse_settings(
     return QuotaSettings(**values, raw=raw), reader.problems
 
 
-#: Without the app, nothing registers the checks or drops what settings changes make stale
-#: (docs/settings.md): every use says so rather than fail deep inside with a RuntimeError.
-APP_NOT_INSTALLED = (
-    "django_quota is not in INSTALLED_APPS: add 'django_quota' to INSTALLED_APPS (it "
-    "registers the system checks and the listeners that keep the limits current)"
-)
-
-
 def quota_setting() -> object:
     """``settings.QUOTA``; when it is not set at all, ``{"CACHE_ALIAS": alias}`` if
     django-ratelimit's ``RATELIMIT_USE_CACHE`` (default ``"default"``) names a django-redis
@@ -468,7 +457,7 @@ class _SettingsCache:
         with self.lock:
             if self.settings is None:
                 if apps.ready and not apps.is_installed("django_quota"):
-                    raise ImproperlyConfigured(APP_NOT_INSTALLED)
+                    raise ImproperlyConfigured(Problems.APP_NOT_INSTALLED)
                 parsed, problems = parse_settings(
                     quota_setting(), secret_key=django_settings.SECRET_KEY
                 )

@@ -23,17 +23,14 @@ from django_quota.core.policy import (
     generated_policy_id,
     parse_policy,
 )
-from django_quota.ledger import Lease, adecide, decide, outcomes
+from django_quota.ledger import Cost, Lease, adecide, decide, outcomes
+from django_quota.policies import Generated
 from django_quota.subjects import PLAIN
 
 __all__ = ["quota"]
 
-#: ``Policy.source`` of the policies ``@quota(rate=...)`` generates.
-GENERATED_SOURCE = "decorator"
 _DEFAULT_SELECTOR: tuple[str, ...] = (Selector.AUTO,)
-_MIDDLEWARE = "django_quota.middleware.QuotaMiddleware"
 
-Cost = int | Callable[[Any], Any]
 ViewT = TypeVar("ViewT", bound=Callable[..., Any])
 
 
@@ -52,7 +49,7 @@ def _installed(middleware: tuple[str, ...]) -> bool:
     from django_quota.middleware import QuotaMiddleware
 
     for path in middleware:
-        if path == _MIDDLEWARE:
+        if path == "django_quota.middleware.QuotaMiddleware":
             return True
         try:
             found = import_string(path)
@@ -227,7 +224,7 @@ def _declare(
         generated = parse_policy(
             generated_policy_id("view", name),
             {"algorithm": algorithm or SLIDING_WINDOW, "windows": rate, "selector": selector},
-            source=GENERATED_SOURCE,
+            source=Generated.DECORATOR,
             key=f"@quota(...) on {name}",
         )
     except ConfigurationError as exc:

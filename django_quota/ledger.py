@@ -33,6 +33,7 @@ from django_quota.core.outcome import (
     bare_outcome,
 )
 from django_quota.core.policy import Policy
+from django_quota.engine import Clock
 from django_quota.prepared import Prepared
 from django_quota.subjects import PLAIN, Readable, Subject
 
@@ -41,7 +42,6 @@ LEDGER_ATTR = "_quota"
 
 #: A layer's cost: an ``int >= 0``, or ``callable(request)`` returning one.
 Cost = int | Callable[[Any], Any]
-Clock = Callable[[], float]
 
 
 class Lease:

@@ -106,6 +106,12 @@ class Problems:
     )
     FOUND_URL_SCHEME = "a URL with scheme {scheme!r}"
     FOUND_NO_SCHEME = "text without a scheme (the value is not shown: it may hold a password)"
+    #: Without the app, nothing registers the checks or drops what settings changes make
+    #: stale (docs/settings.md): every use says so rather than fail deep inside.
+    APP_NOT_INSTALLED = (
+        "django_quota is not in INSTALLED_APPS: add 'django_quota' to INSTALLED_APPS (it "
+        "registers the system checks and the listeners that keep the limits current)"
+    )
     EXPECTED_SENTINEL = Message(
         Codes.E_INVALID_VALUE,
         "expected {{'SENTINELS': [(host, port), ...], 'SERVICE': 'mymaster'}}",

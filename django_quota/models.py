@@ -18,7 +18,6 @@ import hashlib
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
-from contextvars import ContextVar
 from typing import Any
 
 from django.core.exceptions import ValidationError
@@ -36,6 +35,7 @@ from django_quota.core.policy import (
     canonical_plans_definition,
     parse_policy,
 )
+from django_quota.core.process import PROCESS
 from django_quota.core.rates import format_rate
 
 
@@ -52,15 +52,10 @@ _POLICY_FIELDS = frozenset(
     {"algorithm", "selector", "routes", "methods", "exempt", "count_when", "enforcement",
      "failure_mode", "on_missing", "max_cost", "enabled"}
 )
-_KEY_FIELD_RE = re.compile(r"^policy\['([a-z_]+)'\]")
 
 #: The definition keys the revision covers (docs/policies.md); of ``plans``, only that
 #: there are some (docs/plans.md).
 MEANING_KEYS = ("algorithm", "selector", "windows", "capacity", "plans")
-
-#: Primary keys of the policies touched inside :func:`revision_batch` (None: no batch).
-_batch: ContextVar[set[int] | None] = ContextVar("django_quota_revision_batch", default=None)
-
 
 @contextmanager
 def revision_batch() -> Iterator[None]:
@@ -71,15 +66,15 @@ def revision_batch() -> Iterator[None]:
     two windows starts at revision 1 and an edit of two windows bumps once. Nothing is
     re-digested when the block raises (the surrounding transaction rolls back).
     """
-    if _batch.get() is not None:  # nested: the outer block decides
+    if PROCESS.revision_batch.get() is not None:  # nested: the outer block decides
         yield
         return
     touched: set[int] = set()
-    token = _batch.set(touched)
+    token = PROCESS.revision_batch.set(touched)
     try:
         yield
     finally:
-        _batch.reset(token)
+        PROCESS.revision_batch.reset(token)
     for pk in sorted(touched):
         policy = QuotaPolicy.objects.filter(pk=pk).first()
         if policy is not None:
@@ -275,7 +270,7 @@ class QuotaPolicy(models.Model):
         try:
             parse_policy(self.name, data, source="database", key="policy")
         except ConfigurationError as exc:
-            match = _KEY_FIELD_RE.match(exc.key)
+            match = re.match(r"policy\['([a-z_]+)'\]", exc.key)
             if exc.key == "policy":
                 raise ValidationError({"name": exc.message}) from exc
             if match and match.group(1) in _POLICY_FIELDS:
@@ -289,7 +284,7 @@ class QuotaPolicy(models.Model):
         """Save, drawing a new ``revision`` for a new row and when the counters' meaning
         changed (inside :func:`revision_batch`, once when the batch ends)."""
         using = self._database(kwargs.get("using"))
-        touched = _batch.get()
+        touched = PROCESS.revision_batch.get()
         with transaction.atomic(using=using):
             if self._state.adding:
                 self.revision = next_revision(using)
@@ -401,7 +396,7 @@ def window_changed(sender: Any, instance: QuotaWindow | QuotaPlanLimit, **kwargs
     re-digest the
     policy, bumping its revision when the meaning changed (at the end of a
     :func:`revision_batch`). Connected in ``ready()``."""
-    touched = _batch.get()
+    touched = PROCESS.revision_batch.get()
     if touched is not None:
         touched.add(instance.policy_id)
         return

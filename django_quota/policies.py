@@ -11,25 +11,36 @@ registry stays in use.
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import threading
 import time
 from collections.abc import Callable, Hashable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 from django_quota import conf
 from django_quota.core.errors import ConfigurationError, QuotaError
 from django_quota.core.log import logger
 from django_quota.core.policy import Form, Policy, Window, plans_revision, settings_revision
+from django_quota.core.process import PROCESS
 from django_quota.messages import Checks
 
-#: True while the system checks read the registry (:func:`checking`).
-_checking: contextvars.ContextVar[bool] = contextvars.ContextVar(
-    "django_quota_checking", default=False
-)
+
+class Generated:
+    """What marks the policies generated from another API: their ``Policy.source``, and
+    the dimension that frames the identity a drop-in reads as its library does."""
+
+    #: ``@quota(rate=...)``.
+    DECORATOR: Final = "decorator"
+    #: The DRF drop-ins (``throttling``).
+    DRF: Final = "drf"
+    #: The django-ratelimit drop-in (``ratelimit``).
+    RATELIMIT: Final = "ratelimit"
+    #: The value of an overridden ``get_cache_key()`` of a DRF throttle.
+    DRF_CACHE_KEY: Final = "drf_cache_key"
+    #: The value of a django-ratelimit ``key`` (framed with the group and the methods).
+    RATELIMIT_KEY: Final = "ratelimit_key"
 
 
 class UnknownPolicy(QuotaError, LookupError):
@@ -95,7 +106,7 @@ class _PolicyState:
         with self.lock:
             if self.registry is None or needs_refresh():
                 registry = _build(self.registry)
-                if registry.database_ok or not _checking.get():
+                if registry.database_ok or not PROCESS.checking.get():
                     self.registry = registry
                 return registry
             return self.registry
@@ -157,7 +168,7 @@ def _database_unreadable(exc: Exception) -> None:
         logger.debug("quota policies not read from the database, which this test blocks")
         return
     if _tables_missing():
-        if _checking.get():
+        if PROCESS.checking.get():
             logger.debug("quota policies not read from the database: no tables yet")
         else:
             _state.tell_to_migrate()
@@ -175,11 +186,11 @@ def checking() -> Iterator[None]:
     database is not kept, so the first real use rebuilds it and says what is wrong
     (docs/operations.md). A database that cannot be read at all is still logged.
     """
-    token = _checking.set(True)
+    token = PROCESS.checking.set(True)
     try:
         yield
     finally:
-        _checking.reset(token)
+        PROCESS.checking.reset(token)
 
 
 def load_database_policies() -> list[Policy]:

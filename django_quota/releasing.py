@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from types import MappingProxyType
 from typing import Any, NamedTuple
 
 from django_quota import limiter
@@ -30,10 +31,12 @@ from django_quota.prepared import Compiled, Prepared
 #: The status a view that raised counts as (``count_when``).
 RAISED = 500
 #: The warning logged when ending a hold fails, by whether it was a lease's release.
-FAILED = {
-    True: "quota release failed, the lease frees itself after its period: policy=%s error=%s",
-    False: "quota refund failed, the charge stays: policy=%s error=%s",
-}
+FAILED = MappingProxyType(
+    {
+        True: "quota release failed, the lease frees itself after its period: policy=%s error=%s",
+        False: "quota refund failed, the charge stays: policy=%s error=%s",
+    }
+)
 
 
 class Held(NamedTuple):

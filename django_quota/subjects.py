@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import ipaddress
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any, NamedTuple
 
 from django.http import HttpRequest
@@ -19,15 +19,13 @@ from django_quota import conf
 from django_quota.core.identity import INVALID_VALUE, IdentityError, client_ip
 from django_quota.core.log import logger
 from django_quota.core.policy import Policy, Selector
+from django_quota.core.process import PROCESS
 from django_quota.routes import Kept, route_value
 
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address
 
 #: A raw value the core always reports as ``selector_identity_invalid`` (a control char).
 _INVALID = "\x00invalid"
-#: ``EXEMPT_WHEN`` imported, by dotted path; forgotten when the settings change.
-_exempt_when: dict[str, Callable[[Any], Any]] = {}
-conf.on_change(_exempt_when.clear)
 
 
 def request_ip(request: HttpRequest, *, default_proxy_count: int | None = None) -> str:
@@ -106,9 +104,9 @@ def _asks(path: str, request: Any) -> bool:
     time (docs/policies.md#exemptions). A broken predicate must neither answer 500 nor
     lift the limits."""
     try:
-        predicate = _exempt_when.get(path)
+        predicate = PROCESS.exempt_when.get(path)
         if predicate is None:
-            predicate = _exempt_when[path] = import_string(path)
+            predicate = PROCESS.exempt_when[path] = import_string(path)
         return bool(predicate(request))
     except Exception:
         logger.exception("EXEMPT_WHEN %s raised: the request is not exempt", path)

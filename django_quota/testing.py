@@ -19,7 +19,6 @@ __all__ = ["outcome", "reset", "reset_memory"]
 
 #: Keys asked for per SCAN call and deleted per UNLINK (or pipeline) batch.
 BATCH = 500
-_GLOB_SPECIALS = frozenset("\\*?[]")
 
 
 def reset() -> None:
@@ -89,7 +88,7 @@ def outcome(request: Any, policy: str) -> Outcome:
 
 def glob_escape(text: str) -> str:
     """``text`` as a Redis ``MATCH`` pattern that matches only itself."""
-    return "".join("\\" + char if char in _GLOB_SPECIALS else char for char in text)
+    return "".join("\\" + char if char in "\\*?[]" else char for char in text)
 
 
 def _is_cluster(client: Any) -> bool:

@@ -30,6 +30,7 @@ from django_quota.core.policy import Policy, Selector, generated_policy_id
 from django_quota.core.rates import Grammar, bounds_problem, parse_rate
 from django_quota.ledger import Cost, Decision, decide
 from django_quota.messages import Codes
+from django_quota.policies import Generated
 from django_quota.signals import quota_denied
 from django_quota.subjects import PLAIN, GivenSubject, Readable, Reading
 
@@ -44,16 +45,8 @@ __all__ = [
     "parse_drf_rate",
 ]
 
-#: The dimension that frames the value of an overridden ``get_cache_key()``.
-CACHE_KEY_DIMENSION = "drf_cache_key"
 #: ``wait()`` never returns less: DRF drops ``Retry-After`` when ``wait()`` is 0.
 MIN_WAIT = 0.001
-_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-# DRF reads the count with int() and only the first character of the period ("5/mon" is
-# 5 per minute); newer DRF lets a multiplier precede it, with a hyphen ("1/2-sec").
-_DRF_PERIOD_RE = re.compile(r"(?:(?P<multiplier>[0-9]+)-?)?(?P<unit>[smhd])")
-#: ``Policy.source`` of the drop-ins' generated policies.
-GENERATED_SOURCE = "drf"
 
 Subject = dict[str, object]
 
@@ -145,7 +138,9 @@ def _drf_reading(rate: object) -> tuple[int, int] | None:
     if not isinstance(rate, str) or rate.count("/") != 1:
         return None
     count, period = rate.split("/")
-    match = _DRF_PERIOD_RE.match(period)
+    # DRF reads the count with int() and only the first character of the period ("5/mon"
+    # is 5 per minute); newer DRF lets a multiplier precede it, with a hyphen ("1/2-sec").
+    match = re.match(r"(?:(?P<multiplier>[0-9]+)-?)?(?P<unit>[smhd])", period)
     if match is None:
         return None
     try:
@@ -153,7 +148,7 @@ def _drf_reading(rate: object) -> tuple[int, int] | None:
     except ValueError:  # also int()'s limit on digits: far outside the bounds anyway
         return None
     multiplier = int(match["multiplier"]) if match["multiplier"] else 1
-    return num_requests, multiplier * _UNIT_SECONDS[match["unit"]]
+    return num_requests, multiplier * Grammar.UNIT_MS[match["unit"]] // 1000
 
 
 def _django_request(request: Any) -> Any:
@@ -194,7 +189,7 @@ def _rate_policy(
 
     def build() -> Policy:
         return policies.one_window(
-            policy_id, algorithm, num_requests, duration, selector, GENERATED_SOURCE
+            policy_id, algorithm, num_requests, duration, selector, Generated.DRF
         )
 
     return policies.generated((policy_id, num_requests, duration, algorithm, selector), build)
@@ -211,7 +206,7 @@ def scope_policy(scope: str) -> Policy | None:
         return None
     num_requests, duration = parse_drf_rate(rate)
     selector = ("ip",) if scope == AnonRateThrottle.scope else (Selector.AUTO,)
-    return _rate_policy(generated_policy_id("drf", scope), num_requests, duration, selector)
+    return _rate_policy(generated_policy_id(Generated.DRF, scope), num_requests, duration, selector)
 
 
 # -- the throttles -------------------------------------------------------------------------
@@ -440,7 +435,7 @@ class SimpleRateThrottle(QuotaThrottle):
             if self.key is None:
                 return True
             key = subjects.identity_value(self.key)
-            identified = (CACHE_KEY_DIMENSION,), {CACHE_KEY_DIMENSION: key}
+            identified = (Generated.DRF_CACHE_KEY,), {Generated.DRF_CACHE_KEY: key}
         else:
             identified = self._identify(request)
             if identified is None:
@@ -452,7 +447,7 @@ class SimpleRateThrottle(QuotaThrottle):
             return self._unusable_rate(request, view, exc)
         policy = _rate_policy(self._policy_id(), num_requests, duration, selector)
         reading: Readable = GivenSubject(own)
-        if policy.source != GENERATED_SOURCE:
+        if policy.source != Generated.DRF:
             # A policy configured under the same id replaces ours: it gets its own subject.
             reading = self._reading(view)
         return self._decide(request, view, [policy], reading)
@@ -475,7 +470,7 @@ class SimpleRateThrottle(QuotaThrottle):
 
     def _policy_id(self) -> str:
         if self.scope:
-            return generated_policy_id("drf", self.scope)
+            return generated_policy_id(Generated.DRF, self.scope)
         cls = type(self)
         return generated_policy_id("drf", f"{cls.__module__}.{cls.__qualname__}")
 

@@ -10,7 +10,6 @@ and it is not decorated.
 from __future__ import annotations
 
 import json
-import weakref
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -22,6 +21,7 @@ from django_quota import conf, limiter, policies
 from django_quota.core.identity import IdentityError
 from django_quota.core.outcome import FAILED_CLOSED, FAILED_OPEN, Outcome
 from django_quota.core.policy import Policy
+from django_quota.core.process import PROCESS
 from django_quota.routes import Kept, resolver_match
 from django_quota.subjects import RequestSubject
 
@@ -154,10 +154,6 @@ def is_usage_view(callback: object) -> bool:
     )
 
 
-#: Whether a URLconf (its resolver) mounts the usage view anywhere.
-_mounted: weakref.WeakKeyDictionary[URLResolver, bool] = weakref.WeakKeyDictionary()
-
-
 def _mounts(patterns: Sequence[URLPattern | URLResolver]) -> bool:
     for pattern in patterns:
         if isinstance(pattern, URLResolver):
@@ -173,9 +169,9 @@ def is_usage_request(request: HttpRequest, kept: Kept | None = None) -> bool:
     ``kept``, the request's ledger) only when the URLconf mounts the view somewhere; a
     URLconf is walked once."""
     resolver = get_resolver(getattr(request, "urlconf", None))
-    mounted = _mounted.get(resolver)
+    mounted = PROCESS.mounted.get(resolver)
     if mounted is None:
-        mounted = _mounted[resolver] = _mounts(resolver.url_patterns)
+        mounted = PROCESS.mounted[resolver] = _mounts(resolver.url_patterns)
     if not mounted:
         return False
     match = resolver_match(request, kept)

@@ -164,9 +164,6 @@ def url_problem(url: str) -> str | None:
     return None
 
 
-_INVALID_OPTION = re.compile(r"Invalid value for '([a-z_]{1,64})' in connection URL")
-
-
 def unusable_url(exc: ValueError) -> str:
     """What is wrong with a URL redis-py refused, in words that quote none of it: its
     messages can (``"pa"`` of a password ``pa#ss`` read as a port)."""
@@ -178,7 +175,7 @@ def unusable_url(exc: ValueError) -> str:
         )
     if "IPv6" in text:
         return "its host is not a well-formed IPv6 address in brackets"
-    option = _INVALID_OPTION.match(text)
+    option = re.match(r"Invalid value for '([a-z_]{1,64})' in connection URL", text)
     if option is not None:
         return f"its query option {option[1]!r} has an invalid value"
     return "redis-py cannot build a client from it"

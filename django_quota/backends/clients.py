@@ -25,6 +25,7 @@ from django_quota.backends.redispy import abandon, client_connections, public_pa
 from django_quota.backends.scripting import Call, ScriptedBackend, sources
 from django_quota.core.errors import BackendError
 from django_quota.core.outcome import BACKEND_ERROR, BACKEND_MODE_REDIS
+from django_quota.core.process import PROCESS
 from django_quota.core.protocol import Probe
 
 #: Async clients kept at once (one per live event loop); clients of closed loops are
@@ -57,12 +58,8 @@ def client_options(timeout: float, max_inflight: int) -> dict[str, Any]:
     }
 
 
-#: Every Redis backend of the process: reset in a forked child (``after_fork``).
-_BACKENDS: weakref.WeakSet[BaseRedisBackend] = weakref.WeakSet()
-
-
 def _reset_after_fork() -> None:
-    for backend in list(_BACKENDS):
+    for backend in list(PROCESS.backends):
         backend.after_fork()
 
 
@@ -118,7 +115,7 @@ class BaseRedisBackend(ScriptedBackend):
         )
         self._threads: ThreadPoolExecutor | None = None
         self._sources = sources()
-        _BACKENDS.add(self)
+        PROCESS.backends.add(self)
 
     # -- clients -----------------------------------------------------------------------
     def _build(self, asynchronous: bool) -> Any:

@@ -28,15 +28,13 @@ _REFUSALS = (
 )
 
 
-#: What a Redis at ``maxclients`` sends a new connection, then closes it (redis-py raises
-#: it as a ``ConnectionError`` with this text).
-MAXCLIENTS_REPLY = "max number of clients reached"
-
-
 def is_maxclients(exc: BaseException) -> bool:
     """Whether ``exc`` is a server at ``maxclients`` refusing a new connection: it
-    accepted the connection, answered with that error and closed it, reading nothing."""
-    return isinstance(exc, redis_exceptions.ConnectionError) and MAXCLIENTS_REPLY in str(exc)
+    accepted the connection, answered with that error and closed it, reading nothing
+    (redis-py raises it as a ``ConnectionError`` with the server's text)."""
+    return isinstance(exc, redis_exceptions.ConnectionError) and (
+        "max number of clients reached" in str(exc)
+    )
 
 
 class ConnectFailed(redis_exceptions.ConnectionError):

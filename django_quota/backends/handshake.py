@@ -36,6 +36,8 @@ import redis
 import redis.asyncio as redis_asyncio
 from redis.asyncio.connection import AbstractConnection as AsyncAbstractConnection
 
+from django_quota.core.process import PROCESS
+
 __all__ = [
     "AsyncOneWriteHandshake",
     "AsyncOneWriteHandshakePool",
@@ -130,17 +132,13 @@ class AsyncOneWriteHandshake:
                 self.__dict__.pop(name, None)
 
 
-#: The classes :func:`one_write_handshake` made, by redis-py's class.
-_MADE: dict[type[Any], type[Any]] = {}
-
-
 def one_write_handshake(connection_class: type[Any]) -> type[Any]:
     """redis-py's connection class ``connection_class`` (sync or asyncio: plain, TLS,
     Unix socket, Sentinel-managed) with its handshake written in one write, made once
     per class; a class that already does is returned as it is."""
     if issubclass(connection_class, OneWriteHandshake | AsyncOneWriteHandshake):
         return connection_class
-    made = _MADE.get(connection_class)
+    made = PROCESS.handshakes.get(connection_class)
     if made is None:
         mixin: type[Any] = (
             AsyncOneWriteHandshake
@@ -148,7 +146,7 @@ def one_write_handshake(connection_class: type[Any]) -> type[Any]:
             else OneWriteHandshake
         )
         name = connection_class.__name__
-        made = _MADE.setdefault(
+        made = PROCESS.handshakes.setdefault(
             connection_class,
             type(
                 name,

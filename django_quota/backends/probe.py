@@ -16,9 +16,6 @@ from django_quota.scripts import all_scripts
 
 Row = tuple[str, str, str]
 NAME = "evaluation"
-#: Where Redis says which line of which script a refused command was on.
-_SCRIPT_LINE_RE = re.compile(r"script: ([0-9a-f]{40}), on @user_script:(\d+)")
-_CALL_RE = re.compile(r"redis\.p?call\(\s*'([A-Za-z]+)'")
 
 
 def _remaining(reply: GroupReply, expected: int) -> int | None:
@@ -35,14 +32,16 @@ def refused_command(error: BackendError) -> str | None:
     text = str(error)
     if "can't run this command" not in text:  # Redis's words for an ACL refusal in a script
         return None
-    found = _SCRIPT_LINE_RE.search(text)
+    # Where Redis says which line of which script the refused command was on.
+    found = re.search(r"script: ([0-9a-f]{40}), on @user_script:(\d+)", text)
     if found is None:
         return None
     sha1, line = found.group(1), int(found.group(2))
     for source in all_scripts():
         if source.sha1 == sha1:
             lines = source.source.splitlines()
-            call = _CALL_RE.search(lines[line - 1]) if 0 < line <= len(lines) else None
+            line_text = lines[line - 1] if 0 < line <= len(lines) else ""
+            call = re.search(r"redis\.p?call\(\s*'([A-Za-z]+)'", line_text)
             return None if call is None else call.group(1).upper()
     return None
 

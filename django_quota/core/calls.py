@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Final, NamedTuple
 
 from django_quota.core.policy import (
@@ -50,9 +51,9 @@ class Mode:
 
 
 #: The script's code of each algorithm (5: :attr:`Packing.CALENDAR_CODE`).
-ALGORITHM_CODES = {
-    FIXED_WINDOW: 1, SLIDING_WINDOW: 2, TOKEN_BUCKET: 3, SLIDING_LOG: 4, CONCURRENCY: 6
-}
+ALGORITHM_CODES = MappingProxyType(
+    {FIXED_WINDOW: 1, SLIDING_WINDOW: 2, TOKEN_BUCKET: 3, SLIDING_LOG: 4, CONCURRENCY: 6}
+)
 
 State = dict[str, int]
 

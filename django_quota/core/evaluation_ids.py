@@ -26,8 +26,6 @@ FINGERPRINT_BYTES = 5
 ENTRY_BYTES = FINGERPRINT_BYTES + 4
 #: Bytes of an entry's cost, when it is not 1.
 COST_BYTES = 6
-#: Bytes of an entry of another cost: the fingerprint, the cost, the charge time.
-COSTED_ENTRY_BYTES = ENTRY_BYTES + COST_BYTES
 #: Set in an entry's first byte when a cost follows its fingerprint.
 COST_FLAG = 0x80
 STAMP_MODULUS = 2**32

@@ -42,7 +42,7 @@ decided afresh. So a repeated id never charges twice, and the ledger stays bound
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import NamedTuple
+from typing import Final, NamedTuple
 
 from django_quota.core.calendar_windows import Place, calendar_at, calendar_keeps, calendar_reported
 from django_quota.core.calls import (
@@ -159,8 +159,9 @@ def _charged_state(
     return state
 
 
-#: The state of a counter that does not exist.
-_EMPTY: Mapping[str, int] = {}
+#: The state of a counter that does not exist. A dict, read-only as typed: as a
+#: MappingProxyType it cost 150 Python instructions per decision on the memory row.
+_EMPTY: Final[Mapping[str, int]] = {}
 
 _CLOCK_UNSAFE_RESULT = GroupResult(GROUP_CLOCK_UNSAFE, (), ())
 _INDETERMINATE_RESULT = GroupResult(GROUP_INDETERMINATE, (), ())

@@ -40,8 +40,9 @@ from django_quota.core.policy import (
     Policy,
     generated_policy_id,
 )
-from django_quota.core.rates import bounds_problem
+from django_quota.core.rates import Grammar, bounds_problem
 from django_quota.ledger import Lease, adecide, decide, ledger_of
+from django_quota.policies import Generated
 from django_quota.prepared import Prepared
 from django_quota.ratelimit import ALL, UNSAFE, keys
 
@@ -59,22 +60,15 @@ from django_quota.subjects import PLAIN, GivenSubject, Readable, Subject
 __all__ = ["aget_usage", "ais_ratelimited", "get_usage", "is_ratelimited"]
 
 
-#: The dimension that frames a key's value (with the group and the methods).
-KEY_DIMENSION = "ratelimit_key"
-#: ``Policy.source`` of the policies this module generates.
-GENERATED_SOURCE = "ratelimit"
-_SELECTOR = (KEY_DIMENSION,)
-_PERIODS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 # django-ratelimit's grammar: a count, "/", an optional multiplier, an optional unit
 # (seconds when absent), matched at the start of the string only.
 _RATE_RE = re.compile(r"([0-9]+)/([0-9]*)([smhd])?")
 
 Usage = dict[str, Any]
-Rate = str | tuple[int, int]
 
 
 # -- rates ---------------------------------------------------------------------------------
-def _split_rate(rate: Rate) -> tuple[int, int]:
+def _split_rate(rate: str | tuple[int, int]) -> tuple[int, int]:
     """``(count, seconds)`` of a rate as django-ratelimit reads it: ``"100/h"``,
     ``"10/5m"``, ``"5/10"`` (seconds), or a ``(count, seconds)`` tuple as it is.
 
@@ -96,7 +90,7 @@ def _split_rate(rate: Rate) -> tuple[int, int]:
             "'10/5m' or '5/10' (seconds), or a (count, seconds) tuple of integers"
         )
     count, multiplier, unit = match.groups()
-    seconds = _PERIODS[unit or "s"] * (int(multiplier) if multiplier else 1)
+    seconds = Grammar.UNIT_MS[unit or "s"] // 1000 * (int(multiplier) if multiplier else 1)
     return int(count), seconds
 
 
@@ -147,18 +141,18 @@ def _policy(group: str, limit: int, period: int, per_request: bool = False) -> P
     the limit is a plan's (``docs/plans.md``): the revision leaves it out, and every limit
     of one period shares the group's counter (``docs/django-ratelimit.md``)."""
     fail_open = _fail_open()
-    policy_id = generated_policy_id(GENERATED_SOURCE, group)
+    policy_id = generated_policy_id(Generated.RATELIMIT, group)
 
     def build() -> Policy:
         problem = bounds_problem(limit, period * 1000)
         if problem is not None:
             raise ImproperlyConfigured(f"Invalid ratelimit rate {limit}/{period}s: {problem}")
         return policies.one_window(
-            policy_id, FIXED_WINDOW, limit, period, _SELECTOR, GENERATED_SOURCE,
+            policy_id, FIXED_WINDOW, limit, period, (Generated.RATELIMIT_KEY,), Generated.RATELIMIT,
             failure_mode="open" if fail_open else "closed", per_request=per_request,
         )
 
-    key = (GENERATED_SOURCE, policy_id, limit, period, fail_open, per_request)
+    key = (Generated.RATELIMIT, policy_id, limit, period, fail_open, per_request)
     return policies.generated(key, build)
 
 
@@ -240,12 +234,12 @@ def _resolve(
     if limit <= 0:
         return _Limit(None, PLAIN, 0, period)
     policy = _policy(group, limit, period, per_request)
-    if policy.source != GENERATED_SOURCE:
+    if policy.source != Generated.RATELIMIT:
         # A policy configured under ratelimit:<group> replaces the rate, with its selector.
         return _Limit(policy, PLAIN, limit, period)
     if isinstance(value, str):
         value = _frame(group, _methods_text(method), value)
-    return _Limit(policy, GivenSubject({KEY_DIMENSION: value}), limit, period)
+    return _Limit(policy, GivenSubject({Generated.RATELIMIT_KEY: value}), limit, period)
 
 
 def _needs_thread(key: Any, rate: Any) -> bool:
@@ -301,7 +295,7 @@ def _rate_failure(request: Any, group: str, increment: bool, sender: object) -> 
     (``RATELIMIT_FAIL_OPEN``) with reason ``policy_unknown``, as a DRF rate that cannot
     be used (docs/failures.md); recorded on the request, and a refusal announced, when it
     counts."""
-    policy_id = generated_policy_id(GENERATED_SOURCE, group)
+    policy_id = generated_policy_id(Generated.RATELIMIT, group)
     mode = "open" if _fail_open() else "closed"
     outcome = limiter.policy_unknown(policy_id, mode, cause="has a rate callable that raised")
     if increment:

@@ -10,7 +10,8 @@ gives an invalid identity, logged, never a 500.
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
 from typing import Any
 
 from django.conf import settings
@@ -118,16 +119,16 @@ def get_header(request: Any, header: str) -> str:
     return value
 
 
-_SIMPLE_KEYS: dict[str, Callable[[Any], str]] = {
-    "ip": _get_ip,
-    "user": _user_pk,
-    "user_or_ip": user_or_ip,
-}
-_ACCESSOR_KEYS: dict[str, Callable[[Any, str], str]] = {
-    "get": lambda request, name: request.GET.get(name, ""),
-    "post": lambda request, name: request.POST.get(name, ""),
-    "header": get_header,
-}
+_SIMPLE_KEYS: Mapping[str, Callable[[Any], str]] = MappingProxyType(
+    {"ip": _get_ip, "user": _user_pk, "user_or_ip": user_or_ip}
+)
+_ACCESSOR_KEYS: Mapping[str, Callable[[Any, str], str]] = MappingProxyType(
+    {
+        "get": lambda request, name: request.GET.get(name, ""),
+        "post": lambda request, name: request.POST.get(name, ""),
+        "header": get_header,
+    }
+)
 #: Keys that neither read ``request.user`` nor call the project's code: an async view
 #: resolves the others in a worker thread (the ORM is not allowed on the event loop).
 _INLINE_KEYS = frozenset({"ip", "get", "post", "header"})

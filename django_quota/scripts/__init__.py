@@ -10,11 +10,12 @@ import hashlib
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
+from types import MappingProxyType
 
 from django_quota.scripts.shapes import SINGLE_WINDOW_SCRIPTS, single_window
 
 #: The generated variants of ``evaluate.lua``, by name: the algorithm of their one policy.
-_VARIANTS = {name: algorithm for algorithm, name in SINGLE_WINDOW_SCRIPTS.items()}
+_VARIANTS = MappingProxyType({name: algorithm for algorithm, name in SINGLE_WINDOW_SCRIPTS.items()})
 
 #: Every script: the general ``evaluate.lua``, its variants, then ``reset`` and ``refund``.
 SCRIPT_NAMES = ("evaluate", *SINGLE_WINDOW_SCRIPTS.values(), "reset", "refund", "release")

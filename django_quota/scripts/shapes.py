@@ -19,7 +19,9 @@ windows, the dispatch on the algorithm and the other algorithms' code.
 from __future__ import annotations
 
 import re
-from collections.abc import Collection, Iterator
+from collections.abc import Collection, Iterator, Mapping
+from types import MappingProxyType
+from typing import Final
 
 from django_quota.core.policy import ALGORITHMS, CONCURRENCY
 
@@ -29,13 +31,20 @@ GENERAL = "general"
 CONDITION_NAMES = frozenset((GENERAL, *ALGORITHMS))
 
 #: The script deciding one policy with one window, by the policy's algorithm.
-SINGLE_WINDOW_SCRIPTS: dict[str, str] = {
-    algorithm: f"evaluate_{algorithm}" for algorithm in ALGORITHMS if algorithm != CONCURRENCY
-}
+SINGLE_WINDOW_SCRIPTS: Mapping[str, str] = MappingProxyType(
+    {algorithm: f"evaluate_{algorithm}" for algorithm in ALGORITHMS if algorithm != CONCURRENCY}
+)
 
-_DIRECTIVE = re.compile(r"^\s*--@\s*(?P<word>if|elif|else|end)\b\s*(?P<expr>.*)$")
-_SUFFIX = re.compile(r"^(?P<code>.*?)\s+--@ (?P<expr>\w+(?: or \w+)*)\s*$")
-_VARIANT_LINE = re.compile(r"^(?P<indent>\s*)--\+ (?P<code>.*)$")
+
+class Marks:
+    """The shape comments of ``evaluate.lua``, as patterns."""
+
+    #: A line ``--@ if <names>`` (``elif``, ``else``, ``end``) opening or closing a block.
+    DIRECTIVE: Final = re.compile(r"^\s*--@\s*(?P<word>if|elif|else|end)\b\s*(?P<expr>.*)$")
+    #: A line of code ending ``--@ <names>``: kept only in those shapes.
+    SUFFIX: Final = re.compile(r"^(?P<code>.*?)\s+--@ (?P<expr>\w+(?: or \w+)*)\s*$")
+    #: A line ``--+ <code>``: code of the variants only (a comment in the general script).
+    VARIANT_LINE: Final = re.compile(r"^(?P<indent>\s*)--\+ (?P<code>.*)$")
 
 
 class ShapeError(ValueError):
@@ -59,7 +68,7 @@ def _lines(source: str, names: Collection[str]) -> Iterator[tuple[int, str, bool
     blocks: list[tuple[bool, bool, bool]] = []
     keep = True
     for number, line in enumerate(source.splitlines(), 1):
-        directive = _DIRECTIVE.match(line)
+        directive = Marks.DIRECTIVE.match(line)
         if directive is None:
             yield number, line, keep
             continue
@@ -91,12 +100,12 @@ def render(source: str, names: Collection[str]) -> str:
     general = GENERAL in names
     out = []
     for number, line, keep in _lines(source, names):
-        variant_line = _VARIANT_LINE.match(line)
+        variant_line = Marks.VARIANT_LINE.match(line)
         if variant_line is not None:
             if general:
                 continue
             line = variant_line["indent"] + variant_line["code"]
-        suffix = _SUFFIX.match(line)
+        suffix = Marks.SUFFIX.match(line)
         if suffix is not None:
             keep = keep and _holds(suffix["expr"], names, number)
             line = suffix["code"].rstrip()
@@ -123,8 +132,8 @@ def check_general(source: str) -> None:
     """Raise :class:`ShapeError` unless ``source``, run as it is, is the general script:
     every line of code is kept where every name holds (a ``--+`` line is a comment)."""
     for number, line, keep in _lines(source, CONDITION_NAMES):
-        suffix = _SUFFIX.match(line)
-        if _VARIANT_LINE.match(line) is None and suffix is not None:
+        suffix = Marks.SUFFIX.match(line)
+        if Marks.VARIANT_LINE.match(line) is None and suffix is not None:
             keep = keep and _holds(suffix["expr"], CONDITION_NAMES, number)
-        if not keep and _VARIANT_LINE.match(line) is None:
+        if not keep and Marks.VARIANT_LINE.match(line) is None:
             raise ShapeError(f"line {number} is not in the general script: {line.strip()}")
