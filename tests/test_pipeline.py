@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import subprocess
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -23,14 +24,22 @@ from redis.utils import HIREDIS_AVAILABLE
 
 import django_quota
 from django_quota import limiter
-from django_quota.backends import clients, scripting
+from django_quota.backends import clients, redispy, scripting
 from django_quota.backends import pipeline as pipeline_module
+from django_quota.backends.redispy import public_path
 from django_quota.decorators import quota as quota_view
-from tests.faults import RedisProcess, redis_process
+from tests.faults import RedisProcess, free_port, redis_process
 
 pytestmark = pytest.mark.redis
 
 SUBJECT = {"ip": "192.0.2.60"}
+#: Connections' transports answer the pipeline's callers themselves (hiredis, and not
+#: redis-py's public path: ``redispy.take_over``).
+PUBLIC = public_path()
+DIRECT = HIREDIS_AVAILABLE and not PUBLIC
+needs_direct = pytest.mark.skipif(
+    not DIRECT, reason="a transport is taken over only with hiredis, off the public path"
+)
 
 
 @quota_view(rate="1000/h", algorithm="fixed_window", selector="ip")
@@ -68,6 +77,19 @@ def configure(quota: Any, server: RedisProcess, limit: int = 1000, **extra: Any)
         POLICIES={"p": {"algorithm": "fixed_window", "windows": f"{limit}/h", "selector": ["ip"]}},
         **extra,
     )
+
+
+def counting_reads(cls: type[Any]) -> tuple[list[int], Any]:
+    """A one-element list counting the calls, and a ``read_response`` that counts each
+    call of ``cls``'s in it."""
+    reads = [0]
+    read_response = cls.read_response
+
+    async def counted(self: Any, *args: Any, **kwargs: Any) -> Any:
+        reads[0] += 1
+        return await read_response(self, *args, **kwargs)
+
+    return reads, counted
 
 
 def breaker_failures() -> int:
@@ -135,21 +157,24 @@ def test_a_reply_received_while_the_loop_was_busy_past_timeout_is_used(
     write; Redis answers at once. The reply is there when the deadline fires: it decides,
     and the node's breaker counts nothing."""
     configure(quota, server, TIMEOUT=0.2, DEADLINE=0.3)
-    real_send = async_connection.AbstractConnection.send_packed_command
+    written = pipeline_module.Pipe._written
+    blocked = []
 
-    async def send_then_block(self: Any, *args: Any, **kwargs: Any) -> None:
-        await real_send(self, *args, **kwargs)
+    def written_then_block(self: Any, give_up: float) -> None:
+        written(self, give_up)  # the command is on its way, the deadline timer armed
+        blocked.append(self.direct is not None)
         time.sleep(0.6)  # the event loop is busy elsewhere
 
     async def scenario() -> Any:
         assert (await django_quota.aevaluate("p", SUBJECT)).remaining == 999  # connected
-        monkeypatch.setattr(
-            async_connection.AbstractConnection, "send_packed_command", send_then_block
-        )
+        monkeypatch.setattr(pipeline_module.Pipe, "_written", written_then_block)
         return await django_quota.aevaluate("p", SUBJECT)
 
     outcome = asyncio.run(scenario())
     assert (outcome.decision, outcome.reason, outcome.remaining) == ("allowed", None, 998)
+    # The connection's transport answered the caller itself, except on the public path
+    # or without hiredis (the reader task then read the reply).
+    assert blocked == [DIRECT]
     assert breaker_failures() == 0
     assert list(limiter.get_limiter().recent_errors) == []
 
@@ -265,15 +290,9 @@ def test_replies_read_together_need_no_awaited_read_each(
     """The replies one read brings in are taken from hiredis's buffer in one go
     (``redispy.buffered_replies``), each to its own caller in order, an error reply
     among them to its caller only: 200 commands written together cost far fewer
-    awaited ``read_response`` calls than replies."""
-    awaited = 0
-    read_response = async_connection.Connection.read_response
-
-    async def counted(self: Any, *args: Any, **kwargs: Any) -> Any:
-        nonlocal awaited
-        awaited += 1
-        return await read_response(self, *args, **kwargs)
-
+    awaited ``read_response`` calls than replies. (A connection whose ``read_response``
+    is not redis-py's own, as here, is read by the reader task, never taken over.)"""
+    reads, counted = counting_reads(async_connection.Connection)
     monkeypatch.setattr(async_connection.Connection, "read_response", counted)
 
     async def scenario() -> list[Any]:
@@ -287,7 +306,7 @@ def test_replies_read_together_need_no_awaited_read_each(
         pipeline.close()
         return replies
 
-    awaited_before = awaited
+    awaited_before = reads[0]
     replies = asyncio.run(scenario())
     for i, reply in enumerate(replies):
         if i % 7:
@@ -296,9 +315,9 @@ def test_replies_read_together_need_no_awaited_read_each(
             assert isinstance(reply, redis.exceptions.NoScriptError)
     if HIREDIS_AVAILABLE:
         # 201 replies; each read of the socket brings in many (64 KiB at most per read).
-        assert 1 <= awaited - awaited_before <= 20
+        assert 1 <= reads[0] - awaited_before <= 20
     else:  # redis-py's own parser: one awaited read a reply (docs/failures.md)
-        assert awaited - awaited_before >= 201
+        assert reads[0] - awaited_before >= 201
 
 
 def test_a_loops_concurrent_commands_share_one_connection(server: RedisProcess) -> None:
@@ -448,3 +467,256 @@ def test_a_forked_child_never_uses_the_parent_pipelined_connections(
         limiter.get_backend().close()
         loop.run_until_complete(asyncio.sleep(0.01))  # the pipeline closes in its loop
         loop.close()
+
+
+# -- the transport taken over (redispy.take_over) --------------------------------------------
+async def connected_pipeline(
+    url: str, timeout: float, **options: Any
+) -> tuple[pipeline_module.Pipeline, pipeline_module.Pipe]:
+    """A pipeline on ``url`` as the backends make one, its one connection connected."""
+    pool = redis.asyncio.ConnectionPool.from_url(url, protocol=2, **options)
+    pipeline = pipeline_module.Pipeline(pool.make_connection, timeout, public=PUBLIC)
+    assert await pipeline.execute(("PING",)) == b"PONG"
+    (pipe,) = pipeline.pipes
+    return pipeline, pipe
+
+
+async def echoed(pipeline: pipeline_module.Pipeline, index: int, big: str, every: int) -> bool:
+    """Whether ``ECHO`` of a value made of ``index`` (and ``big`` for every ``every``-th
+    one) came back as its own reply."""
+    value = f"{index}:{big if index % every == 0 else ''}"
+    return bool(await pipeline.execute(("ECHO", value)) == value.encode())
+
+
+def count_turns(loop: asyncio.AbstractEventLoop) -> list[int]:
+    """A one-element list counting the turns of ``loop`` (its selector's ``select``
+    calls) from now on."""
+    turns = [0]
+    selector = loop._selector  # type: ignore[attr-defined]
+    select = selector.select
+
+    def counted(timeout: float | None = None) -> Any:
+        turns[0] += 1
+        return select(timeout)
+
+    selector.select = counted
+    return turns
+
+
+@needs_direct
+def test_a_reply_reaches_its_caller_in_the_turn_that_reads_it(server: RedisProcess) -> None:
+    """One caller, one command at a time: the turn of the loop that reads a reply hands it
+    to the caller, whose task runs in the next. Two turns a command (the reader task of
+    the public path adds a third), and no ``read_response`` after the handshake."""
+    read_response = async_connection.AbstractConnection.read_response
+    reads, counted_read = counting_reads(async_connection.AbstractConnection)
+
+    async def scenario() -> tuple[list[Any], int, int]:
+        pipeline, pipe = await connected_pipeline(server.url, 2.0)
+        # Patched on the class the check looks at, after the take-over: what redis-py
+        # reads from now on is counted.
+        async_connection.AbstractConnection.read_response = counted_read  # type: ignore[method-assign]
+        reads[0] = 0
+        turns = count_turns(asyncio.get_running_loop())
+        replies = [await pipeline.execute(("ECHO", str(i))) for i in range(100)]
+        taken = turns[0]
+        assert pipe.direct is not None
+        pipeline.close()
+        return replies, taken, reads[0]
+
+    try:
+        replies, taken, read = asyncio.run(scenario())
+    finally:
+        async_connection.AbstractConnection.read_response = read_response  # type: ignore[method-assign]
+    assert replies == [str(i).encode() for i in range(100)]
+    assert read == 0
+    assert taken <= 2 * 100 + 2, taken  # a deadline timer's turn or two at most
+
+
+@needs_direct
+def test_writes_wait_for_a_full_transport_to_drain(
+    server: RedisProcess, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Commands larger than the transport's buffer: the transport says it is full
+    (``pause_writing``), the pipe's writer waits until it drained before writing the
+    next batch, and every caller gets its own reply."""
+    paused = 0
+    pause_writing = redispy.DirectReplies.pause_writing
+
+    def counted_pause(self: Any) -> None:
+        nonlocal paused
+        paused += 1
+        pause_writing(self)
+
+    monkeypatch.setattr(redispy.DirectReplies, "pause_writing", counted_pause)
+    big = "x" * 2_000_000
+
+    async def scenario() -> tuple[list[bool], bool]:
+        pipeline, pipe = await connected_pipeline(server.url, 10.0)
+        # Two waves: the second is queued while the first is still being written.
+        first = [asyncio.ensure_future(echoed(pipeline, i, big, 4)) for i in range(40)]
+        await asyncio.sleep(0)
+        second = [asyncio.ensure_future(echoed(pipeline, i, big, 4)) for i in range(40, 80)]
+        answers = await asyncio.gather(*first, *second)
+        direct = pipe.direct is not None and not pipe.direct.paused
+        pipeline.close()
+        return answers, direct
+
+    answers, direct = asyncio.run(scenario())
+    assert answers == [True] * 80
+    assert direct
+    assert paused >= 1
+
+
+@needs_direct
+def test_a_server_gone_mid_command_fails_it_as_lost_on_a_taken_transport(
+    server: RedisProcess,
+) -> None:
+    """The server dies (SIGKILL) while a command is in flight: the transport's end fails
+    it as lost (``indeterminate``), the pipe closes and its connection is disconnected."""
+    slow = (
+        "local s = redis.call('TIME') local n repeat n = redis.call('TIME') until "
+        "(n[1] - s[1]) * 1000000 + (n[2] - s[2]) > 500000 return 'done'"
+    )
+
+    async def scenario() -> tuple[Any, bool, bool, bool]:
+        pipeline, pipe = await connected_pipeline(server.url, 5.0)
+        direct = pipe.direct is not None
+        written = asyncio.ensure_future(pipeline.execute(("EVAL", slow, 0)))
+        await asyncio.sleep(0.05)
+        server.kill()
+        (result,) = await asyncio.gather(written, return_exceptions=True)
+        for _ in range(5):
+            await asyncio.sleep(0)  # the reader task disconnects
+        return result, direct, pipe.closed, pipe.connection.is_connected
+
+    result, direct, closed, connected = asyncio.run(scenario())
+    assert direct
+    assert isinstance(result, redis.exceptions.ConnectionError)
+    assert not isinstance(result, scripting.ConnectFailed)
+    assert scripting.classify(result).reason == "indeterminate"
+    assert (closed, connected) == (True, False)
+
+
+class _OwnReadResponse(async_connection.Connection):
+    """A connection class with a ``read_response`` of its own (as a Sentinel connection,
+    which turns ``READONLY`` into a reconnect, has)."""
+
+    async def read_response(self, *args: Any, **kwargs: Any) -> Any:
+        return await super().read_response(*args, **kwargs)
+
+
+@pytest.mark.parametrize(
+    ("options", "taken"),
+    [
+        ({"protocol": 2}, DIRECT),
+        ({"protocol": 3}, False),  # RESP3: push frames are read_response's to skip
+        ({"protocol": 2, "connection_class": _OwnReadResponse}, False),
+    ],
+    ids=["resp2", "resp3", "own-read-response"],
+)
+def test_only_redis_pys_own_resp2_reads_are_taken_over(
+    server: RedisProcess, options: dict[str, Any], taken: bool
+) -> None:
+    async def scenario() -> tuple[list[Any], bool]:
+        pool = redis.asyncio.ConnectionPool.from_url(server.url, **options)
+        pipeline = pipeline_module.Pipeline(pool.make_connection, 2.0, public=PUBLIC)
+        replies = await asyncio.gather(
+            *(
+                pipeline.execute(("ECHO", str(i)) if i % 3 else ("EVALSHA", "0" * 40, 0))
+                for i in range(30)
+            ),
+            return_exceptions=True,
+        )
+        replies.append(await pipeline.execute(("PING",)))
+        (pipe,) = pipeline.pipes
+        direct = pipe.direct is not None
+        pipeline.close()
+        return replies, direct
+
+    replies, direct = asyncio.run(scenario())
+    assert direct is taken
+    for i, reply in enumerate(replies[:30]):
+        if i % 3:
+            assert reply == str(i).encode()
+        else:
+            assert isinstance(reply, redis.exceptions.NoScriptError)
+    assert replies[30] in (b"PONG", "PONG", True)
+
+
+def _self_signed(directory: str) -> tuple[str, str] | None:
+    """A certificate and key for 127.0.0.1 made by ``openssl`` in ``directory``, or None."""
+    cert, key = os.path.join(directory, "cert.pem"), os.path.join(directory, "key.pem")
+    try:
+        subprocess.run(
+            [
+                "openssl",
+                "req",
+                "-x509",
+                "-newkey",
+                "rsa:2048",
+                "-nodes",
+                "-keyout",
+                key,
+                "-out",
+                cert,
+                "-days",
+                "1",
+                "-subj",
+                "/CN=127.0.0.1",
+                "-addext",
+                "subjectAltName=IP:127.0.0.1",
+            ],
+            check=True,
+            capture_output=True,
+            timeout=60,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return cert, key
+
+
+def test_tls_connections_are_pipelined_and_their_transport_taken_over(
+    tmp_path: Any,
+) -> None:
+    """A ``rediss://`` connection: redis-py's TLS handshake, then the same pipelining on
+    asyncio's TLS transport (taken over where hiredis is), large commands included."""
+    made = _self_signed(str(tmp_path))
+    if made is None:
+        pytest.skip("openssl cannot make a certificate here")
+    cert, key = made
+    tls_port = free_port()
+    tls = (
+        "--tls-port",
+        str(tls_port),
+        "--tls-cert-file",
+        cert,
+        "--tls-key-file",
+        key,
+        "--tls-ca-cert-file",
+        cert,
+        "--tls-auth-clients",
+        "no",
+    )
+    big = "y" * 1_000_000
+
+    async def scenario() -> tuple[list[bool], bool, bool]:
+        url = f"rediss://127.0.0.1:{tls_port}/0"
+        pipeline, pipe = await connected_pipeline(url, 10.0, ssl_ca_certs=cert)
+        answers = list(await asyncio.gather(*(echoed(pipeline, i, big, 10) for i in range(50))))
+        answers.append(await pipeline.execute(("ECHO", "last")) == b"last")
+        direct = pipe.direct is not None
+        pipeline.close()
+        for _ in range(5):
+            await asyncio.sleep(0)
+        return answers, direct, pipe.connection.is_connected
+
+    with contextlib.ExitStack() as stack:
+        try:
+            stack.enter_context(redis_process(*tls))
+        except RuntimeError as exc:  # a redis-server built without TLS refuses the options
+            pytest.skip(f"redis-server without TLS: {exc}")
+        answers, direct, connected = asyncio.run(scenario())
+    assert answers == [True] * 51
+    assert direct is DIRECT
+    assert connected is False

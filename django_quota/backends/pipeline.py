@@ -7,8 +7,11 @@ connected by redis-py (``pool.make_connection()``, then ``connect()``: the hands
 ``AUTH``, ``SELECT`` and a Sentinel's primary discovery stay redis-py's), and writes the
 commands of concurrent callers onto them as they come: a command sent to a connection with
 nothing in flight goes out at once, the others submitted during one turn of the loop go
-out together in one write at the next. One reader task per connection reads the replies
-in order (``read_response``) and answers the callers first in, first out. A burst of
+out together in one write at the next. The replies are read in order and answer the
+callers first in, first out: by the connection's transport itself once redis-py has
+connected it (the fence's :func:`~django_quota.backends.redispy.take_over`: the turn of
+the loop that reads a reply answers its caller, and writes need no awaited drain), else
+by a reader task per connection (``read_response``). A burst of
 callers needs no connection each: ``MAX_INFLIGHT`` bounds the decisions queued, not
 sockets.
 
@@ -45,9 +48,11 @@ from django_quota.backends.failures import (
 )
 from django_quota.backends.redispy import (
     NOTHING_BUFFERED,
+    DirectReplies,
     buffered_replies,
     poller_of,
     socket_of,
+    take_over,
 )
 
 #: hiredis's RESP packer (the ``hiredis`` extra), else None (redis-py's packs).
@@ -85,6 +90,7 @@ class Pacing:
     #: file the kernel holds and for the connection's reader to fail on it.
     SETTLE_TURNS: Final = 3
 
+
 #: Replies that are whole (the connection stays in step): an error reply, ``LOADING``.
 _WHOLE_ERRORS = (redis_exceptions.ResponseError, redis_exceptions.BusyLoadingError)
 
@@ -104,9 +110,7 @@ class _Entry:
 
     __slots__ = ("deadline", "future", "give_up", "late", "packed")
 
-    def __init__(
-        self, future: asyncio.Future[Any], packed: bytes, give_up: float = NEVER
-    ) -> None:
+    def __init__(self, future: asyncio.Future[Any], packed: bytes, give_up: float = NEVER) -> None:
         self.future = future
         self.packed = packed
         self.deadline = 0.0
@@ -116,8 +120,10 @@ class _Entry:
 
 class Pipe:
     """One pipelined connection of a :class:`Pipeline`: commands written (``pending``, in
-    order) and not yet written (``queued``), a reader task, and a writer task for the
-    commands that come while others are in flight."""
+    order) and not yet written (``queued``), a reader task (which connects, then reads
+    the replies, or only waits to disconnect when the transport answers itself:
+    :attr:`direct`), and a writer task for the commands that come while others are in
+    flight."""
 
     def __init__(self, pipeline: Pipeline, connection: Any) -> None:
         self.pipeline = pipeline
@@ -140,6 +146,11 @@ class Pipe:
         self._wake: asyncio.Future[None] | None = None
         self._poller: Any = None
         self._writer: asyncio.Task[None] | None = None
+        #: The connection's transport answering this pipe itself (the fence's
+        #: :func:`~django_quota.backends.redispy.take_over`), or None: the reader task
+        #: reads with ``read_response`` and commands are written with redis-py's
+        #: ``send_packed_command``.
+        self.direct: DirectReplies | None = None
         self._reader = self.loop.create_task(self._run())
 
     @property
@@ -164,6 +175,18 @@ class Pipe:
         self.pending.append(entry)
         await self._write([entry.packed], entry.give_up)
 
+    def send_direct(self, direct: DirectReplies, entry: _Entry) -> None:
+        """:meth:`send` on a transport taken over (:attr:`direct`): no awaited drain."""
+        if direct.closing:
+            # Closing, its end not delivered yet: nothing is written (ConnectFailed).
+            self.queued.append(entry)
+            self.abort(redis_exceptions.ConnectionError("Connection closed by server."))
+            return
+        entry.deadline = self.loop.time() + self.timeout
+        self.pending.append(entry)
+        direct.write(entry.packed)
+        self._written(entry.give_up)
+
     async def _write(self, packed: list[bytes], give_up: float) -> None:
         """Write ``packed``; then a timer is armed, or moved earlier when a caller's
         ``DEADLINE`` (the soonest ``give_up`` of the batch) ends before it fires."""
@@ -176,16 +199,20 @@ class Pipe:
             if not isinstance(exc, Exception):
                 raise
         else:
-            timer = self._timer
-            if timer is None:
-                self._arm()
-            elif give_up < timer.when():
-                timer.cancel()
-                self._arm()
+            self._written(give_up)
         finally:
             self.writing = False
         if self.queued:
             self._wake_writer()
+
+    def _written(self, give_up: float) -> None:
+        """After a write: the pipe's timer armed, or moved earlier for ``give_up``."""
+        timer = self._timer
+        if timer is None:
+            self._arm()
+        elif give_up < timer.when():
+            timer.cancel()
+            self._arm()
 
     def _wake_writer(self) -> None:
         wake = self._wake
@@ -194,11 +221,19 @@ class Pipe:
 
     async def _write_queued(self) -> None:
         loop = self.loop
+        direct = self.direct
         while not self.closed:
             if not self.queued or self.writing:
                 self._wake = loop.create_future()
                 await self._wake
                 continue
+            if direct is not None:
+                if direct.paused:
+                    await direct.drained()  # the transport's buffer is past its high mark
+                    continue
+                if direct.closing:
+                    self.abort(redis_exceptions.ConnectionError("Connection closed by server."))
+                    return
             now = loop.time()
             batch = []
             for entry in self.queued:
@@ -219,7 +254,11 @@ class Pipe:
                 if entry.give_up < give_up:
                     give_up = entry.give_up
             self.pending.extend(batch)
-            await self._write([entry.packed for entry in batch], give_up)
+            if direct is not None:
+                direct.write(b"".join([entry.packed for entry in batch]))
+                self._written(give_up)
+            else:
+                await self._write([entry.packed for entry in batch], give_up)
 
     # -- reading ----------------------------------------------------------------------
     async def _run(self) -> None:
@@ -238,8 +277,14 @@ class Pipe:
             # No per-read timer: deadlines are the pipe's own (redis-py bounded the connect
             # and the handshake with the socket timeouts).
             connection.socket_timeout = None
+            if not self.pipeline.public:
+                self.direct = take_over(connection, self._answer, self.abort)
             self.ready = True
             self._writer = self.loop.create_task(self._write_queued())
+            if self.direct is not None:
+                # The transport answers the callers (and ends the pipe) itself; this task
+                # waits to be cancelled, then disconnects.
+                await self.loop.create_future()
             read = connection.read_response
             # The replies the same read brought in are taken without awaiting each.
             buffered = None if self.pipeline.public else buffered_replies(connection)
@@ -530,7 +575,11 @@ class Pipeline:
         future: asyncio.Future[Any] = self.loop.create_future()
         entry = _Entry(future, self._pack(command), give_up)
         if not pipe.queue(entry):
-            await pipe.send(entry)
+            direct = pipe.direct
+            if direct is None:
+                await pipe.send(entry)
+            else:
+                pipe.send_direct(direct, entry)
         try:
             return await future
         except Late as exc:
