@@ -1,8 +1,9 @@
 """The short paths: :func:`~django_quota.evaluate`'s common call decided without a
 group, a request or a parsed reply (``docs/architecture.md``, "One decision").
 
-The common call is one policy with one window and no calendar, an ``int`` cost above 0,
-the backend's clock, and no evaluation id or plan. It is keyed as
+The common call is one policy of a fixed window, sliding window counter or token bucket
+without calendar windows (on the memory backend, with one window), an ``int`` cost above
+0, the backend's clock, and no evaluation id or plan. It is keyed as
 :meth:`~django_quota.engine.Limiter.prepare` keys it, and its outcome is built and
 counted as :meth:`~django_quota.engine.Limiter.run` builds and counts it:
 
@@ -105,7 +106,10 @@ class ShortPath(Interpreter):
         then decide it.
 
         The common call: ``cost`` an ``int > 0``, the backend's clock, no evaluation id or
-        plan, a short call (one window, no calendar:
+        plan, no calendar window, a call whose charge
+        :func:`~django_quota.core.protocol.charged_result` reads (Redis:
+        :attr:`~django_quota.core.calls.PolicyCall.short_reply`) or that the model's
+        ``decide_one`` decides (memory, one window:
         :attr:`~django_quota.core.calls.PolicyCall.short`), keyed as
         :meth:`~django_quota.engine.Limiter.prepare` keys it."""
         if evaluation_id is not None or plan is not None or self.clock is not None:
@@ -116,13 +120,11 @@ class ShortPath(Interpreter):
         if type(counter) is not str or compiled.calendar:
             return None
         call = compiled.call(cost)
-        if not call.short:
-            return None
         if not self.local:
-            if counter in self.denied_counters:
+            if not call.short_reply or counter in self.denied_counters:
                 return None
             return self._short_call(compiled, counter, call)
-        if compiled.needs_id:
+        if not call.short or compiled.needs_id:
             return None
         # Decided by MemoryBackend.decide_call (the model's decide_one), counted as run
         # counts it; a full backend leaves it to prepare and run.

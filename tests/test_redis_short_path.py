@@ -46,9 +46,15 @@ from tests.test_memory_short_path import SHORT as MEMORY_SHORT
 POLICIES = {
     **MEMORY_POLICIES,
     "open": {"windows": "3/m", "selector": ["ip"], "failure_mode": "open"},
+    "two_sliding": {
+        "algorithm": "sliding_window",
+        "windows": {"burst": "2/s", "sustained": "5/m"},
+        "selector": ["ip"],
+    },
     **CALENDAR,
 }
-SHORT = {*MEMORY_SHORT, "open"}
+#: On Redis, a policy of several windows takes the short path too ("two", "two_sliding").
+SHORT = {*MEMORY_SHORT, "open", "two", "two_sliding"}
 SUBJECTS = [{"ip": "203.0.113.1"}, {"ip": "203.0.113.2"}, {"ip": "not an ip"}, {}]
 FIXED_REPLY_NOW = 1_764_806_400_123
 
@@ -296,6 +302,7 @@ def test_the_short_path_makes_the_calls_and_outcomes_of_prepare_and_run(
     # script: a DEADLINE a loaded machine never reaches, so that only the replies differ.
     pair = Pair(make, TIMEOUT=1.0, DEADLINE=5.0)
     taken: set[str] = set()
+    short_policies: set[str] = set()
     resumed = 0
     try:
         for step in range(300):
@@ -311,10 +318,12 @@ def test_the_short_path_makes_the_calls_and_outcomes_of_prepare_and_run(
             if took:
                 assert policy_id in SHORT and cost > 0 and eid is None
                 taken.add(got.decision)
+                short_policies.add(policy_id)
                 resumed += got.decision != "allowed"
     finally:
         pair.close()
     assert taken == {"allowed", "denied", "shadow_denied"}
+    assert {"two", "two_sliding"} <= short_policies
     assert resumed > 0
 
 

@@ -41,7 +41,6 @@ GROUP_INDETERMINATE = 2  # a possible repeat whose ledger entry may have been dr
 GROUP_REPLAYED = 3  # a repeat of a charged evaluation: nothing charged
 
 
-
 class Mode:
     """Evaluation modes (the script's third argument)."""
 
@@ -56,7 +55,6 @@ ALGORITHM_CODES = MappingProxyType(
 )
 
 State = dict[str, int]
-
 
 
 class Packing:
@@ -115,13 +113,16 @@ class PolicyCall:
     #: :func:`~django_quota.core.model.decide_one` (one window of a fixed window, sliding
     #: window counter or token bucket, without calendar bounds).
     short: bool = field(init=False, repr=False, compare=False)
+    #: Whether a charge of this call alone may be read by
+    #: :func:`~django_quota.core.protocol.charged_result` (the Redis short path): a fixed
+    #: window, sliding window counter or token bucket, of any number of windows, without
+    #: calendar bounds.
+    short_reply: bool = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(
-            self,
-            "short",
-            len(self.windows) == 1 and not self.bounds and self.algorithm in _SHORT_ALGORITHMS,
-        )
+        short_reply = not self.bounds and self.algorithm in _SHORT_ALGORITHMS
+        object.__setattr__(self, "short_reply", short_reply)
+        object.__setattr__(self, "short", short_reply and len(self.windows) == 1)
         if self.bounds:
             object.__setattr__(self, "packed", self._calendar_packed())
             return

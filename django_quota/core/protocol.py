@@ -48,9 +48,7 @@ def counter_tail(policy: Policy) -> str:
     return f"}}:{len(policy.id)}:{policy.id}:{policy.revision}"
 
 
-def counter_key(
-    prefix: str, policy: Policy, identity: Identity, tail: str | None = None
-) -> str:
+def counter_key(prefix: str, policy: Policy, identity: Identity, tail: str | None = None) -> str:
     """``<prefix>:{<hash tag>}:<len(policy id)>:<policy id>:<revision>`` plus ``:<route>``
     when the selector has a route besides other dimensions; ``tail`` is
     :func:`counter_tail` of ``policy`` when the caller has it already.
@@ -356,15 +354,15 @@ def parse_reply(reply: Sequence[int], calls: Sequence[PolicyCall], peek: bool) -
 
 
 def charged_result(reply: object, call: PolicyCall) -> PolicyResult | None:
-    """The result of a fresh one-policy group of ``call`` (one window, no calendar
-    bounds: :attr:`~django_quota.core.calls.PolicyCall.short`) from ``evaluate.lua``'s
+    """The result of a fresh one-policy group of ``call`` (no calendar bounds:
+    :attr:`~django_quota.core.calls.PolicyCall.short_reply`) from ``evaluate.lua``'s
     reply, when the script decided it and charged it: read as :func:`parse_reply` reads
     it (:func:`_windows`, :func:`~django_quota.core.model.group_allows`,
     :func:`~django_quota.core.model.decide_policy`), without a :class:`GroupReply`.
     None for any other reply (a refusal, another status, a malformed reply):
     :func:`parse_reply` then reads it (the limiter's short path,
     ``docs/architecture.md``)."""
-    if type(reply) is not list or len(reply) != 2 + _WIDTHS[call.algorithm]:
+    if type(reply) is not list or len(reply) != 2 + _WIDTHS[call.algorithm] * len(call.windows):
         return None
     try:
         if int(reply[0]) != GROUP_DECIDED:
@@ -474,8 +472,11 @@ def decode_leases(members: Sequence[tuple[bytes, float]]) -> tuple[int, ...]:
     units) triples (:mod:`django_quota.core.windows`, docs/concurrency.md)."""
     out: list[int] = []
     for member, score in members:
-        out += (int(score), int.from_bytes(member[:FINGERPRINT_BYTES], "big"),
-                int.from_bytes(member[FINGERPRINT_BYTES:], "big"))
+        out += (
+            int(score),
+            int.from_bytes(member[:FINGERPRINT_BYTES], "big"),
+            int.from_bytes(member[FINGERPRINT_BYTES:], "big"),
+        )
     return tuple(out)
 
 
