@@ -23,6 +23,14 @@ NODE_TIMEOUT_MS = 30_000
 
 #: Starts of a node, each on fresh ports, before a cluster's start fails.
 START_ATTEMPTS = 3
+#: Seconds a node may miss another before it is introduced again (:meth:`Cluster.wait_ok`).
+MEET_AGAIN_AFTER = 3.0
+
+
+def bus_port(node: RedisProcess) -> int:
+    """The cluster bus port ``node`` was started with (``--cluster-port``)."""
+    args = list(node.extra_args)
+    return int(args[args.index("--cluster-port") + 1])
 
 
 class Cluster:
@@ -94,22 +102,36 @@ class Cluster:
         self.wait_ok()
 
     def wait_ok(self, timeout: float = 20.0) -> None:
-        """Until every running node reports ``cluster_state:ok`` and knows every node."""
+        """Until every running node reports ``cluster_state:ok`` and knows every node.
+
+        A node that still misses one after a few seconds is introduced again
+        (``CLUSTER MEET`` of every other node: a no-op for those it knows). A handshake
+        that fails, as a loaded CI machine once saw after ``redis-cli --cluster create``,
+        is dropped by Redis and never retried: the node then knew 2 nodes of 3 for good."""
         deadline = time.monotonic() + timeout
         for node in self.nodes:
             if node.process is None:
                 continue
             with contextlib.closing(node.client(socket_timeout=1.0)) as client:
+                meet_at = time.monotonic() + MEET_AGAIN_AFTER
                 while True:
                     fields = {str(k): str(v) for k, v in client.cluster("INFO").items()}
+                    known = int(fields.get("cluster_known_nodes", 0))
                     if (
                         fields.get("cluster_state") == "ok"
-                        and int(fields.get("cluster_known_nodes", 0)) == len(self.nodes)
+                        and known == len(self.nodes)
                         and int(fields.get("cluster_slots_ok", 0)) == 16384
                     ):
                         break
                     if time.monotonic() > deadline:
                         raise RuntimeError(f"cluster not ok on {node.port}: {fields}")
+                    if known < len(self.nodes) and time.monotonic() > meet_at:
+                        for other in self.nodes:
+                            if other is not node and other.process is not None:
+                                client.execute_command(
+                                    "CLUSTER", "MEET", "127.0.0.1", other.port, bus_port(other)
+                                )
+                        meet_at = time.monotonic() + MEET_AGAIN_AFTER
                     time.sleep(0.05)
 
     def client(self, port: int) -> redis.Redis:
