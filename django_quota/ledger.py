@@ -35,6 +35,7 @@ from django_quota.core.outcome import (
 from django_quota.core.policy import Policy
 from django_quota.engine import Clock
 from django_quota.prepared import Prepared
+from django_quota.short_path import ShortCall
 from django_quota.subjects import PLAIN, Readable, Subject
 
 #: The one attribute django-quota sets on a request.
@@ -409,6 +410,11 @@ def decide(
     charge = _charge(request, cost, step.pending) if callable(cost) else cost
     current = limiter.get_limiter()
     pending, plan = step.pending, step.plan
+    if len(pending) == 1 and clock is None and not releasing.holds(pending[0]):
+        short = current.shortcut(pending[0], subject.for_policy, charge, None, plan)
+        if short is not None:  # the common call (docs/architecture.md, "One decision")
+            found = current.run_short(short) if isinstance(short, ShortCall) else short
+            return step.finish([found])
     prepared = current.prepare(pending, subject.for_policy, charge, clock=clock, plan=plan)
     return step.finish(current.run(prepared), prepared, charge)
 
@@ -439,5 +445,10 @@ async def adecide(
     charge = await _acharge(request, cost, step.pending) if callable(cost) else cost
     current = limiter.get_limiter()
     pending, plan = step.pending, step.plan
+    if len(pending) == 1 and clock is None and not releasing.holds(pending[0]):
+        short = current.shortcut(pending[0], subject.for_policy, charge, None, plan)
+        if short is not None:
+            found = await current.arun_short(short) if isinstance(short, ShortCall) else short
+            return step.finish([found])
     prepared = current.prepare(pending, subject.for_policy, charge, clock=clock, plan=plan)
     return step.finish(await current.arun(prepared), prepared, charge)

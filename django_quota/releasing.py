@@ -70,7 +70,7 @@ def held(fresh: Sequence[Outcome], prepared: Prepared, cost: int = 1) -> tuple[H
     sent: dict[str, tuple[Compiled, str]] = {}
     for position, index in enumerate(prepared.sent):
         compiled = prepared.compiled[index]
-        if _holds(compiled.policy):
+        if holds(compiled.policy):
             sent[compiled.policy.id] = (compiled, request.counters[position])
     found = []
     now = time.monotonic()
@@ -87,7 +87,7 @@ def held(fresh: Sequence[Outcome], prepared: Prepared, cost: int = 1) -> tuple[H
     return tuple(found)
 
 
-def _holds(policy: Policy) -> bool:
+def holds(policy: Policy) -> bool:
     """Whether an allowed evaluation of ``policy`` holds something until the response is
     done: a concurrency lease, or a ``count_when`` charge."""
     return policy.algorithm == CONCURRENCY or policy.count_when is not None
