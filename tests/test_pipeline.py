@@ -720,3 +720,72 @@ def test_tls_connections_are_pipelined_and_their_transport_taken_over(
     assert answers == [True] * 51
     assert direct is DIRECT
     assert connected is False
+
+
+def _hiredis_reader() -> Any:
+    """A hiredis reader made as redis-py's asyncio parser makes it (``on_connect``)."""
+    import hiredis
+    from redis._parsers.base import BaseParser
+
+    return hiredis.Reader(
+        protocolError=redis.exceptions.InvalidResponse,
+        replyError=BaseParser.parse_error,
+        notEnoughData=redispy.NOTHING_BUFFERED,
+    )
+
+
+class _Transport:
+    """Enough of an asyncio transport for :class:`~redispy.DirectReplies` alone."""
+
+    def __init__(self) -> None:
+        self.closed = False
+
+    def is_closing(self) -> bool:
+        return self.closed
+
+    def close(self) -> None:
+        self.closed = True
+
+
+#: A script reply whose head is ``LOADING`` (redis-py's ``read_response`` raises it, and
+#: the pipe answers its caller with it, keeping the connection), then an integer reply.
+NESTED_LOADING = b"*1\r\n-LOADING nested\r\n:1\r\n"
+
+
+@pytest.mark.skipif(not HIREDIS_AVAILABLE, reason="the fast paths read hiredis's buffer")
+def test_a_nested_loading_reply_fails_only_its_caller_on_every_read_path() -> None:
+    """``LOADING`` at the head of a script's reply is a whole error reply on the
+    transport taken over and on the buffered replies, as ``read_response`` treats it:
+    its caller fails with it, the connection stays, the next reply reaches its caller."""
+    answers: list[tuple[Any, bool]] = []
+    lost: list[BaseException] = []
+    transport = _Transport()
+    loop = asyncio.new_event_loop()
+    try:
+        direct = redispy.DirectReplies(
+            transport,  # type: ignore[arg-type]
+            _hiredis_reader(),
+            asyncio.StreamReaderProtocol(asyncio.StreamReader(loop=loop), loop=loop),
+            lambda reply, failed: answers.append((reply, failed)),
+            lost.append,
+        )
+        direct.data_received(NESTED_LOADING)
+    finally:
+        loop.close()
+    assert [(type(reply).__name__, failed) for reply, failed in answers] == [
+        ("BusyLoadingError", True),
+        ("int", False),
+    ]
+    assert (lost, transport.closed) == ([], False)
+
+    connection = async_connection.Connection(protocol=2)  # RESP2, as the backends ask
+    reader = connection._parser._reader = _hiredis_reader()  # as on_connect sets it
+    reader.feed(NESTED_LOADING)
+    buffered = redispy.buffered_replies(connection)
+    assert buffered is not None
+    first, second = buffered(), buffered()
+    assert (type(first).__name__, second, buffered()) == (
+        "BusyLoadingError",
+        1,
+        redispy.NOTHING_BUFFERED,
+    )

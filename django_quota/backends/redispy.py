@@ -241,7 +241,9 @@ def buffered_replies(connection: Any) -> Callable[[], Any] | None:
         reply = gets()
         if type(reply) is list:  # a script's reply
             if reply and isinstance(reply[0], connection_error):
-                raise reply[0]
+                if not isinstance(reply[0], loading):
+                    raise reply[0]
+                return reply[0]  # LOADING: whole, as read_response raises it
         elif isinstance(reply, connection_error) and not isinstance(reply, loading):
             raise reply
         return reply
@@ -313,7 +315,9 @@ class DirectReplies(asyncio.Protocol):
                 failed = False
                 if type(reply) is list:  # a script's reply
                     if reply and isinstance(reply[0], connection_error):
-                        raise reply[0]
+                        if not isinstance(reply[0], loading):
+                            raise reply[0]
+                        reply, failed = reply[0], True  # LOADING: whole, as read_response
                 elif isinstance(reply, Exception):
                     if isinstance(reply, connection_error) and not isinstance(reply, loading):
                         raise reply
