@@ -67,18 +67,23 @@ class Lease:
 
 
 class Dispatch:
-    """One DRF dispatch of the request: its throttles' leases, and whether one of them
-    sent ``quota_denied`` (DRF asks every throttle; the signal goes once)."""
+    """One DRF dispatch of the request: its throttles' leases, whether one of them sent
+    ``quota_denied`` (DRF asks every throttle; the signal goes once), what its throttles
+    ``held`` (concurrency leases, ``count_when`` charges: released when the dispatch is
+    done, :func:`after_dispatch`) and the dispatch it replaced, if any (``outer``: a view
+    that dispatches the same ``HttpRequest`` again inside its own dispatch)."""
 
-    __slots__ = ("denied_sent", "leases", "request")
+    __slots__ = ("denied_sent", "held", "leases", "outer", "request")
 
-    def __init__(self, request: Any) -> None:
+    def __init__(self, request: Any, outer: Dispatch | None = None) -> None:
         try:
             self.request: Callable[[], Any] = weakref.ref(request)
         except TypeError:  # not weak-referenceable (a test's stand-in request)
             self.request = lambda: request
         self.leases: list[tuple[object, Lease]] = []
         self.denied_sent = False
+        self.held: list[releasing.Held] = []
+        self.outer = outer
 
     def lease(self, throttle: object) -> Lease:
         """A new lease for ``throttle``; its previous one in this dispatch ends."""
@@ -168,8 +173,16 @@ class RequestLedger:
         if current is None or current.request() is not request:
             if current is not None:
                 current.end()
-            current = self.dispatch = Dispatch(request)
+            outer = current if current is not None and current.held else None
+            current = self.dispatch = Dispatch(request, outer)
         return current, current.lease(throttle)
+
+    def dispatch_of(self, request: Any) -> Dispatch | None:
+        """The dispatch of DRF's ``request`` (the current one, or one it replaced)."""
+        found = self.dispatch
+        while found is not None and found.request() is not request:
+            found = found.outer
+        return found
 
 
 def django_request(request: Any) -> Any:
@@ -325,7 +338,47 @@ class _Step:
         held: tuple[releasing.Held, ...] = ()
         if refusing is None and fresh and prepared is not None:
             held = releasing.held(fresh, prepared, cost)
+            if held and self.dispatch is not None:
+                self.dispatch.held.extend(held)
         return Decision(tuple(found), refusing, announces, held)
+
+
+def after_dispatch(view: Any) -> None:
+    """Release what the throttles of DRF's dispatch of ``view`` (an ``APIView`` instance,
+    one per request) hold, the :class:`Dispatch`'s ``held``, when that dispatch is done:
+    once ``finalize_response`` has the response (the handler returned, or an exception
+    became a response; a streaming response's when it is closed), or when
+    ``handle_exception`` lets an exception through. Both are public ``APIView`` methods,
+    wrapped on this instance only; each finds the dispatch in the request's ledger. A
+    view without them (a throttle called by hand) keeps its leases until they expire."""
+    finalize = getattr(view, "finalize_response", None)
+    handle_exception = getattr(view, "handle_exception", None)
+    if finalize is None or handle_exception is None:
+        return
+
+    def finalize_response(request: Any, response: Any, *args: Any, **kwargs: Any) -> Any:
+        response = finalize(request, response, *args, **kwargs)
+        return releasing.release_after(response, _dispatch_held(request))
+
+    def handling(exc: Exception) -> Any:
+        try:
+            return handle_exception(exc)
+        except BaseException:
+            releasing.release(_dispatch_held(getattr(view, "request", None)))
+            raise
+
+    view.finalize_response = finalize_response
+    view.handle_exception = handling
+
+
+def _dispatch_held(request: Any) -> list[releasing.Held]:
+    """What the dispatch of DRF's ``request`` holds, taken (released once)."""
+    found = ledger_if_any(request) if request is not None else None
+    dispatch = None if found is None else found.dispatch_of(request)
+    if dispatch is None:
+        return []
+    held, dispatch.held = dispatch.held, []
+    return held
 
 
 def _callable_name(function: object) -> str:
@@ -410,13 +463,14 @@ def decide(
     charge = _charge(request, cost, step.pending) if callable(cost) else cost
     current = limiter.get_limiter()
     pending, plan = step.pending, step.plan
+    short = None
     if len(pending) == 1 and clock is None and not releasing.holds(pending[0]):
         short = current.shortcut(pending[0], subject.for_policy, charge, None, plan)
-        if short is not None:  # the common call (docs/architecture.md, "One decision")
-            found = current.run_short(short) if isinstance(short, ShortCall) else short
-            return step.finish([found])
-    prepared = current.prepare(pending, subject.for_policy, charge, clock=clock, plan=plan)
-    return step.finish(current.run(prepared), prepared, charge)
+    if short is None:
+        prepared = current.prepare(pending, subject.for_policy, charge, clock=clock, plan=plan)
+        return step.finish(current.run(prepared), prepared, charge)
+    # The common call (docs/architecture.md, "One decision").
+    return step.finish([current.run_short(short) if isinstance(short, ShortCall) else short])
 
 
 async def adecide(
@@ -445,10 +499,10 @@ async def adecide(
     charge = await _acharge(request, cost, step.pending) if callable(cost) else cost
     current = limiter.get_limiter()
     pending, plan = step.pending, step.plan
+    short = None
     if len(pending) == 1 and clock is None and not releasing.holds(pending[0]):
         short = current.shortcut(pending[0], subject.for_policy, charge, None, plan)
-        if short is not None:
-            found = await current.arun_short(short) if isinstance(short, ShortCall) else short
-            return step.finish([found])
-    prepared = current.prepare(pending, subject.for_policy, charge, clock=clock, plan=plan)
-    return step.finish(await current.arun(prepared), prepared, charge)
+    if short is None:
+        prepared = current.prepare(pending, subject.for_policy, charge, clock=clock, plan=plan)
+        return step.finish(await current.arun(prepared), prepared, charge)
+    return step.finish([await current.arun_short(short) if isinstance(short, ShortCall) else short])
