@@ -34,8 +34,8 @@ from django_quota.core.outcome import (
 )
 from django_quota.core.policy import Policy
 from django_quota.engine import Clock
-from django_quota.prepared import Prepared
-from django_quota.short_path import ShortCall
+from django_quota.engine.prepared import Prepared
+from django_quota.engine.short_path import ShortCall
 from django_quota.subjects import PLAIN, Readable, Subject
 
 #: The one attribute django-quota sets on a request.
@@ -248,6 +248,7 @@ class _Step:
     __slots__ = (
         "decided",
         "dispatch",
+        "exempt",
         "group",
         "lease",
         "ledger",
@@ -274,6 +275,7 @@ class _Step:
         decided = self.decided = ledger.live()
         self.missing: list[Outcome] = []
         self.pending: Sequence[Policy] = group
+        self.exempt: tuple[Sequence[Policy], Sequence[Policy]] | None = None
         self.plan: str | None = None
         if unknown:
             self.missing = [
@@ -287,10 +289,10 @@ class _Step:
 
     def read(self, request: Any, reading: Readable, load: bool = False) -> Subject | None:
         """Read ``request`` for the pending policies, as ``reading`` says: its subject;
-        the policies it is exempt from, whose ``skipped`` outcomes (counted in the
-        metrics) join the early ones; its plan when a policy left has plans (the resolver
-        is asked only then); with ``load``, the subject's sources that may query the
-        database too (an async layer runs this in a worker thread when
+        the policies it is exempt from (left out of the pending ones: :meth:`finish`
+        records their ``skipped`` outcomes); its plan when a policy left has plans (the
+        resolver is asked only then); with ``load``, the subject's sources that may query
+        the database too (an async layer runs this in a worker thread when
         ``reading.blocks``). The subject, or None when nothing is left to evaluate."""
         subject = reading.subject(request, self.ledger)
         pending = self.pending
@@ -298,10 +300,7 @@ class _Step:
         if exempt:
             skipped = {policy.id for policy in exempt}
             self.pending = [policy for policy in pending if policy.id not in skipped]
-            mode = limiter.get_limiter().backend_mode
-            found = [bare_outcome(policy, SKIPPED, EXEMPT, backend_mode=mode) for policy in exempt]
-            metrics.record_outcomes(pending, found)
-            self.missing = [*self.missing, *found]
+            self.exempt = (exempt, pending)
         if not self.pending:
             return None
         for policy in self.pending:
@@ -315,8 +314,16 @@ class _Step:
     def finish(
         self, fresh: Sequence[Outcome] = (), prepared: Prepared | None = None, cost: int = 1
     ) -> Decision:
-        """Record the new outcomes; the layer's decision, with what ``prepared`` holds."""
+        """Record the new outcomes (the early ones, the ``skipped`` ones of the policies
+        the subject is exempt from, counted in the metrics, and the ``fresh`` ones); the
+        layer's decision, with what ``prepared`` holds."""
         group = self.group
+        if self.exempt is not None:
+            exempt, read = self.exempt
+            mode = limiter.get_limiter().backend_mode
+            found = [bare_outcome(policy, SKIPPED, EXEMPT, backend_mode=mode) for policy in exempt]
+            metrics.record_outcomes(read, found)
+            self.missing = [*self.missing, *found]
         new = [*self.missing, *fresh]
         found = new
         if len(self.pending) < len(group):
@@ -458,19 +465,22 @@ def decide(
     """
     step = _Step(request, group, lease, throttle, unknown, cause)
     subject = step.read(request, reading) if step.pending else None
-    if subject is None:  # nothing to evaluate: every policy reused, undefined or exempt
-        return step.finish()
-    charge = _charge(request, cost, step.pending) if callable(cost) else cost
-    current = limiter.get_limiter()
-    pending, plan = step.pending, step.plan
-    short = None
-    if len(pending) == 1 and clock is None and not releasing.holds(pending[0]):
-        short = current.shortcut(pending[0], subject.for_policy, charge, None, plan)
-    if short is None:
-        prepared = current.prepare(pending, subject.for_policy, charge, clock=clock, plan=plan)
-        return step.finish(current.run(prepared), prepared, charge)
-    # The common call (docs/architecture.md, "One decision").
-    return step.finish([current.run_short(short) if isinstance(short, ShortCall) else short])
+    fresh: Sequence[Outcome] = ()
+    prepared = None
+    charge = 1
+    if subject is not None:  # else every policy was reused, undefined or exempt
+        charge = _charge(request, cost, step.pending) if callable(cost) else cost
+        current = limiter.get_limiter()
+        pending, plan = step.pending, step.plan
+        short = None
+        if len(pending) == 1 and clock is None and not releasing.holds(pending[0]):
+            short = current.shortcut(pending[0], subject.for_policy, charge, None, plan)
+        if short is None:
+            prepared = current.prepare(pending, subject.for_policy, charge, clock=clock, plan=plan)
+            fresh = current.run(prepared)
+        else:  # the common call (docs/architecture.md, "One decision")
+            fresh = [current.run_short(short) if isinstance(short, ShortCall) else short]
+    return step.finish(fresh, prepared, charge)
 
 
 async def adecide(
@@ -494,15 +504,21 @@ async def adecide(
             subject = await sync_to_async(step.read)(request, reading, True)
         else:
             subject = step.read(request, reading)
-    if subject is None:  # nothing to evaluate: every policy reused, undefined or exempt
-        return step.finish()
-    charge = await _acharge(request, cost, step.pending) if callable(cost) else cost
-    current = limiter.get_limiter()
-    pending, plan = step.pending, step.plan
-    short = None
-    if len(pending) == 1 and clock is None and not releasing.holds(pending[0]):
-        short = current.shortcut(pending[0], subject.for_policy, charge, None, plan)
-    if short is None:
-        prepared = current.prepare(pending, subject.for_policy, charge, clock=clock, plan=plan)
-        return step.finish(await current.arun(prepared), prepared, charge)
-    return step.finish([await current.arun_short(short) if isinstance(short, ShortCall) else short])
+    fresh: Sequence[Outcome] = ()
+    prepared = None
+    charge = 1
+    if subject is not None:  # else every policy was reused, undefined or exempt
+        charge = await _acharge(request, cost, step.pending) if callable(cost) else cost
+        current = limiter.get_limiter()
+        pending, plan = step.pending, step.plan
+        short = None
+        if len(pending) == 1 and clock is None and not releasing.holds(pending[0]):
+            short = current.shortcut(pending[0], subject.for_policy, charge, None, plan)
+        if short is None:
+            prepared = current.prepare(pending, subject.for_policy, charge, clock=clock, plan=plan)
+            fresh = await current.arun(prepared)
+        elif isinstance(short, ShortCall):
+            fresh = [await current.arun_short(short)]
+        else:
+            fresh = [short]
+    return step.finish(fresh, prepared, charge)

@@ -26,7 +26,7 @@ from django_quota.core.log import logger
 from django_quota.core.outcome import ALLOWED, BACKEND_MODE_CACHE, Outcome
 from django_quota.core.policy import CONCURRENCY, Policy
 from django_quota.core.refunds import RefundRequest
-from django_quota.prepared import Compiled, Prepared
+from django_quota.engine.prepared import Compiled, Prepared
 
 #: The status a view that raised counts as (``count_when``).
 RAISED = 500
