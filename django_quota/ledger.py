@@ -33,7 +33,7 @@ from django_quota.core.outcome import (
     bare_outcome,
 )
 from django_quota.core.policy import Policy
-from django_quota.engine import Clock
+from django_quota.engine import Clock, Limiter
 from django_quota.engine.prepared import Prepared
 from django_quota.engine.short_path import ShortCall
 from django_quota.subjects import PLAIN, Readable, Subject
@@ -388,6 +388,24 @@ def _dispatch_held(request: Any) -> list[releasing.Held]:
     return held
 
 
+def _call(
+    current: Limiter,
+    pending: Sequence[Policy],
+    subject: Subject,
+    charge: int,
+    clock: Clock | None,
+    plan: str | None,
+) -> ShortCall | Outcome | Prepared:
+    """What evaluates ``pending`` for ``subject`` on ``current``: the common call's short
+    path when it takes them (docs/architecture.md, "One decision"), its outcome when that
+    needs no call, else the prepared group."""
+    if len(pending) == 1 and clock is None and not releasing.holds(pending[0]):
+        short = current.shortcut(pending[0], subject.for_policy, charge, None, plan)
+        if short is not None:
+            return short
+    return current.prepare(pending, subject.for_policy, charge, clock=clock, plan=plan)
+
+
 def _callable_name(function: object) -> str:
     return f"{getattr(function, '__module__', '?')}.{getattr(function, '__qualname__', function)}"
 
@@ -471,15 +489,12 @@ def decide(
     if subject is not None:  # else every policy was reused, undefined or exempt
         charge = _charge(request, cost, step.pending) if callable(cost) else cost
         current = limiter.get_limiter()
-        pending, plan = step.pending, step.plan
-        short = None
-        if len(pending) == 1 and clock is None and not releasing.holds(pending[0]):
-            short = current.shortcut(pending[0], subject.for_policy, charge, None, plan)
-        if short is None:
-            prepared = current.prepare(pending, subject.for_policy, charge, clock=clock, plan=plan)
-            fresh = current.run(prepared)
-        else:  # the common call (docs/architecture.md, "One decision")
-            fresh = [current.run_short(short) if isinstance(short, ShortCall) else short]
+        call = _call(current, step.pending, subject, charge, clock, step.plan)
+        if isinstance(call, Prepared):
+            fresh = current.run(call)
+            prepared = call
+        else:
+            fresh = [current.run_short(call) if isinstance(call, ShortCall) else call]
     return step.finish(fresh, prepared, charge)
 
 
@@ -510,15 +525,10 @@ async def adecide(
     if subject is not None:  # else every policy was reused, undefined or exempt
         charge = await _acharge(request, cost, step.pending) if callable(cost) else cost
         current = limiter.get_limiter()
-        pending, plan = step.pending, step.plan
-        short = None
-        if len(pending) == 1 and clock is None and not releasing.holds(pending[0]):
-            short = current.shortcut(pending[0], subject.for_policy, charge, None, plan)
-        if short is None:
-            prepared = current.prepare(pending, subject.for_policy, charge, clock=clock, plan=plan)
-            fresh = await current.arun(prepared)
-        elif isinstance(short, ShortCall):
-            fresh = [await current.arun_short(short)]
+        call = _call(current, step.pending, subject, charge, clock, step.plan)
+        if isinstance(call, Prepared):
+            fresh = await current.arun(call)
+            prepared = call
         else:
-            fresh = [short]
+            fresh = [await current.arun_short(call) if isinstance(call, ShortCall) else call]
     return step.finish(fresh, prepared, charge)
