@@ -119,10 +119,6 @@ def decode_counter(
     return state, bytes(value[1:ledger_end])
 
 
-#: The longest evaluation id a caller may give, in characters.
-MAX_EVALUATION_ID_LENGTH = 128
-
-
 def check_evaluation_id(evaluation_id: object) -> str:
     """Return a caller's evaluation id when it is printable text of 1 to 128 characters.
 
@@ -133,9 +129,10 @@ def check_evaluation_id(evaluation_id: object) -> str:
     """
     if not isinstance(evaluation_id, str):
         raise TypeError(f"evaluation_id must be a str, not {type(evaluation_id).__name__}")
-    if not 1 <= len(evaluation_id) <= MAX_EVALUATION_ID_LENGTH:
+    longest = 128  # the longest evaluation id a caller may give, in characters
+    if not 1 <= len(evaluation_id) <= longest:
         raise ValueError(
-            f"evaluation_id must be 1 to {MAX_EVALUATION_ID_LENGTH} characters, "
+            f"evaluation_id must be 1 to {longest} characters, "
             f"not {len(evaluation_id)}"
         )
     try:
