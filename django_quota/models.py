@@ -47,7 +47,6 @@ def _default_selector() -> list[str]:
     return ["auto"]
 
 
-
 @contextmanager
 def revision_batch() -> Iterator[None]:
     """Save policies and their windows as one edit: each policy touched inside the block

@@ -12,12 +12,12 @@ from django_quota.core.errors import ConfigurationError
 def host_zone(value: str) -> bool:
     """True for a name the host's zoneinfo opens that is no IANA zone name.
 
-    Those are files of the zoneinfo database that ``zoneinfo`` opens but that are no
-    zone's IANA name: the host's own zone (``localtime``), a copy of some default
-    (``posixrules``), a placeholder (``Factory``); each host may hold another zone under
-    them, so two processes would cut a calendar day at different instants on one counter.
-    And the directories of alternative copies: ``posix/`` repeats the zones, ``right/``
-    counts leap seconds, which Python's datetime does not.
+    A file of the zoneinfo database that is no zone's name: the host's own zone
+    (``localtime``), a copy of some default (``posixrules``), a placeholder (``Factory``);
+    each host may hold another zone under them, so two processes would cut a calendar day
+    at different instants on one counter. Or a name under a directory of alternative
+    copies: ``posix/`` repeats the zones, ``right/`` counts leap seconds, which Python's
+    datetime does not.
     """
     return value in {"localtime", "posixrules", "Factory"} or value.startswith(
         ("posix/", "right/")
