@@ -41,7 +41,7 @@ from django_quota.core.outcome import (
     outcome_from_result,
 )
 from django_quota.core.protocol import GroupReply, GroupRequest
-from django_quota.prepared import Prepared
+from django_quota.engine.prepared import Prepared
 
 
 class Interpreter:
