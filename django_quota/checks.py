@@ -17,7 +17,6 @@ from django_quota.core.policy import Policy, Selector, generated_policy_id
 from django_quota.messages import Checks, Message
 
 MIDDLEWARE_PATH = "django_quota.middleware.QuotaMiddleware"
-AUTHENTICATION_MIDDLEWARE_PATH = "django.contrib.auth.middleware.AuthenticationMiddleware"
 
 
 def _error(message: Message, **values: object) -> Error:
@@ -131,11 +130,12 @@ def _middleware_order(parsed: QuotaSettings, effective: Iterable[Policy]) -> lis
     """E010 and W007: ``QuotaMiddleware`` placed before ``AuthenticationMiddleware``
     applies its policies before ``request.user`` exists."""
     middleware = [str(entry) for entry in getattr(django_settings, "MIDDLEWARE", None) or []]
+    authentication = "django.contrib.auth.middleware.AuthenticationMiddleware"
     quota_at = _index(middleware, MIDDLEWARE_PATH)
-    auth_at = _index(middleware, AUTHENTICATION_MIDDLEWARE_PATH)
+    auth_at = _index(middleware, authentication)
     if quota_at is None or auth_at is None or quota_at > auth_at:
         return []
-    places = {"middleware": MIDDLEWARE_PATH, "authentication": AUTHENTICATION_MIDDLEWARE_PATH}
+    places = {"middleware": MIDDLEWARE_PATH, "authentication": authentication}
     resolvers = {
         "api_key": ("API_KEY_RESOLVER", parsed.api_key_resolver),
         "tenant": ("TENANT_RESOLVER", parsed.tenant_resolver),

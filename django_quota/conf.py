@@ -64,11 +64,6 @@ class Bounds:
     MAX_FAILURE_RETRY_AFTER: Final = 86400
 
 
-#: Settings whose change drops every cached configuration, connection and counter.
-WATCHED_SETTINGS = frozenset(
-    {"QUOTA", "SECRET_KEY", "REST_FRAMEWORK", "CACHES", "DEBUG", "RATELIMIT_USE_CACHE"}
-)
-_UNSET = object()
 
 
 @dataclass(frozen=True, slots=True)
@@ -427,8 +422,9 @@ def quota_setting() -> object:
     cache, else ``{}`` (the memory backend). So a project that moves from
     django-ratelimit keeps its counters in the same Redis (``docs/django-ratelimit.md``).
     """
-    raw = getattr(django_settings, "QUOTA", _UNSET)
-    if raw is not _UNSET:
+    unset = object()
+    raw = getattr(django_settings, "QUOTA", unset)
+    if raw is not unset:
         return raw
     alias = getattr(django_settings, "RATELIMIT_USE_CACHE", "default")
     caches = getattr(django_settings, "CACHES", None) or {}
@@ -511,6 +507,8 @@ def clear() -> None:
 
 
 def reset_on_setting_change(*, setting: str, **kwargs: Any) -> None:
-    """Receive Django's ``setting_changed``: :func:`clear` when a watched setting changed."""
-    if setting in WATCHED_SETTINGS:
+    """Receive Django's ``setting_changed``: :func:`clear` when a watched setting changed
+    (one whose change drops every cached configuration, connection and counter)."""
+    watched = {"QUOTA", "SECRET_KEY", "REST_FRAMEWORK", "CACHES", "DEBUG", "RATELIMIT_USE_CACHE"}
+    if setting in watched:
         clear()

@@ -19,8 +19,6 @@ from django_quota.core.outcome import DENIED_DECISION, FAILED_CLOSED, Outcome
 from django_quota.core.policy import CONCURRENCY, Form
 from django_quota.signals import quota_denied
 
-QUOTA_EXCEEDED_TYPE = "https://iana.org/assignments/http-problem-types#quota-exceeded"
-
 
 def item_name(policy: str, window: str, window_count: int) -> str:
     """The structured-field item name of a window: ``policy.window`` or ``policy``."""
@@ -153,7 +151,7 @@ def problem_response(
     else:
         status = 429
         body = {
-            "type": QUOTA_EXCEEDED_TYPE,
+            "type": "https://iana.org/assignments/http-problem-types#quota-exceeded",
             "title": "Quota exceeded",
             "status": 429,
             "detail": _detail(outcome),

@@ -33,9 +33,9 @@ from django_quota.core.outcome import (
     bare_outcome,
 )
 from django_quota.core.policy import Policy
-from django_quota.engine import Clock
-from django_quota.prepared import Prepared
-from django_quota.short_path import ShortCall
+from django_quota.engine import Clock, Limiter
+from django_quota.engine.prepared import Prepared
+from django_quota.engine.short_path import ShortCall
 from django_quota.subjects import PLAIN, Readable, Subject
 
 #: The one attribute django-quota sets on a request.
@@ -67,18 +67,23 @@ class Lease:
 
 
 class Dispatch:
-    """One DRF dispatch of the request: its throttles' leases, and whether one of them
-    sent ``quota_denied`` (DRF asks every throttle; the signal goes once)."""
+    """One DRF dispatch of the request: its throttles' leases, whether one of them sent
+    ``quota_denied`` (DRF asks every throttle; the signal goes once), what its throttles
+    ``held`` (concurrency leases, ``count_when`` charges: released when the dispatch is
+    done, :func:`after_dispatch`) and the dispatch it replaced, if any (``outer``: a view
+    that dispatches the same ``HttpRequest`` again inside its own dispatch)."""
 
-    __slots__ = ("denied_sent", "leases", "request")
+    __slots__ = ("denied_sent", "held", "leases", "outer", "request")
 
-    def __init__(self, request: Any) -> None:
+    def __init__(self, request: Any, outer: Dispatch | None = None) -> None:
         try:
             self.request: Callable[[], Any] = weakref.ref(request)
         except TypeError:  # not weak-referenceable (a test's stand-in request)
             self.request = lambda: request
         self.leases: list[tuple[object, Lease]] = []
         self.denied_sent = False
+        self.held: list[releasing.Held] = []
+        self.outer = outer
 
     def lease(self, throttle: object) -> Lease:
         """A new lease for ``throttle``; its previous one in this dispatch ends."""
@@ -168,8 +173,16 @@ class RequestLedger:
         if current is None or current.request() is not request:
             if current is not None:
                 current.end()
-            current = self.dispatch = Dispatch(request)
+            outer = current if current is not None and current.held else None
+            current = self.dispatch = Dispatch(request, outer)
         return current, current.lease(throttle)
+
+    def dispatch_of(self, request: Any) -> Dispatch | None:
+        """The dispatch of DRF's ``request`` (the current one, or one it replaced)."""
+        found = self.dispatch
+        while found is not None and found.request() is not request:
+            found = found.outer
+        return found
 
 
 def django_request(request: Any) -> Any:
@@ -235,6 +248,7 @@ class _Step:
     __slots__ = (
         "decided",
         "dispatch",
+        "exempt",
         "group",
         "lease",
         "ledger",
@@ -261,6 +275,7 @@ class _Step:
         decided = self.decided = ledger.live()
         self.missing: list[Outcome] = []
         self.pending: Sequence[Policy] = group
+        self.exempt: tuple[Sequence[Policy], Sequence[Policy]] | None = None
         self.plan: str | None = None
         if unknown:
             self.missing = [
@@ -274,10 +289,10 @@ class _Step:
 
     def read(self, request: Any, reading: Readable, load: bool = False) -> Subject | None:
         """Read ``request`` for the pending policies, as ``reading`` says: its subject;
-        the policies it is exempt from, whose ``skipped`` outcomes (counted in the
-        metrics) join the early ones; its plan when a policy left has plans (the resolver
-        is asked only then); with ``load``, the subject's sources that may query the
-        database too (an async layer runs this in a worker thread when
+        the policies it is exempt from (left out of the pending ones: :meth:`finish`
+        records their ``skipped`` outcomes); its plan when a policy left has plans (the
+        resolver is asked only then); with ``load``, the subject's sources that may query
+        the database too (an async layer runs this in a worker thread when
         ``reading.blocks``). The subject, or None when nothing is left to evaluate."""
         subject = reading.subject(request, self.ledger)
         pending = self.pending
@@ -285,10 +300,7 @@ class _Step:
         if exempt:
             skipped = {policy.id for policy in exempt}
             self.pending = [policy for policy in pending if policy.id not in skipped]
-            mode = limiter.get_limiter().backend_mode
-            found = [bare_outcome(policy, SKIPPED, EXEMPT, backend_mode=mode) for policy in exempt]
-            metrics.record_outcomes(pending, found)
-            self.missing = [*self.missing, *found]
+            self.exempt = (exempt, pending)
         if not self.pending:
             return None
         for policy in self.pending:
@@ -302,8 +314,16 @@ class _Step:
     def finish(
         self, fresh: Sequence[Outcome] = (), prepared: Prepared | None = None, cost: int = 1
     ) -> Decision:
-        """Record the new outcomes; the layer's decision, with what ``prepared`` holds."""
+        """Record the new outcomes (the early ones, the ``skipped`` ones of the policies
+        the subject is exempt from, counted in the metrics, and the ``fresh`` ones); the
+        layer's decision, with what ``prepared`` holds."""
         group = self.group
+        if self.exempt is not None:
+            exempt, read = self.exempt
+            mode = limiter.get_limiter().backend_mode
+            found = [bare_outcome(policy, SKIPPED, EXEMPT, backend_mode=mode) for policy in exempt]
+            metrics.record_outcomes(read, found)
+            self.missing = [*self.missing, *found]
         new = [*self.missing, *fresh]
         found = new
         if len(self.pending) < len(group):
@@ -325,7 +345,65 @@ class _Step:
         held: tuple[releasing.Held, ...] = ()
         if refusing is None and fresh and prepared is not None:
             held = releasing.held(fresh, prepared, cost)
+            if held and self.dispatch is not None:
+                self.dispatch.held.extend(held)
         return Decision(tuple(found), refusing, announces, held)
+
+
+def after_dispatch(view: Any) -> None:
+    """Release what the throttles of DRF's dispatch of ``view`` (an ``APIView`` instance,
+    one per request) hold, the :class:`Dispatch`'s ``held``, when that dispatch is done:
+    once ``finalize_response`` has the response (the handler returned, or an exception
+    became a response; a streaming response's when it is closed), or when
+    ``handle_exception`` lets an exception through. Both are public ``APIView`` methods,
+    wrapped on this instance only; each finds the dispatch in the request's ledger. A
+    view without them (a throttle called by hand) keeps its leases until they expire."""
+    finalize = getattr(view, "finalize_response", None)
+    handle_exception = getattr(view, "handle_exception", None)
+    if finalize is None or handle_exception is None:
+        return
+
+    def finalize_response(request: Any, response: Any, *args: Any, **kwargs: Any) -> Any:
+        response = finalize(request, response, *args, **kwargs)
+        return releasing.release_after(response, _dispatch_held(request))
+
+    def handling(exc: Exception) -> Any:
+        try:
+            return handle_exception(exc)
+        except BaseException:
+            releasing.release(_dispatch_held(getattr(view, "request", None)))
+            raise
+
+    view.finalize_response = finalize_response
+    view.handle_exception = handling
+
+
+def _dispatch_held(request: Any) -> list[releasing.Held]:
+    """What the dispatch of DRF's ``request`` holds, taken (released once)."""
+    found = ledger_if_any(request) if request is not None else None
+    dispatch = None if found is None else found.dispatch_of(request)
+    if dispatch is None:
+        return []
+    held, dispatch.held = dispatch.held, []
+    return held
+
+
+def _call(
+    current: Limiter,
+    pending: Sequence[Policy],
+    subject: Subject,
+    charge: int,
+    clock: Clock | None,
+    plan: str | None,
+) -> ShortCall | Outcome | Prepared:
+    """What evaluates ``pending`` for ``subject`` on ``current``: the common call's short
+    path when it takes them (docs/architecture.md, "One decision"), its outcome when that
+    needs no call, else the prepared group."""
+    if len(pending) == 1 and clock is None and not releasing.holds(pending[0]):
+        short = current.shortcut(pending[0], subject.for_policy, charge, None, plan)
+        if short is not None:
+            return short
+    return current.prepare(pending, subject.for_policy, charge, clock=clock, plan=plan)
 
 
 def _callable_name(function: object) -> str:
@@ -405,18 +483,19 @@ def decide(
     """
     step = _Step(request, group, lease, throttle, unknown, cause)
     subject = step.read(request, reading) if step.pending else None
-    if subject is None:  # nothing to evaluate: every policy reused, undefined or exempt
-        return step.finish()
-    charge = _charge(request, cost, step.pending) if callable(cost) else cost
-    current = limiter.get_limiter()
-    pending, plan = step.pending, step.plan
-    if len(pending) == 1 and clock is None and not releasing.holds(pending[0]):
-        short = current.shortcut(pending[0], subject.for_policy, charge, None, plan)
-        if short is not None:  # the common call (docs/architecture.md, "One decision")
-            found = current.run_short(short) if isinstance(short, ShortCall) else short
-            return step.finish([found])
-    prepared = current.prepare(pending, subject.for_policy, charge, clock=clock, plan=plan)
-    return step.finish(current.run(prepared), prepared, charge)
+    fresh: Sequence[Outcome] = ()
+    prepared = None
+    charge = 1
+    if subject is not None:  # else every policy was reused, undefined or exempt
+        charge = _charge(request, cost, step.pending) if callable(cost) else cost
+        current = limiter.get_limiter()
+        call = _call(current, step.pending, subject, charge, clock, step.plan)
+        if isinstance(call, Prepared):
+            fresh = current.run(call)
+            prepared = call
+        else:
+            fresh = [current.run_short(call) if isinstance(call, ShortCall) else call]
+    return step.finish(fresh, prepared, charge)
 
 
 async def adecide(
@@ -440,15 +519,16 @@ async def adecide(
             subject = await sync_to_async(step.read)(request, reading, True)
         else:
             subject = step.read(request, reading)
-    if subject is None:  # nothing to evaluate: every policy reused, undefined or exempt
-        return step.finish()
-    charge = await _acharge(request, cost, step.pending) if callable(cost) else cost
-    current = limiter.get_limiter()
-    pending, plan = step.pending, step.plan
-    if len(pending) == 1 and clock is None and not releasing.holds(pending[0]):
-        short = current.shortcut(pending[0], subject.for_policy, charge, None, plan)
-        if short is not None:
-            found = await current.arun_short(short) if isinstance(short, ShortCall) else short
-            return step.finish([found])
-    prepared = current.prepare(pending, subject.for_policy, charge, clock=clock, plan=plan)
-    return step.finish(await current.arun(prepared), prepared, charge)
+    fresh: Sequence[Outcome] = ()
+    prepared = None
+    charge = 1
+    if subject is not None:  # else every policy was reused, undefined or exempt
+        charge = await _acharge(request, cost, step.pending) if callable(cost) else cost
+        current = limiter.get_limiter()
+        call = _call(current, step.pending, subject, charge, clock, step.plan)
+        if isinstance(call, Prepared):
+            fresh = await current.arun(call)
+            prepared = call
+        else:
+            fresh = [await current.arun_short(call) if isinstance(call, ShortCall) else call]
+    return step.finish(fresh, prepared, charge)

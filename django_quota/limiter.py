@@ -34,9 +34,9 @@ from django_quota.core.protocol import (
 from django_quota.core.refunds import RefundCall, RefundRequest
 from django_quota.core.windows import calendar_place
 from django_quota.engine import Clock, Limiter, Subject, SubjectSource
+from django_quota.engine.prepared import Compiled, validate_cost
+from django_quota.engine.short_path import ShortCall
 from django_quota.messages import Codes
-from django_quota.prepared import Compiled, validate_cost
-from django_quota.short_path import ShortCall
 
 
 # -- the current limiter -------------------------------------------------------------------

@@ -52,6 +52,11 @@ class Message:
     text: str
     hint: str | None = None
 
+    @classmethod
+    def invalid(cls, text: str, hint: str | None = None) -> Message:
+        """A message reported under E003, an invalid value (most of the parser's)."""
+        return cls(Codes.E_INVALID_VALUE, text, hint)
+
     def render(self, **values: object) -> tuple[str, str | None]:
         """The text and the hint with ``values`` filled in."""
         hint = None if self.hint is None else self.hint.format(**values)
@@ -68,39 +73,28 @@ class Problems:
 
     NOT_A_DICT = Message(Codes.E_NOT_A_DICT, "settings.QUOTA must be a dict, not {type}")
     UNKNOWN_KEY = Message(Codes.E_UNKNOWN_KEY, "unknown setting", "known settings: {known}")
-    EXPECTED_BOOLEAN = Message(Codes.E_INVALID_VALUE, "expected True or False, not {value!r}")
-    EXPECTED_SECONDS = Message(
-        Codes.E_INVALID_VALUE,
+    EXPECTED_BOOLEAN = Message.invalid("expected True or False, not {value!r}")
+    EXPECTED_SECONDS = Message.invalid(
         "expected a number of seconds >= {minimum:g} and <= {maximum:g}, not {value!r}",
     )
-    EXPECTED_INTEGER_BETWEEN = Message(
-        Codes.E_INVALID_VALUE, "expected an integer between {minimum} and {maximum}, not {value!r}"
+    EXPECTED_INTEGER_BETWEEN = Message.invalid(
+        "expected an integer between {minimum} and {maximum}, not {value!r}"
     )
-    EXPECTED_INTEGER_AT_LEAST = Message(
-        Codes.E_INVALID_VALUE, "expected an integer >= {minimum}, not {value!r}"
-    )
-    EXPECTED_OPTIONAL_STRING = Message(
-        Codes.E_INVALID_VALUE, "expected a string or None, not {value!r}"
-    )
-    NOT_A_CHOICE = Message(Codes.E_INVALID_VALUE, "{value!r} is not one of {choices}")
-    NOT_A_CHOICE_OR_NONE = Message(
-        Codes.E_INVALID_VALUE, "{value!r} is not one of {choices} (or None)"
-    )
-    EXPECTED_STRING_LIST = Message(
-        Codes.E_INVALID_VALUE, "expected a list of strings, not {value!r}"
-    )
-    EXPECTED_REDIS_URL = Message(
-        Codes.E_INVALID_VALUE,
+    EXPECTED_INTEGER_AT_LEAST = Message.invalid("expected an integer >= {minimum}, not {value!r}")
+    EXPECTED_OPTIONAL_STRING = Message.invalid("expected a string or None, not {value!r}")
+    NOT_A_CHOICE = Message.invalid("{value!r} is not one of {choices}")
+    NOT_A_CHOICE_OR_NONE = Message.invalid("{value!r} is not one of {choices} (or None)")
+    EXPECTED_STRING_LIST = Message.invalid("expected a list of strings, not {value!r}")
+    EXPECTED_REDIS_URL = Message.invalid(
         "expected a redis://, rediss:// or unix:// URL (a str) or None, not a {type}",
     )
     #: ``{found}`` says what the URL is without showing it: it may carry the password.
-    EXPECTED_REDIS_SCHEME = Message(
-        Codes.E_INVALID_VALUE, "expected a redis://, rediss:// or unix:// URL, not {found}"
+    EXPECTED_REDIS_SCHEME = Message.invalid(
+        "expected a redis://, rediss:// or unix:// URL, not {found}"
     )
     #: ``{problem}`` says what redis-py refused without quoting the URL (it may hold a
     #: password): ``django_quota.backends.unusable_url``.
-    UNUSABLE_REDIS_URL = Message(
-        Codes.E_INVALID_VALUE,
+    UNUSABLE_REDIS_URL = Message.invalid(
         "not a URL redis-py can connect to: {problem}",
         "fix the port, host or query options; the value is not shown (it may hold a password)",
     )
@@ -112,46 +106,38 @@ class Problems:
         "django_quota is not in INSTALLED_APPS: add 'django_quota' to INSTALLED_APPS (it "
         "registers the system checks and the listeners that keep the limits current)"
     )
-    EXPECTED_SENTINEL = Message(
-        Codes.E_INVALID_VALUE,
+    EXPECTED_SENTINEL = Message.invalid(
         "expected {{'SENTINELS': [(host, port), ...], 'SERVICE': 'mymaster'}}",
     )
-    EXPECTED_KEY_PREFIX = Message(
-        Codes.E_INVALID_VALUE, "expected a non-empty string without braces or spaces, not {value!r}"
+    EXPECTED_KEY_PREFIX = Message.invalid(
+        "expected a non-empty string without braces or spaces, not {value!r}"
     )
-    EXPECTED_LOCAL_FALLBACK = Message(
-        Codes.E_INVALID_VALUE, "expected {{'ENABLED': bool, 'MAX_ENTRIES': int}}"
-    )
-    EXPECTED_DENIAL_CACHE = Message(
-        Codes.E_INVALID_VALUE,
+    EXPECTED_LOCAL_FALLBACK = Message.invalid("expected {{'ENABLED': bool, 'MAX_ENTRIES': int}}")
+    EXPECTED_DENIAL_CACHE = Message.invalid(
         "expected {{'ENABLED': bool, 'MAX_ENTRIES': int, 'MAX_TTL': seconds}}",
     )
-    EXPECTED_TRUE_OR_FALSE = Message(Codes.E_INVALID_VALUE, "expected True or False")
-    EXPECTED_POSITIVE_INTEGER = Message(Codes.E_INVALID_VALUE, "expected a positive integer")
-    EXPECTED_HMAC_KEY = Message(
-        Codes.E_INVALID_VALUE,
+    EXPECTED_TRUE_OR_FALSE = Message.invalid("expected True or False")
+    EXPECTED_POSITIVE_INTEGER = Message.invalid("expected a positive integer")
+    EXPECTED_HMAC_KEY = Message.invalid(
         "expected a secret string or bytes of at least 16 characters",
         "generate one with: python -c 'import secrets; print(secrets.token_urlsafe(32))'",
     )
-    NOT_A_CIDR = Message(Codes.E_INVALID_VALUE, "{value!r} is not a CIDR")
-    EXPECTED_PROXY_COUNT = Message(
-        Codes.E_INVALID_VALUE, "expected None or an integer >= 0, not {value!r}"
+    NOT_A_CIDR = Message.invalid("{value!r} is not a CIDR")
+    EXPECTED_PROXY_COUNT = Message.invalid("expected None or an integer >= 0, not {value!r}")
+    EXPECTED_HEADER_NAME = Message.invalid(
+        "expected an HTTP header name like 'X-Api-Key', not {value!r}"
     )
-    EXPECTED_HEADER_NAME = Message(
-        Codes.E_INVALID_VALUE, "expected an HTTP header name like 'X-Api-Key', not {value!r}"
+    PATH_WITHOUT_SLASH = Message.invalid("{value!r} must start with '/'")
+    UNKNOWN_TIMEZONE = Message.invalid(
+        "unknown timezone {value!r}; use an IANA name like 'Europe/Berlin'"
     )
-    PATH_WITHOUT_SLASH = Message(Codes.E_INVALID_VALUE, "{value!r} must start with '/'")
-    UNKNOWN_TIMEZONE = Message(
-        Codes.E_INVALID_VALUE, "unknown timezone {value!r}; use an IANA name like 'Europe/Berlin'"
-    )
-    HOST_TIMEZONE = Message(
-        Codes.E_INVALID_VALUE,
+    HOST_TIMEZONE = Message.invalid(
         "{value!r} is this host's zoneinfo file, not an IANA zone name: every process must "
         "cut days at the same instant; name the zone, like 'Europe/Berlin'",
     )
-    EXPECTED_POLICY_DICT = Message(Codes.E_INVALID_VALUE, "expected a dict of id -> policy")
-    DEADLINE_BELOW_TIMEOUT = Message(
-        Codes.E_INVALID_VALUE, "DEADLINE ({deadline:g} s) must be at least TIMEOUT ({timeout:g} s)"
+    EXPECTED_POLICY_DICT = Message.invalid("expected a dict of id -> policy")
+    DEADLINE_BELOW_TIMEOUT = Message.invalid(
+        "DEADLINE ({deadline:g} s) must be at least TIMEOUT ({timeout:g} s)"
     )
     REDIS_WITHOUT_SERVER = Message(
         Codes.E_BACKEND, "the redis backend needs REDIS_URL, CACHE_ALIAS or SENTINEL"

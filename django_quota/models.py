@@ -47,16 +47,6 @@ def _default_selector() -> list[str]:
     return ["auto"]
 
 
-#: Policy fields a validation error can be attached to (``policy['<field>']`` keys).
-_POLICY_FIELDS = frozenset(
-    {"algorithm", "selector", "routes", "methods", "exempt", "count_when", "enforcement",
-     "failure_mode", "on_missing", "max_cost", "enabled"}
-)
-
-#: The definition keys the revision covers (docs/policies.md); of ``plans``, only that
-#: there are some (docs/plans.md).
-MEANING_KEYS = ("algorithm", "selector", "windows", "capacity", "plans")
-
 @contextmanager
 def revision_batch() -> Iterator[None]:
     """Save policies and their windows as one edit: each policy touched inside the block
@@ -235,7 +225,10 @@ class QuotaPolicy(models.Model):
         except ConfigurationError:
             return ""
         # Only what a counter means: an invalid `methods`, say, is no change of meaning.
-        meaning = {key: definition[key] for key in MEANING_KEYS if key in definition}
+        # The definition keys the revision covers (docs/policies.md); of ``plans``, only
+        # that there are some (docs/plans.md).
+        covered = ("algorithm", "selector", "windows", "capacity", "plans")
+        meaning = {key: definition[key] for key in covered if key in definition}
         try:
             policy = parse_policy("policy", meaning, source="database")
         except ConfigurationError:
@@ -273,7 +266,12 @@ class QuotaPolicy(models.Model):
             match = re.match(r"policy\['([a-z_]+)'\]", exc.key)
             if exc.key == "policy":
                 raise ValidationError({"name": exc.message}) from exc
-            if match and match.group(1) in _POLICY_FIELDS:
+            # The policy fields a validation error can be attached to.
+            fields = {
+                "algorithm", "selector", "routes", "methods", "exempt", "count_when",
+                "enforcement", "failure_mode", "on_missing", "max_cost", "enabled",
+            }
+            if match and match.group(1) in fields:
                 raise ValidationError({match.group(1): exc.message}) from exc
             raise ValidationError(exc.message) from exc
 

@@ -26,8 +26,8 @@ from django_quota.core.policy import (
     settings_revision,
 )
 from django_quota.core.protocol import Probe
+from django_quota.engine.prepared import ClockUnusable
 from django_quota.limiter import Subject, get_limiter
-from django_quota.prepared import ClockUnusable
 from django_quota.scripts import all_scripts
 
 

@@ -26,7 +26,7 @@ from django_quota.core.log import logger
 from django_quota.core.outcome import ALLOWED, BACKEND_MODE_CACHE, Outcome
 from django_quota.core.policy import CONCURRENCY, Policy
 from django_quota.core.refunds import RefundRequest
-from django_quota.prepared import Compiled, Prepared
+from django_quota.engine.prepared import Compiled, Prepared
 
 #: The status a view that raised counts as (``count_when``).
 RAISED = 500
@@ -196,29 +196,3 @@ async def arelease_after(response: Any, leases: Sequence[Held]) -> Any:
         else:
             await arelease(leases, _status(response))
     return response
-
-
-def after_dispatch(view: Any, leases: Sequence[Held]) -> None:
-    """Release ``leases`` when DRF's dispatch of ``view`` (an ``APIView`` instance, one
-    per request) is done: once ``finalize_response`` has the response (the handler
-    returned, or an exception became a response; a streaming response's when it is
-    closed), or when ``handle_exception`` lets an exception through. Both are public
-    ``APIView`` methods, wrapped on this instance only. A view without them (a throttle
-    called by hand) keeps its leases until they expire."""
-    finalize = getattr(view, "finalize_response", None)
-    handle_exception = getattr(view, "handle_exception", None)
-    if finalize is None or handle_exception is None:
-        return
-
-    def finalize_response(request: Any, response: Any, *args: Any, **kwargs: Any) -> Any:
-        return release_after(finalize(request, response, *args, **kwargs), leases)
-
-    def handling(exc: Exception) -> Any:
-        try:
-            return handle_exception(exc)
-        except BaseException:
-            release(leases)
-            raise
-
-    view.finalize_response = finalize_response
-    view.handle_exception = handling

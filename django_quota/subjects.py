@@ -22,8 +22,6 @@ from django_quota.core.policy import Policy, Selector
 from django_quota.core.process import PROCESS
 from django_quota.routes import Kept, route_value
 
-Address = ipaddress.IPv4Address | ipaddress.IPv6Address
-
 #: A raw value the core always reports as ``selector_identity_invalid`` (a control char).
 _INVALID = "\x00invalid"
 
@@ -75,7 +73,9 @@ def identity_value(value: object) -> object:
     return INVALID_VALUE
 
 
-def client_address(request: Any, *, default_proxy_count: int | None = None) -> Address | None:
+def client_address(
+    request: Any, *, default_proxy_count: int | None = None
+) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
     """The client's whole address, as the ``ip`` dimension derives it (``REMOTE_ADDR``,
     then ``X-Forwarded-For`` behind ``TRUSTED_PROXIES`` or ``PROXY_COUNT`` only), but
     never grouped into its ``IPV6_PREFIX`` network; None when it is missing or invalid

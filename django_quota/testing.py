@@ -17,10 +17,6 @@ from django_quota.ledger import outcomes
 
 __all__ = ["outcome", "reset", "reset_memory"]
 
-#: Keys asked for per SCAN call and deleted per UNLINK (or pipeline) batch.
-BATCH = 500
-
-
 def reset() -> None:
     """Forget every counter of the configured backend and of this process's fallback.
 
@@ -98,10 +94,11 @@ def _is_cluster(client: Any) -> bool:
 
 
 def _batches(client: Any, pattern: str) -> Iterator[list[Any]]:
+    size = 500  # keys asked for per SCAN call and deleted per UNLINK (or pipeline) batch
     batch: list[Any] = []
-    for key in client.scan_iter(match=pattern, count=BATCH):
+    for key in client.scan_iter(match=pattern, count=size):
         batch.append(key)
-        if len(batch) >= BATCH:
+        if len(batch) >= size:
             yield batch
             batch = []
     if batch:

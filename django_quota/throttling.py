@@ -22,13 +22,13 @@ from rest_framework.exceptions import APIException
 from rest_framework.settings import api_settings
 from rest_framework.throttling import BaseThrottle
 
-from django_quota import conf, policies, releasing, subjects
+from django_quota import conf, policies, subjects
 from django_quota.core.errors import ConfigurationError
 from django_quota.core.identity import IdentityError
 from django_quota.core.outcome import DENIED_DECISION, FAILED_CLOSED, Outcome
 from django_quota.core.policy import Policy, Selector, generated_policy_id
 from django_quota.core.rates import Grammar, bounds_problem, parse_rate
-from django_quota.ledger import Cost, Decision, decide
+from django_quota.ledger import Cost, Decision, after_dispatch, decide
 from django_quota.messages import Codes
 from django_quota.policies import Generated
 from django_quota.signals import quota_denied
@@ -339,7 +339,7 @@ class QuotaThrottle(BaseThrottle):
         refusing = decision.refusing
         if refusing is None:
             if decision.held:  # concurrency leases: released when DRF's dispatch is done
-                releasing.after_dispatch(view, decision.held)
+                after_dispatch(view)
             return True
         if decision.announces:
             quota_denied.send(sender=type(self), request=request, outcome=refusing)

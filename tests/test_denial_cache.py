@@ -228,7 +228,7 @@ def _run_sequence(
         for engine_limiter in (on, off):
             # The same fresh id on both sides: the ledgers they store must be equal too.
             fresh_id = f"fresh-{number}"
-            with mock.patch("django_quota.engine.new_evaluation_id", lambda: fresh_id):  # noqa: B023
+            with mock.patch("django_quota.engine.decisions.new_evaluation_id", lambda: fresh_id):  # noqa: B023
                 prepared = engine_limiter.prepare(
                     group,
                     {"user": f"u{subject}"},
@@ -639,7 +639,7 @@ def test_max_ttl_bounds_an_answer(
     current = build_limiter(client, True, DENIAL_CACHE={"MAX_TTL": 2.0})
     one = policy("dc-ttl", FIXED_WINDOW, (Window("default", 1, 3_600_000, 1),))
     monotonic = [1000.0]
-    monkeypatch.setattr("django_quota.engine.time.monotonic", lambda: monotonic[0])
+    monkeypatch.setattr("django_quota.engine.decisions.time.monotonic", lambda: monotonic[0])
 
     def evaluate() -> str:
         outcome = current.run(current.prepare([one], {"user": "t"}, 1, clock=lambda: 1.7e9))

@@ -189,7 +189,7 @@ def test_the_builders_typed_signatures_are_the_fields_in_order() -> None:
 
 
 def test_evaluation_ids_are_distinct_22_character_base64url() -> None:
-    from django_quota.prepared import new_evaluation_id
+    from django_quota.engine.prepared import new_evaluation_id
 
     made = [new_evaluation_id() for _ in range(500)]
     assert len(set(made)) == len(made)
@@ -199,7 +199,7 @@ def test_evaluation_ids_are_distinct_22_character_base64url() -> None:
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
 def test_a_forked_child_never_hands_out_its_parents_ids() -> None:
-    from django_quota.prepared import new_evaluation_id
+    from django_quota.engine.prepared import new_evaluation_id
 
     # An id made ahead of use (a batch) would be copied into a child: never hand one out
     # twice. A fork made in C skips os.register_at_fork's hooks, so ids are made per call.

@@ -19,7 +19,9 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 import django_quota
+from django_quota.core.policy import Policy
 from django_quota.decorators import quota
+from django_quota.policies import get_policy
 from django_quota.throttling import QuotaThrottle, ScopedRateThrottle
 from tests import leases
 
@@ -99,7 +101,48 @@ class Scoped(APIView):
         return Response({"ok": True})
 
 
+class TwoHolding(APIView):
+    """Two throttles of one dispatch, each holding a lease of its own policy."""
+
+    class Second(QuotaThrottle):
+        def get_quota_policies(self, request: Any, view: Any) -> list[Policy]:
+            return [get_policy("conc2")]
+
+    throttle_classes = [QuotaThrottle, Second]
+    quota_policies = ["conc"]
+
+    def get(self, request: Any) -> Response:
+        seen("conc")
+        seen("conc2")
+        return Response({"ok": True})
+
+
+class Inner(APIView):
+    throttle_classes = [QuotaThrottle]
+    quota_policies = ["conc2"]
+
+    def get(self, request: Any) -> Response:
+        seen("conc2")
+        return Response({"inner": True})
+
+
+class Outer(APIView):
+    """A view that dispatches another DRF view with the same ``HttpRequest`` inside its
+    own dispatch: each dispatch releases what its own throttles hold."""
+
+    throttle_classes = [QuotaThrottle]
+    quota_policies = ["conc"]
+
+    def get(self, request: Any) -> Response:
+        inner = Inner.as_view()(request._request)
+        seen("conc")
+        seen("conc2")  # the inner dispatch is done: its lease is released
+        return Response({"inner": inner.status_code})
+
+
 urlpatterns = [
+    path("drf/two/", TwoHolding.as_view()),
+    path("drf/outer/", Outer.as_view()),
     path("drf/scoped/", Scoped.as_view()),
     path("mw/plain/", plain),
     path("mw/boom/", boom),
@@ -114,6 +157,7 @@ urlpatterns = [
 POLICIES = {
     "mw": {"algorithm": "concurrency", "windows": "2/m", "selector": ["ip"], "routes": ["/mw"]},
     "conc": {"algorithm": "concurrency", "windows": "2/m", "selector": ["ip"]},
+    "conc2": {"algorithm": "concurrency", "windows": "2/m", "selector": ["ip"]},
     "drf:reports": {"algorithm": "concurrency", "windows": "2/m", "selector": ["ip"]},
 }
 
@@ -199,3 +243,20 @@ def test_a_drf_drop_in_naming_a_concurrency_policy_releases_its_lease(
     assert response.status_code == 200
     assert SEEN == [1]
     assert remaining("drf:reports") == 2
+
+
+def test_two_throttles_of_one_dispatch_release_each_lease_once(backend: None) -> None:
+    response = Client().get("/drf/two/")
+    assert response.status_code == 200
+    assert SEEN == [1, 1]  # each policy held once while the view ran
+    assert (remaining("conc"), remaining("conc2")) == (2, 2)
+
+
+def test_a_dispatch_inside_a_dispatch_of_the_same_request_releases_both(
+    backend: None,
+) -> None:
+    response = Client().get("/drf/outer/")
+    assert response.status_code == 200
+    assert response.json() == {"inner": 200}
+    assert SEEN == [1, 1, 2]  # inner view ran; then outer still holds conc, conc2 released
+    assert (remaining("conc"), remaining("conc2")) == (2, 2)

@@ -11,7 +11,7 @@ import pytest
 
 import django_quota
 from django_quota import limiter, policies
-from django_quota.core.evaluation_ids import ENTRY_BYTES
+from django_quota.core.evaluation_ids import LedgerLayout
 from django_quota.core.protocol import counter_key, fingerprint
 
 SUBJECT = {"ip": "198.51.100.23"}
@@ -45,7 +45,7 @@ def test_a_caller_s_id_is_kept_in_the_ledger_and_its_repeat_charges_nothing(quot
     assert (first.evaluation_id, first.remaining) == ("order-42", 1)
     assert (again.decision, again.remaining, again.evaluation_id) == ("allowed", 1, "order-42")
     records = limiter.get_backend().peek_records(_counter("p", SUBJECT))
-    assert len(records) == ENTRY_BYTES
+    assert len(records) == LedgerLayout.ENTRY_BYTES
     assert records[: len(fingerprint("order-42"))] == fingerprint("order-42")
 
 

@@ -365,7 +365,7 @@ def test_the_migration_starts_the_sequence_after_the_existing_revisions() -> Non
     from django_quota.models import RevisionSequence
 
     before = [("django_quota", "0001_initial")]
-    after = [("django_quota", "0002_revisionsequence")]
+    after = [("django_quota", "0002_revisionsequence_squashed_0006_quotapolicy_count_when")]
     executor = MigrationExecutor(connection)
     executor.migrate(before)
     old_apps = executor.loader.project_state(before).apps
@@ -373,8 +373,42 @@ def test_the_migration_starts_the_sequence_after_the_existing_revisions() -> Non
     executor = MigrationExecutor(connection)
     executor.migrate(after)
     assert RevisionSequence.objects.get().last == 7
-    # The later migrations (the plans' table) before the models are used, and for the
-    # tests after this one.
-    executor = MigrationExecutor(connection)
-    executor.migrate(executor.loader.graph.leaf_nodes("django_quota"))
+    # The squash is the app's last migration: the tables are whole again.
+    assert executor.loader.graph.leaf_nodes("django_quota") == after
     assert make_policy("newer", selector=["ip"]).revision == 8
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_database_migrated_by_the_replaced_files_takes_the_squash_as_applied() -> None:
+    """docs/operations.md#migrations: the squash keeps ``replaces``, so a database whose
+    ``django_migrations`` lists 0002 to 0006 (and not the squash) has nothing to apply,
+    and ``migrate`` records the squash."""
+    from django.db import connection
+    from django.db.migrations.executor import MigrationExecutor
+    from django.db.migrations.recorder import MigrationRecorder
+
+    squash = ("django_quota", "0002_revisionsequence_squashed_0006_quotapolicy_count_when")
+    replaced = [
+        ("django_quota", "0002_revisionsequence"),
+        ("django_quota", "0003_alter_quotapolicy_algorithm"),
+        ("django_quota", "0004_quotapolicy_concurrency"),
+        ("django_quota", "0005_quotaplanlimit_exempt"),
+        ("django_quota", "0006_quotapolicy_count_when"),
+    ]
+    recorder = MigrationRecorder(connection)
+    recorder.record_unapplied(*squash)
+    for app, name in replaced:
+        recorder.record_applied(app, name)
+    try:
+        executor = MigrationExecutor(connection)
+        assert squash in executor.loader.applied_migrations
+        leaf = executor.loader.graph.leaf_nodes("django_quota")
+        assert leaf == [squash]
+        assert executor.migration_plan(leaf) == []
+        executor.migrate(leaf)
+        assert squash in recorder.applied_migrations()
+    finally:  # the test database as the other tests expect it: the squash alone
+        for app, name in replaced:
+            recorder.record_unapplied(app, name)
+        recorder.record_applied(*squash)
+    assert not set(replaced) & set(recorder.applied_migrations())

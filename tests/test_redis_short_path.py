@@ -83,9 +83,9 @@ class Ids:
 @pytest.fixture
 def ids(monkeypatch: pytest.MonkeyPatch) -> Ids:
     given = Ids()
-    for module in ("engine", "short_path"):
+    for module in ("engine.decisions", "engine.short_path"):
         monkeypatch.setattr(f"django_quota.{module}.new_evaluation_id", given)
-    for module in ("engine", "short_path", "interpreting", "core.denials"):
+    for module in ("engine.decisions", "engine.short_path", "engine.interpreting", "core.denials"):
         monkeypatch.setattr(f"django_quota.{module}.time", given)
     return given
 

@@ -98,17 +98,6 @@ from django_quota.core.protocol import GroupReply, GroupRequest, ReleaseRequest,
 from django_quota.core.refunds import RefundMode, RefundRequest
 from django_quota.core.windows import calendar_place
 
-_TIMEOUTS = (redis_exceptions.TimeoutError, TimeoutError)
-
-#: Refusals of the cluster itself: the command did not run.
-_NOT_RUN = (
-    redis_exceptions.ClusterError,  # CLUSTERDOWN; "TTL exhausted" after 16 redirections
-    redis_exceptions.TryAgainError,
-    redis_exceptions.AskError,  # and MovedError
-    redis_exceptions.SlotNotCoveredError,
-    redis_exceptions.MaxConnectionsError,
-)
-
 
 def classify_cluster(exc: BaseException) -> BackendError:
     """Map a redis-py cluster client exception to its failure reason (``docs/failures.md``).
@@ -130,7 +119,14 @@ def classify_cluster(exc: BaseException) -> BackendError:
         return BackendError(BACKEND_UNAVAILABLE, message, label=Label.CLUSTERDOWN, blame=Blame.NONE)
     if isinstance(exc, redis_exceptions.TryAgainError):
         return BackendError(BACKEND_UNAVAILABLE, message, label=Label.TRYAGAIN, blame=Blame.NONE)
-    if isinstance(exc, _NOT_RUN):
+    not_run = (  # refusals of the cluster itself: the command did not run
+        redis_exceptions.ClusterError,  # CLUSTERDOWN; "TTL exhausted" after 16 redirections
+        redis_exceptions.TryAgainError,
+        redis_exceptions.AskError,  # and MovedError
+        redis_exceptions.SlotNotCoveredError,
+        redis_exceptions.MaxConnectionsError,
+    )
+    if isinstance(exc, not_run):
         return BackendError(BACKEND_UNAVAILABLE, message)
     if isinstance(exc, redis_exceptions.RedisClusterException):
         context = exc.__context__
@@ -141,7 +137,7 @@ def classify_cluster(exc: BaseException) -> BackendError:
             if isinstance(cause, ConnectFailed):
                 timed_out = cause.timed_out
             else:
-                timed_out = isinstance(cause, _TIMEOUTS)
+                timed_out = isinstance(cause, (redis_exceptions.TimeoutError, TimeoutError))
             return BackendError(BACKEND_TIMEOUT if timed_out else BACKEND_UNAVAILABLE, message)
         return BackendError(BACKEND_ERROR, message)
     return classify(exc)

@@ -41,12 +41,6 @@ class _Entry:
         self.logs = logs
 
 
-#: The stored state, ledger and logs of one counter that does not exist.
-_NO_STATE: tuple[State | None] = (None,)
-_NO_RECORDS = (b"",)
-_NO_LOGS: tuple[tuple[Log, ...]] = ((),)
-
-
 class MemoryBackend:
     """Counters in a dict bounded by ``max_entries`` live counters.
 
@@ -123,9 +117,11 @@ class MemoryBackend:
                 entries.append(entry)
             if len(entries) == 1:  # the common call, without three more lists
                 only = entries[0]
-                states: Sequence[State | None] = _NO_STATE if only is None else (only.state,)
-                records: Sequence[bytes] = _NO_RECORDS if only is None else (only.records,)
-                logs: Sequence[tuple[Log, ...]] = _NO_LOGS if only is None else (only.logs,)
+                # A counter that does not exist: no state, an empty ledger, no logs (the
+                # tuples are constants: nothing is built for them).
+                states: Sequence[State | None] = (None,) if only is None else (only.state,)
+                records: Sequence[bytes] = (b"",) if only is None else (only.records,)
+                logs: Sequence[tuple[Log, ...]] = ((),) if only is None else (only.logs,)
             else:
                 states = [None if entry is None else entry.state for entry in entries]
                 records = [b"" if entry is None else entry.records for entry in entries]

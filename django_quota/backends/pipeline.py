@@ -91,10 +91,6 @@ class Pacing:
     SETTLE_TURNS: Final = 3
 
 
-#: Replies that are whole (the connection stays in step): an error reply, ``LOADING``.
-_WHOLE_ERRORS = (redis_exceptions.ResponseError, redis_exceptions.BusyLoadingError)
-
-
 class Late(TimeoutError):
     """No reply within ``TIMEOUT`` of the write: the command may have run."""
 
@@ -291,7 +287,9 @@ class Pipe:
             while True:
                 try:
                     self._answer(await read(disconnect_on_error=False), False)
-                except _WHOLE_ERRORS as error:
+                # Replies that are whole (the connection stays in step): an error reply,
+                # LOADING.
+                except (redis_exceptions.ResponseError, redis_exceptions.BusyLoadingError) as error:
                     self._answer(error, True)
                 if buffered is not None:
                     while (reply := buffered()) is not NOTHING_BUFFERED:

@@ -81,10 +81,12 @@ class AsyncSentinelPool(AsyncSentinelConnectionPool, AsyncOneWriteHandshakePool)
     (:class:`~django_quota.backends.handshake.AsyncOneWriteHandshake`)."""
 
 
-#: URL query options that would undo the pinned client settings (timeouts, pool size,
-#: retries; ``docs/failures.md``).
-PINNED_URL_OPTIONS = frozenset(
-    {
+def pinned_url(url: str) -> str:
+    """``url`` without the query options the backend pins (timeouts, pool size, retries;
+    ``docs/failures.md``): redis-py lets a URL's query override keyword arguments. A URL
+    without them is returned as it is."""
+    # The URL query options that would undo the pinned client settings.
+    pinned = {
         "socket_timeout",
         "socket_connect_timeout",
         "timeout",
@@ -92,16 +94,9 @@ PINNED_URL_OPTIONS = frozenset(
         "retry_on_timeout",
         "retry_on_error",
     }
-)
-
-
-def pinned_url(url: str) -> str:
-    """``url`` without the query options the backend pins (:data:`PINNED_URL_OPTIONS`):
-    redis-py lets a URL's query override keyword arguments. A URL without them is
-    returned as it is."""
     parts = urlsplit(url)
     query = parse_qsl(parts.query, keep_blank_values=True)
-    kept = [(k, v) for k, v in query if k not in PINNED_URL_OPTIONS]
+    kept = [(k, v) for k, v in query if k not in pinned]
     if len(kept) == len(query):
         return url
     return urlunsplit(parts._replace(query=urlencode(kept)))
@@ -279,10 +274,6 @@ class RedisBackend(BaseRedisBackend):
         return loaded
 
 
-#: How long a reply found in the socket as its wait timed out may take to read whole (s).
-LATE_REPLY_GRACE = 0.001
-
-
 def send(
     pool: Any,
     command: tuple[Any, ...],
@@ -335,8 +326,10 @@ def send(
                     connection.disconnect()  # its reply must never be read as another's
                     raise cut_short(command) from None
                 raise
-            # It came as the wait ended: the command ran, its reply is here.
-            return connection.read_response(timeout=LATE_REPLY_GRACE, disconnect_on_error=False)
+            # It came as the wait ended: the command ran, its reply is here, and may take
+            # this long (s) to read whole.
+            grace = 0.001
+            return connection.read_response(timeout=grace, disconnect_on_error=False)
     except redis_exceptions.ResponseError:
         raise  # an error reply, read whole: the connection is in step
     except BackendError:

@@ -265,8 +265,6 @@ def socket_of(connection: Any) -> Any:
 
 
 _poll: Callable[[], Any] | None = getattr(select, "poll", None)
-_POLL_EVENTS = getattr(select, "POLLIN", 1) | getattr(select, "POLLPRI", 2)
-_PEEK_FLAGS = int(socket.MSG_PEEK | getattr(socket, "MSG_DONTWAIT", 0))
 
 
 def poller_of(sock: Any) -> Any:
@@ -276,7 +274,7 @@ def poller_of(sock: Any) -> Any:
     if _poll is None or descriptor < 0:
         return None
     poller = _poll()
-    poller.register(descriptor, _POLL_EVENTS)
+    poller.register(descriptor, getattr(select, "POLLIN", 1) | getattr(select, "POLLPRI", 2))
     return poller
 
 
@@ -317,12 +315,13 @@ def peer_hung_up(connection: Any) -> bool:
 
 def _peeked(sock: Any) -> bool:
     raw = getattr(sock, "_sock", None)
+    flags = int(socket.MSG_PEEK | getattr(socket, "MSG_DONTWAIT", 0))
     try:
         if isinstance(raw, socket.socket):
-            raw.recv(1, _PEEK_FLAGS)
+            raw.recv(1, flags)
         else:
             with socket.fromfd(sock.fileno(), sock.family, sock.type) as probe:
-                probe.recv(1, _PEEK_FLAGS)
+                probe.recv(1, flags)
     except BlockingIOError:
         return False  # nothing to read: idle and open
     except OSError:

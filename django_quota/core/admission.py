@@ -9,6 +9,7 @@ import asyncio
 import threading
 import time
 from collections import deque
+from typing import Final
 
 from django_quota.core.breaker import BreakerError, CircuitBreaker
 from django_quota.core.errors import BackendError, Blame
@@ -18,17 +19,16 @@ from django_quota.core.outcome import BACKEND_TIMEOUT, BACKEND_UNAVAILABLE, INDE
 #: Failures that count for the breaker: the node could not be reached or did not answer.
 BREAKER_REASONS = frozenset({BACKEND_TIMEOUT, BACKEND_UNAVAILABLE, INDETERMINATE})
 
-#: How long an async caller sleeps between looks at a full node (seconds).
-ASYNC_POLL = 0.0005
-
-
 class Slots:
     """At most ``size`` evaluations in flight at once, across threads and event loops.
 
     :meth:`acquire` waits up to ``timeout`` seconds for a slot; :meth:`aacquire` is its
-    async twin, which never blocks the event loop (it polls every :data:`ASYNC_POLL`
+    async twin, which never blocks the event loop (it polls every :attr:`ASYNC_POLL`
     seconds while the node is full).
     """
+
+    #: How long an async caller sleeps between looks at a full node (seconds).
+    ASYNC_POLL: Final = 0.0005
 
     def __init__(self, size: int) -> None:
         self.size = size
@@ -80,7 +80,7 @@ class Slots:
             return True
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            await asyncio.sleep(ASYNC_POLL)
+            await asyncio.sleep(self.ASYNC_POLL)
             if self.try_acquire():
                 return True
         return False

@@ -30,9 +30,6 @@ class Bounds:
     MAX_NORMALIZED: Final = 4096
 
 
-HMAC_DERIVATION_MESSAGE = b"django_quota.identity.v1"
-
-
 class InvalidValue:
     """The type of :data:`INVALID_VALUE`."""
 
@@ -91,7 +88,7 @@ def derive_hmac_key(hmac_key: str | bytes | None, secret_key: str | bytes) -> by
     if hmac_key is not None:
         return hmac_key.encode() if isinstance(hmac_key, str) else bytes(hmac_key)
     secret = secret_key.encode() if isinstance(secret_key, str) else bytes(secret_key)
-    return hmac.new(secret, HMAC_DERIVATION_MESSAGE, hashlib.sha256).digest()
+    return hmac.new(secret, b"django_quota.identity.v1", hashlib.sha256).digest()
 
 
 def frame(components: Iterable[tuple[str, str]]) -> bytes:

@@ -21,10 +21,10 @@ bytes), all integers:
 * ``p<i>``: sliding window, the count of the window before ``t``'s; token bucket, the
   remainder of the deficit (``D = c * P + p``, ``0 <= p < P``).
 * the evaluation-id ledger (:mod:`django_quota.core.evaluation_ids`), the last
-  ``LEDGER_SIZE`` charged evaluations, oldest first: here one byte string of entries
-  (the evaluation id's ``FINGERPRINT_BYTES``-byte fingerprint, the cost it charged when
-  that is not 1, then the ``now`` it was charged at, modulo 2**32 ms, about 49.7 days,
-  as 4 big-endian bytes), the same bytes in Redis.
+  ``LedgerLayout.SIZE`` charged evaluations, oldest first: here one byte string of
+  entries (the evaluation id's ``LedgerLayout.FINGERPRINT_BYTES``-byte fingerprint, the
+  cost it charged when that is not 1, then the ``now`` it was charged at, modulo 2**32 ms,
+  about 49.7 days, as 4 big-endian bytes), the same bytes in Redis.
 * ``d``: the charge time (ms) of the newest entry the ledger dropped to make room while
   it was younger than ``DEDUP_TTL``.
 

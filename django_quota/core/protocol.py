@@ -22,7 +22,7 @@ from django_quota.core.calls import (
     PolicyResult,
     check_packable,
 )
-from django_quota.core.evaluation_ids import COST_FLAG, FINGERPRINT_BYTES, entry_head
+from django_quota.core.evaluation_ids import LedgerLayout, entry_head
 from django_quota.core.identity import Identity
 from django_quota.core.model import decide_policy, group_allows
 from django_quota.core.policy import (
@@ -119,10 +119,6 @@ def decode_counter(
     return state, bytes(value[1:ledger_end])
 
 
-#: The longest evaluation id a caller may give, in characters.
-MAX_EVALUATION_ID_LENGTH = 128
-
-
 def check_evaluation_id(evaluation_id: object) -> str:
     """Return a caller's evaluation id when it is printable text of 1 to 128 characters.
 
@@ -133,9 +129,10 @@ def check_evaluation_id(evaluation_id: object) -> str:
     """
     if not isinstance(evaluation_id, str):
         raise TypeError(f"evaluation_id must be a str, not {type(evaluation_id).__name__}")
-    if not 1 <= len(evaluation_id) <= MAX_EVALUATION_ID_LENGTH:
+    longest = 128  # the longest evaluation id a caller may give, in characters
+    if not 1 <= len(evaluation_id) <= longest:
         raise ValueError(
-            f"evaluation_id must be 1 to {MAX_EVALUATION_ID_LENGTH} characters, "
+            f"evaluation_id must be 1 to {longest} characters, "
             f"not {len(evaluation_id)}"
         )
     try:
@@ -156,9 +153,11 @@ def fingerprint(evaluation_id: str) -> bytes:
     bytes, its first bit cleared (a ledger entry's cost flag:
     :mod:`~django_quota.core.evaluation_ids`), so 39 bits. Two ids share one with
     probability 2**-39."""
-    digest = hashlib.blake2b(evaluation_id.encode(), digest_size=FINGERPRINT_BYTES).digest()
-    if digest[0] & COST_FLAG:
-        return bytes((digest[0] ^ COST_FLAG,)) + digest[1:]
+    digest = hashlib.blake2b(
+        evaluation_id.encode(), digest_size=LedgerLayout.FINGERPRINT_BYTES
+    ).digest()
+    if digest[0] & LedgerLayout.COST_FLAG:
+        return bytes((digest[0] ^ LedgerLayout.COST_FLAG,)) + digest[1:]
     return digest
 
 
@@ -471,11 +470,12 @@ def decode_leases(members: Sequence[tuple[bytes, float]]) -> tuple[int, ...]:
     pairs in order) in the model's terms: flat (expiry, fingerprint as an integer,
     units) triples (:mod:`django_quota.core.windows`, docs/concurrency.md)."""
     out: list[int] = []
+    fingerprint_bytes = LedgerLayout.FINGERPRINT_BYTES
     for member, score in members:
         out += (
             int(score),
-            int.from_bytes(member[:FINGERPRINT_BYTES], "big"),
-            int.from_bytes(member[FINGERPRINT_BYTES:], "big"),
+            int.from_bytes(member[:fingerprint_bytes], "big"),
+            int.from_bytes(member[fingerprint_bytes:], "big"),
         )
     return tuple(out)
 

@@ -33,7 +33,7 @@ from collections.abc import Mapping, Sequence
 from typing import Final, NamedTuple
 
 from django_quota.core.calls import ALGORITHM_CODES, Packing, check_packable
-from django_quota.core.evaluation_ids import STAMP_MODULUS, entries
+from django_quota.core.evaluation_ids import LedgerLayout, entries
 from django_quota.core.policy import FIXED_WINDOW, SLIDING_LOG, SLIDING_WINDOW, TOKEN_BUCKET
 from django_quota.core.protocol import log_key
 from django_quota.core.windows import (
@@ -94,7 +94,8 @@ def charge_time(records: bytes, fingerprint: bytes, last: int) -> Charge:
         start = entry.end
     if found is None:
         return Charge(records, None, 0)
-    return Charge(b"".join(kept), last - (last - found.stamp) % STAMP_MODULUS, found.cost)
+    age = (last - found.stamp) % LedgerLayout.STAMP_MODULUS
+    return Charge(b"".join(kept), last - age, found.cost)
 
 
 def log_refund(

@@ -7,9 +7,6 @@ from collections.abc import Sequence
 
 from django_quota.core.errors import ConfigurationError
 
-#: The classes ``count_when`` accepts.
-STATUS_CLASSES = ("1xx", "2xx", "3xx", "4xx", "5xx")
-
 
 def parse_count_when(value: object, key: str) -> tuple[int | str, ...] | None:
     """A policy's ``count_when`` key (``docs/refunds.md``): None (every request counts)
@@ -22,9 +19,10 @@ def parse_count_when(value: object, key: str) -> tuple[int | str, ...] | None:
         raise ConfigurationError(
             key, 'expected None or a non-empty list of statuses and classes, e.g. ["2xx"]'
         )
+    classes = ("1xx", "2xx", "3xx", "4xx", "5xx")  # the classes ``count_when`` accepts
     found: list[int | str] = []
     for index, entry in enumerate(value):
-        if isinstance(entry, str) and entry.lower() in STATUS_CLASSES:
+        if isinstance(entry, str) and entry.lower() in classes:
             found.append(entry.lower())
         elif isinstance(entry, int) and not isinstance(entry, bool) and 100 <= entry <= 599:
             found.append(entry)
@@ -32,6 +30,6 @@ def parse_count_when(value: object, key: str) -> tuple[int | str, ...] | None:
             raise ConfigurationError(
                 f"{key}[{index}]",
                 f"{entry!r} is not an HTTP status (100 to 599) or a class "
-                f"({', '.join(STATUS_CLASSES)})",
+                f"({', '.join(classes)})",
             )
     return tuple(found)

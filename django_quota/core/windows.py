@@ -360,13 +360,9 @@ def calendar_result(
 # (expiry, fingerprint as an integer, units) triples in the set's order (score, then
 # member), so that a fingerprint's member sorts as its integer does.
 
-#: Bytes of a lease's units in its member.
-LEASE_UNIT_BYTES = 2
-
-
 def lease_member(fingerprint: bytes, units: int) -> bytes:
     """The sorted-set member of a lease: ``fingerprint`` then ``units`` (2 bytes)."""
-    return fingerprint + units.to_bytes(LEASE_UNIT_BYTES, "big")
+    return fingerprint + units.to_bytes(2, "big")  # the bytes of a lease's units
 
 
 def lease_view(leases: Log, now: int) -> tuple[int, int]:

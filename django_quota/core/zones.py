@@ -8,20 +8,20 @@ import zoneinfo
 
 from django_quota.core.errors import ConfigurationError
 
-#: Files of the zoneinfo database that ``zoneinfo`` opens but that are no zone's IANA
-#: name: the host's own zone (``localtime``), a copy of some default (``posixrules``),
-#: a placeholder (``Factory``). Each host may hold another zone under them, so two
-#: processes would cut a calendar day at different instants on one counter.
-HOST_ZONES = frozenset({"localtime", "posixrules", "Factory"})
-#: Directories of alternative copies: ``posix/`` repeats the zones, ``right/`` counts leap
-#: seconds, which Python's datetime does not.
-HOST_ZONE_PREFIXES = ("posix/", "right/")
-
 
 def host_zone(value: str) -> bool:
-    """True for a name the host's zoneinfo opens that is no IANA zone name
-    (:data:`HOST_ZONES`, :data:`HOST_ZONE_PREFIXES`)."""
-    return value in HOST_ZONES or value.startswith(HOST_ZONE_PREFIXES)
+    """True for a name the host's zoneinfo opens that is no IANA zone name.
+
+    A file of the zoneinfo database that is no zone's name: the host's own zone
+    (``localtime``), a copy of some default (``posixrules``), a placeholder (``Factory``);
+    each host may hold another zone under them, so two processes would cut a calendar day
+    at different instants on one counter. Or a name under a directory of alternative
+    copies: ``posix/`` repeats the zones, ``right/`` counts leap seconds, which Python's
+    datetime does not.
+    """
+    return value in {"localtime", "posixrules", "Factory"} or value.startswith(
+        ("posix/", "right/")
+    )
 
 
 def parse_timezone(value: object, key: str) -> str:

@@ -41,9 +41,9 @@ from django_quota.core.policy import (
     generated_policy_id,
 )
 from django_quota.core.rates import Grammar, bounds_problem
+from django_quota.engine.prepared import Prepared
 from django_quota.ledger import Lease, adecide, decide, ledger_of
 from django_quota.policies import Generated
-from django_quota.prepared import Prepared
 from django_quota.ratelimit import ALL, UNSAFE, keys
 
 # django-ratelimit's ``core`` module holds its keys; projects and django-ratelimit's own

@@ -129,9 +129,6 @@ _ACCESSOR_KEYS: Mapping[str, Callable[[Any, str], str]] = MappingProxyType(
         "header": get_header,
     }
 )
-#: Keys that neither read ``request.user`` nor call the project's code: an async view
-#: resolves the others in a worker thread (the ORM is not allowed on the event loop).
-_INLINE_KEYS = frozenset({"ip", "get", "post", "header"})
 
 
 def _project_key(request: Any, group: str, key: Any, function: Callable[..., Any]) -> object:
@@ -186,4 +183,6 @@ def needs_thread(key: Any) -> bool:
         return True
     if not isinstance(key, str):
         return False
-    return key.split(":", 1)[0] not in _INLINE_KEYS
+    # Keys that neither read ``request.user`` nor call the project's code: an async view
+    # resolves the others in a worker thread (the ORM is not allowed on the event loop).
+    return key.split(":", 1)[0] not in {"ip", "get", "post", "header"}

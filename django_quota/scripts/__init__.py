@@ -10,12 +10,8 @@ import hashlib
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
-from types import MappingProxyType
 
 from django_quota.scripts.shapes import SINGLE_WINDOW_SCRIPTS, single_window
-
-#: The generated variants of ``evaluate.lua``, by name: the algorithm of their one policy.
-_VARIANTS = MappingProxyType({name: algorithm for algorithm, name in SINGLE_WINDOW_SCRIPTS.items()})
 
 #: Every script: the general ``evaluate.lua``, its variants, then ``reset`` and ``refund``.
 SCRIPT_NAMES = ("evaluate", *SINGLE_WINDOW_SCRIPTS.values(), "reset", "refund", "release")
@@ -40,7 +36,9 @@ def load(name: str) -> ScriptSource:
     ``evaluate.lua`` (``KeyError`` for an unknown name)."""
     if name not in SCRIPT_NAMES:
         raise KeyError(f"no script named {name!r}; known: {', '.join(SCRIPT_NAMES)}")
-    algorithm = _VARIANTS.get(name)
+    # The generated variants of ``evaluate.lua``, by name: the algorithm of their one policy.
+    variants = {variant: algorithm for algorithm, variant in SINGLE_WINDOW_SCRIPTS.items()}
+    algorithm = variants.get(name)
     source = _read(name) if algorithm is None else single_window(_read("evaluate"), algorithm)
     return ScriptSource(name, source, hashlib.sha1(source.encode()).hexdigest())
 

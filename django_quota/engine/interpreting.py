@@ -41,9 +41,7 @@ from django_quota.core.outcome import (
     outcome_from_result,
 )
 from django_quota.core.protocol import GroupReply, GroupRequest
-from django_quota.prepared import Prepared
-
-FALLBACK_REASONS = frozenset({BACKEND_TIMEOUT, BACKEND_UNAVAILABLE})
+from django_quota.engine.prepared import Prepared
 
 
 class Interpreter:
@@ -169,7 +167,8 @@ class Interpreter:
         """Decide with the local fallback when the failure allows, else apply the failure
         modes."""
         request = prepared.request
-        if self.fallback is not None and error.reason in FALLBACK_REASONS and request:
+        reasons = (BACKEND_TIMEOUT, BACKEND_UNAVAILABLE)  # the failures the fallback decides
+        if self.fallback is not None and error.reason in reasons and request:
             logger.warning("quota backend failure, deciding locally: reason=%s", error.reason)
             try:
                 reply = self.fallback.decide(request._replace(may_repeat=False))

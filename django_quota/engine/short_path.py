@@ -36,8 +36,8 @@ from django_quota.core.outcome import Outcome, outcome_from_result
 from django_quota.core.policy import Policy
 from django_quota.core.protocol import GroupRequest, charged_result, fingerprint
 from django_quota.core.windows import new_tuple
-from django_quota.interpreting import Interpreter
-from django_quota.prepared import Compiled, Prepared, new_evaluation_id
+from django_quota.engine.interpreting import Interpreter
+from django_quota.engine.prepared import Compiled, Prepared, new_evaluation_id
 
 __all__ = ["ShortCall", "ShortPath"]
 

@@ -5,7 +5,7 @@ One evaluation is a plan driven once: :meth:`Limiter.prepare` (identities, costs
 script arguments, with everything that depends only on the policy compiled once per
 policy and revision), one backend call (one per hash slot on a Redis Cluster), and
 :meth:`Limiter.interpret` (outcomes, with the failure modes, the local fallback and the
-denial cache: :mod:`django_quota.interpreting`). Retries and the choice among those
+denial cache: :mod:`django_quota.engine.interpreting`). Retries and the choice among those
 live in one generator, :meth:`Limiter.steps`; :meth:`Limiter.run` and
 :meth:`Limiter.arun` drive it and differ by one ``await``. Each backend node has its own
 in-flight bound and circuit breaker (``docs/failures.md``).
@@ -60,7 +60,7 @@ from django_quota.core.protocol import (
     fingerprint,
 )
 from django_quota.core.windows import new_tuple
-from django_quota.prepared import (
+from django_quota.engine.prepared import (
     ClockUnusable,
     Compiled,
     Prepared,
@@ -69,7 +69,7 @@ from django_quota.prepared import (
     refusal,
     validate_cost,
 )
-from django_quota.short_path import ShortCall, ShortPath
+from django_quota.engine.short_path import ShortCall, ShortPath
 
 Subject = Mapping[str, object]
 #: A subject, or a function giving each policy its subject (the HTTP layer's, so that
