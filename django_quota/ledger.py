@@ -171,9 +171,12 @@ class RequestLedger:
         DRF charges it."""
         current = self.dispatch
         if current is None or current.request() is not request:
+            outer = None
             if current is not None:
                 current.end()
-            outer = current if current is not None and current.held else None
+                # The replaced dispatch, or (holding nothing) the one it replaced: a
+                # dispatch that still holds stays reachable (dispatch_of).
+                outer = current if current.held else current.outer
             current = self.dispatch = Dispatch(request, outer)
         return current, current.lease(throttle)
 
