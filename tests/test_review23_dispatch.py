@@ -65,6 +65,29 @@ class OuterPlainTwice(APIView):
         return Response({"codes": [first.status_code, second.status_code]})
 
 
+class Boom(APIView):
+    throttle_classes = [QuotaThrottle]
+    quota_policies = ["conc2"]
+
+    def get(self, request: Any) -> Response:
+        raise RuntimeError("the inner view failed")
+
+
+class OuterCatches(APIView):
+    """Dispatches ``Boom`` twice, catching what it lets through."""
+
+    throttle_classes = [QuotaThrottle]
+    quota_policies = ["conc"]
+
+    def get(self, request: Any) -> Response:
+        for _ in range(2):
+            try:
+                Boom.as_view()(request._request)
+            except RuntimeError:
+                pass
+        return Response({"ok": True})
+
+
 class Held(APIView):
     throttle_classes = [QuotaThrottle]
     quota_policies = ["conc"]
@@ -76,6 +99,7 @@ class Held(APIView):
 urlpatterns = [
     path("outer/twice/", OuterTwice.as_view()),
     path("outer/plain/", OuterPlainTwice.as_view()),
+    path("outer/catches/", OuterCatches.as_view()),
 ]
 
 POLICIES = {
@@ -109,6 +133,13 @@ def test_an_outer_dispatch_calling_an_inner_plain_view_twice_releases_its_lease(
     response = Client().get("/outer/plain/")
     assert response.json() == {"codes": [200, 200]}
     assert remaining("conc") == 2
+
+
+def test_an_outer_dispatch_catching_two_inner_failures_releases_every_lease(
+    backend: None,
+) -> None:
+    assert Client().get("/outer/catches/").status_code == 200
+    assert (remaining("conc"), remaining("conc2")) == (2, 3)
 
 
 def test_one_request_object_sent_to_a_view_several_times_releases_each_time(
