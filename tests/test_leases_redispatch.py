@@ -1,4 +1,4 @@
-"""Review 23: what a DRF dispatch holds (ledger.Dispatch.held) is released once, and
+"""What a DRF dispatch holds (ledger.Dispatch.held) is released once, and
 always, when a view re-dispatches other views with the same ``HttpRequest``
 (docs/concurrency.md). Memory and real Redis backends."""
 
