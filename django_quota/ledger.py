@@ -70,8 +70,9 @@ class Dispatch:
     """One DRF dispatch of the request: its throttles' leases, whether one of them sent
     ``quota_denied`` (DRF asks every throttle; the signal goes once), what its throttles
     ``held`` (concurrency leases, ``count_when`` charges: released when the dispatch is
-    done, :func:`after_dispatch`) and the dispatch it replaced, if any (``outer``: a view
-    that dispatches the same ``HttpRequest`` again inside its own dispatch)."""
+    done, :func:`after_dispatch`) and the latest earlier dispatch that held something
+    when this one replaced it, if any (``outer``: a view that dispatches the same
+    ``HttpRequest`` again, once or more, inside its own dispatch)."""
 
     __slots__ = ("denied_sent", "held", "leases", "outer", "request")
 
@@ -171,9 +172,12 @@ class RequestLedger:
         DRF charges it."""
         current = self.dispatch
         if current is None or current.request() is not request:
+            outer = None
             if current is not None:
                 current.end()
-            outer = current if current is not None and current.held else None
+                # The replaced dispatch, or (holding nothing) the one it replaced: a
+                # dispatch that still holds stays reachable (dispatch_of).
+                outer = current if current.held else current.outer
             current = self.dispatch = Dispatch(request, outer)
         return current, current.lease(throttle)
 
