@@ -232,7 +232,7 @@ def test_peer_hung_up_sees_what_the_loop_has_not_read_yet(
     transport afresh after a reconnect."""
     import time
 
-    from django_quota.backends.redispy import peer_hung_up
+    from django_quota.backends.redispy_transport import peer_hung_up
     from tests.faults import redis_process
 
     monkeypatch.setattr(clients, "PIPELINE_AFTER", 0)

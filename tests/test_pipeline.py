@@ -24,7 +24,7 @@ from redis.utils import HIREDIS_AVAILABLE
 
 import django_quota
 from django_quota import limiter
-from django_quota.backends import clients, redispy, scripting
+from django_quota.backends import clients, redispy_transport, scripting
 from django_quota.backends import pipeline as pipeline_module
 from django_quota.backends.redispy import public_path
 from django_quota.decorators import quota as quota_view
@@ -34,7 +34,7 @@ pytestmark = pytest.mark.redis
 
 SUBJECT = {"ip": "192.0.2.60"}
 #: Connections' transports answer the pipeline's callers themselves (hiredis, and not
-#: redis-py's public path: ``redispy.take_over``).
+#: redis-py's public path: ``redispy_transport.take_over``).
 PUBLIC = public_path()
 DIRECT = HIREDIS_AVAILABLE and not PUBLIC
 needs_direct = pytest.mark.skipif(
@@ -288,7 +288,7 @@ def test_replies_read_together_need_no_awaited_read_each(
     server: RedisProcess, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The replies one read brings in are taken from hiredis's buffer in one go
-    (``redispy.buffered_replies``), each to its own caller in order, an error reply
+    (``redispy_transport.buffered_replies``), each to its own caller in order, an error reply
     among them to its caller only: 200 commands written together cost far fewer
     awaited ``read_response`` calls than replies. (A connection whose ``read_response``
     is not redis-py's own, as here, is read by the reader task, never taken over.)"""
@@ -469,7 +469,7 @@ def test_a_forked_child_never_uses_the_parent_pipelined_connections(
         loop.close()
 
 
-# -- the transport taken over (redispy.take_over) --------------------------------------------
+# -- the transport taken over (redispy_transport.take_over) ----------------------------------
 async def connected_pipeline(
     url: str, timeout: float, **options: Any
 ) -> tuple[pipeline_module.Pipeline, pipeline_module.Pipe]:
@@ -541,14 +541,14 @@ def test_writes_wait_for_a_full_transport_to_drain(
     (``pause_writing``), the pipe's writer waits until it drained before writing the
     next batch, and every caller gets its own reply."""
     paused = 0
-    pause_writing = redispy.DirectReplies.pause_writing
+    pause_writing = redispy_transport.DirectReplies.pause_writing
 
     def counted_pause(self: Any) -> None:
         nonlocal paused
         paused += 1
         pause_writing(self)
 
-    monkeypatch.setattr(redispy.DirectReplies, "pause_writing", counted_pause)
+    monkeypatch.setattr(redispy_transport.DirectReplies, "pause_writing", counted_pause)
     big = "x" * 2_000_000
 
     async def scenario() -> tuple[list[bool], bool]:
@@ -730,12 +730,12 @@ def _hiredis_reader() -> Any:
     return hiredis.Reader(
         protocolError=redis.exceptions.InvalidResponse,
         replyError=BaseParser.parse_error,
-        notEnoughData=redispy.NOTHING_BUFFERED,
+        notEnoughData=redispy_transport.NOTHING_BUFFERED,
     )
 
 
 class _Transport:
-    """Enough of an asyncio transport for :class:`~redispy.DirectReplies` alone."""
+    """Enough of an asyncio transport for :class:`~redispy_transport.DirectReplies` alone."""
 
     def __init__(self) -> None:
         self.closed = False
@@ -762,7 +762,7 @@ def test_a_nested_loading_reply_fails_only_its_caller_on_every_read_path() -> No
     transport = _Transport()
     loop = asyncio.new_event_loop()
     try:
-        direct = redispy.DirectReplies(
+        direct = redispy_transport.DirectReplies(
             transport,  # type: ignore[arg-type]
             _hiredis_reader(),
             asyncio.StreamReaderProtocol(asyncio.StreamReader(loop=loop), loop=loop),
@@ -781,11 +781,11 @@ def test_a_nested_loading_reply_fails_only_its_caller_on_every_read_path() -> No
     connection = async_connection.Connection(protocol=2)  # RESP2, as the backends ask
     reader = connection._parser._reader = _hiredis_reader()  # as on_connect sets it
     reader.feed(NESTED_LOADING)
-    buffered = redispy.buffered_replies(connection)
+    buffered = redispy_transport.buffered_replies(connection)
     assert buffered is not None
     first, second = buffered(), buffered()
     assert (type(first).__name__, second, buffered()) == (
         "BusyLoadingError",
         1,
-        redispy.NOTHING_BUFFERED,
+        redispy_transport.NOTHING_BUFFERED,
     )

@@ -9,9 +9,9 @@ commands of concurrent callers onto them as they come: a command sent to a conne
 nothing in flight goes out at once, the others submitted during one turn of the loop go
 out together in one write at the next. The replies are read in order and answer the
 callers first in, first out: by the connection's transport itself once redis-py has
-connected it (the fence's :func:`~django_quota.backends.redispy.take_over`: the turn of
-the loop that reads a reply answers its caller, and writes need no awaited drain), else
-by a reader task per connection (``read_response``). A burst of
+connected it (the fence's :func:`~django_quota.backends.redispy_transport.take_over`: the
+turn of the loop that reads a reply answers its caller, and writes need no awaited
+drain), else by a reader task per connection (``read_response``). A burst of
 callers needs no connection each: ``MAX_INFLIGHT`` bounds the decisions queued, not
 sockets.
 
@@ -46,7 +46,7 @@ from django_quota.backends.failures import (
     deadline_spent,
     is_connect_failure,
 )
-from django_quota.backends.redispy import (
+from django_quota.backends.redispy_transport import (
     NOTHING_BUFFERED,
     DirectReplies,
     buffered_replies,
@@ -143,9 +143,9 @@ class Pipe:
         self._poller: Any = None
         self._writer: asyncio.Task[None] | None = None
         #: The connection's transport answering this pipe itself (the fence's
-        #: :func:`~django_quota.backends.redispy.take_over`), or None: the reader task
-        #: reads with ``read_response`` and commands are written with redis-py's
-        #: ``send_packed_command``.
+        #: :func:`~django_quota.backends.redispy_transport.take_over`), or None: the
+        #: reader task reads with ``read_response`` and commands are written with
+        #: redis-py's ``send_packed_command``.
         self.direct: DirectReplies | None = None
         self._reader = self.loop.create_task(self._run())
 
@@ -326,8 +326,9 @@ class Pipe:
     def readable(self) -> bool:
         """Whether the kernel holds bytes (or an end of file) the loop has not read yet:
         a zero-timeout ``poll`` of the connection's socket (the fence's
-        :func:`~django_quota.backends.redispy.socket_of`). On redis-py's public path,
-        where no socket is polled, always True: the caller gives the loop its turns."""
+        :func:`~django_quota.backends.redispy_transport.socket_of`). On redis-py's public
+        path, where no socket is polled, always True: the caller gives the loop its
+        turns."""
         if self.pipeline.public:
             return True
         poller = self._poller

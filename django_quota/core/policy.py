@@ -476,6 +476,22 @@ def parse_exempt(value: object, key: str) -> tuple[IPNetwork, ...]:
     return tuple(networks)
 
 
+def _checked_form(policy_id: object, raw: object, key: str) -> tuple[str, Mapping[str, object]]:
+    """``policy_id`` and ``raw`` as a policy's id and definition (``docs/policies.md``,
+    "Policy keys"): an id that :attr:`Form.POLICY_ID_RE` matches and a dict of known keys
+    only (:attr:`Form.KEYS`). Raises :class:`ConfigurationError` naming ``key``."""
+    if not isinstance(policy_id, str) or not Form.POLICY_ID_RE.match(policy_id):
+        raise ConfigurationError(key, "a policy id must match [a-z0-9][a-z0-9_.:-]{0,63}")
+    if not isinstance(raw, Mapping):
+        raise ConfigurationError(key, f"a policy must be a dict, not {type(raw).__name__}")
+    unknown = sorted(str(name) for name in set(raw) - Form.KEYS)
+    if unknown:
+        raise ConfigurationError(
+            key, f"unknown key(s) {', '.join(unknown)}; known: {', '.join(sorted(Form.KEYS))}"
+        )
+    return policy_id, raw
+
+
 def parse_policy(
     policy_id: object,
     raw: object,
@@ -498,15 +514,7 @@ def parse_policy(
     """
     if key is None:
         key = f"QUOTA['POLICIES'][{policy_id!r}]"
-    if not isinstance(policy_id, str) or not Form.POLICY_ID_RE.match(policy_id):
-        raise ConfigurationError(key, "a policy id must match [a-z0-9][a-z0-9_.:-]{0,63}")
-    if not isinstance(raw, Mapping):
-        raise ConfigurationError(key, f"a policy must be a dict, not {type(raw).__name__}")
-    unknown = sorted(str(name) for name in set(raw) - Form.KEYS)
-    if unknown:
-        raise ConfigurationError(
-            key, f"unknown key(s) {', '.join(unknown)}; known: {', '.join(sorted(Form.KEYS))}"
-        )
+    policy_id, raw = _checked_form(policy_id, raw, key)
     algorithm = _choice(raw.get("algorithm", default_algorithm), ALGORITHMS, f"{key}['algorithm']")
     if "windows" not in raw:
         raise ConfigurationError(f"{key}['windows']", "a policy needs windows")
